@@ -1,0 +1,687 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var benchCmd = &command{
+	name:     "bench",
+	summary:  "measure every stack against raw TCP on loopback: throughput, latency, compression",
+	synopsis: "[--size SIZE] [--stacks LIST] [--data text|random|both] [--rounds N] [--json]",
+	about: `
+Measures, on loopback and with no setup, what each stack costs and gains
+against raw TCP (net.Dial to net.Listen), which is measured in the same run
+as the baseline. It starts its own servers: a raw TCP one and a VLink
+listener that mirrors whatever stack it is dialed with; each drains what it
+receives, or echoes it for the latency probe.
+
+For each stack and each kind of data it reports:
+
+  MB/s       application bytes per second (10^6 bytes), sent in 128 KiB
+             writes until --size, the median of --rounds rounds
+  xRAW       that throughput divided by raw TCP's on the same data
+  LATENCY    median round trip of a 1-byte message (--pings per round)
+  xRAW       that latency divided by raw TCP's (above 1 is slower)
+  WIRE/BYTE  bytes on the wire per application byte, handshake and framing
+             included: below 1 is what compression saves
+
+The data is deterministic: "text" is generated application logs (log lines
+and JSON records), "random" does not compress (like encrypted or already
+compressed payloads); both repeat every 16 MiB. Stacks run in turn, rounds
+interleaved, so that drift on a shared machine affects all alike. Both
+ends share this machine's CPUs, so a compressing stack pays for both
+sides; on a real link only the link's speed is shared.
+
+Progress goes to stderr, the table (or --json) to stdout.
+`,
+	examples: `
+  # Every registered filter and multi-link layer, 64 MiB of each kind of
+  # data, 5 rounds:
+  vlink bench
+
+  # A quick look at two stacks, for scripts:
+  vlink bench --size 8M --stacks tcp,zstd:level=1,lz4 --data text --rounds 1 --json
+`,
+	flags: benchFlags,
+}
+
+const (
+	benchChunk      = 128 << 10 // bytes per Write: a compression filter's whole block
+	benchCorpusMax  = 16 << 20  // data repeats beyond this
+	benchWarmup     = 50        // pings before the measured ones
+	benchPingBatch  = 50        // pings to one target before the next one's turn
+	benchWarmupSize = 4 << 20   // bytes sent unmeasured before the first round
+	benchIOTimeout  = 5 * time.Minute
+)
+
+// Request bytes: the first byte a bench client sends says what it wants.
+const (
+	modeDrain = 'D' // read to EOF, answer the count as 8 bytes big endian
+	modeEcho  = 'E' // echo everything back
+)
+
+type benchOptions struct {
+	size          sizeFlag
+	stacks, data  string
+	rounds, pings int
+	json          bool
+}
+
+func benchFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	o := &benchOptions{size: 64 << 20}
+	fs.Var(&o.size, "size", "send `SIZE` bytes per stack, data kind and round; K, M and G suffixes are powers of 1024")
+	fs.StringVar(&o.stacks, "stacks", "", "measure the stacks in the comma-separated `LIST` besides raw TCP, e.g. tcp,zstd:level=1,lz4 (default: tcp, and every registered filter and multi-link layer on tcp; factories that need a proxy or an SSH server are measured only when listed)")
+	fs.StringVar(&o.data, "data", "both", "send `KIND` of data: text, random or both")
+	fs.IntVar(&o.rounds, "rounds", 5, "measure every stack `N` times, interleaved, and report the median")
+	fs.IntVar(&o.pings, "pings", 1000, "time `N` 1-byte round trips per stack and round for the latency")
+	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	return func(ctx context.Context, e *env) int {
+		if err := o.run(ctx, e); err != nil {
+			return fail(e, "vlink bench", err)
+		}
+		return exitOK
+	}
+}
+
+// A benchTarget is one thing measured: raw TCP, or a stack.
+type benchTarget struct {
+	name string
+	dial func(ctx context.Context) (net.Conn, error)
+	wire *atomic.Int64   // bytes its server read from the wire
+	rtts []time.Duration // every round's
+}
+
+// aLongTimeAgo is a deadline in the past, to interrupt blocked I/O.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// benchRow is one line of the results.
+type benchRow struct {
+	Stack        string    `json:"stack"`
+	Data         string    `json:"data"`
+	MBps         float64   `json:"mb_per_s"`
+	RoundsMBps   []float64 `json:"mb_per_s_rounds"`
+	Ratio        float64   `json:"ratio_to_raw"`
+	LatencyNs    int64     `json:"latency_ns"`
+	LatencyRatio float64   `json:"latency_ratio_to_raw"`
+	WirePerByte  float64   `json:"wire_bytes_per_byte"`
+}
+
+type benchReport struct {
+	Go         string     `json:"go"`
+	OS         string     `json:"os"`
+	Arch       string     `json:"arch"`
+	GOMAXPROCS int        `json:"gomaxprocs"`
+	Size       int64      `json:"size"`
+	Rounds     int        `json:"rounds"`
+	Pings      int        `json:"pings"`
+	Results    []benchRow `json:"results"`
+}
+
+func (o *benchOptions) check() (stacks []vlink.Stack, kinds []string, err error) {
+	if o.size <= 0 {
+		return nil, nil, usagef("--size must be positive")
+	}
+	if o.rounds < 1 || o.pings < 1 {
+		return nil, nil, usagef("--rounds and --pings must be at least 1")
+	}
+	switch o.data {
+	case "text", "random":
+		kinds = []string{o.data}
+	case "both":
+		kinds = []string{"text", "random"}
+	default:
+		return nil, nil, usagef("--data %q: want text, random or both", o.data)
+	}
+	texts := splitStacks(o.stacks)
+	if o.stacks == "" {
+		texts = []string{"tcp"}
+		for _, s := range vlink.Specs() {
+			if s.Kind == vlink.KindFilter || s.Kind == vlink.KindMultiLink {
+				texts = append(texts, s.Name)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, t := range texts {
+		if t == "raw" {
+			continue // always measured
+		}
+		s, err := vlink.Parse(t)
+		if err != nil {
+			return nil, nil, usagef("--stacks: %v", err)
+		}
+		if !seen[s.String()] {
+			seen[s.String()] = true
+			stacks = append(stacks, s)
+		}
+	}
+	return stacks, kinds, nil
+}
+
+// splitStacks splits a comma-separated list of stacks. A stack's own
+// parameters are comma-separated too, so a part that starts with
+// key=value continues the stack before it: "zstd:level=3,x=1,lz4" is
+// "zstd:level=3,x=1" and "lz4".
+func splitStacks(s string) []string {
+	var out []string
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if eq := strings.IndexByte(part, '='); eq > 0 && len(out) > 0 && !strings.ContainsAny(part[:eq], ":+") {
+			out[len(out)-1] += "," + part
+			continue
+		}
+		out = append(out, part)
+	}
+	return out
+}
+
+func (o *benchOptions) run(ctx context.Context, e *env) error {
+	stacks, kinds, err := o.check()
+	if err != nil {
+		return err
+	}
+	size := int64(o.size)
+	corpusLen := int(min(size, benchCorpusMax))
+	corpora := map[string][]byte{}
+	for _, k := range kinds {
+		if k == "text" {
+			corpora[k] = textCorpus(corpusLen)
+		} else {
+			corpora[k] = randomCorpus(corpusLen)
+		}
+	}
+
+	srv, err := startBenchServers()
+	if err != nil {
+		return err
+	}
+	defer srv.close()
+	targets := []*benchTarget{{
+		name: "raw",
+		dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", srv.raw.Addr().String())
+		},
+		wire: &srv.rawWire,
+	}}
+	for _, s := range stacks {
+		d := &vlink.Dialer{Stack: s}
+		defer d.Close() // a mux session lives as long as its Dialer
+		targets = append(targets, &benchTarget{
+			name: s.String(),
+			dial: func(ctx context.Context) (net.Conn, error) {
+				return d.DialContext(ctx, "tcp", srv.vl.Addr().String())
+			},
+			wire: &srv.vlWire,
+		})
+	}
+
+	progress := func(format string, args ...any) {
+		if e.level <= slog.LevelInfo {
+			fmt.Fprintf(e.stderr, "bench: "+format+"\n", args...)
+		}
+	}
+	progress("%d stacks besides raw TCP, %s of %s per run, %d round(s); GOMAXPROCS=%d",
+		len(stacks), formatSize(size), strings.Join(kinds, " and "), o.rounds, runtime.GOMAXPROCS(0))
+	// An unmeasured pass first: connections, pools and codecs warm up.
+	for _, t := range targets {
+		for _, k := range kinds {
+			warm := min(size, benchWarmupSize)
+			if _, _, err := benchThroughput(ctx, t, corpora[k], warm); err != nil {
+				return fmt.Errorf("%s, %s data: %w", t.name, k, err)
+			}
+		}
+	}
+	type key struct{ target, kind string }
+	mbps := map[key][]float64{}
+	wire := map[key]float64{}
+	for round := 1; round <= o.rounds; round++ {
+		for _, t := range targets {
+			var line strings.Builder
+			for _, k := range kinds {
+				took, w, err := benchThroughput(ctx, t, corpora[k], size)
+				if err != nil {
+					return interrupted(ctx, fmt.Errorf("%s, %s data: %w", t.name, k, err))
+				}
+				rate := float64(size) / took.Seconds() / 1e6
+				mbps[key{t.name, k}] = append(mbps[key{t.name, k}], rate)
+				wire[key{t.name, k}] = float64(w) / float64(size)
+				fmt.Fprintf(&line, "  %s %.1f MB/s, wire %.3f", k, rate, float64(w)/float64(size))
+			}
+			progress("round %d/%d  %-14s%s", round, o.rounds, t.name, line.String())
+		}
+		if err := benchLatency(ctx, targets, o.pings); err != nil {
+			return interrupted(ctx, err)
+		}
+		var line strings.Builder
+		for _, t := range targets {
+			fmt.Fprintf(&line, "  %s %s", t.name, formatLatency(median(t.rtts[len(t.rtts)-o.pings:])))
+		}
+		progress("round %d/%d  latency%s", round, o.rounds, line.String())
+	}
+
+	report := benchReport{
+		Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0),
+		Size: size, Rounds: o.rounds, Pings: o.pings,
+	}
+	raw := targets[0]
+	rawRTT := median(raw.rtts)
+	for _, t := range targets {
+		rtt := median(t.rtts)
+		for _, k := range kinds {
+			rounds := mbps[key{t.name, k}]
+			m := medianFloat(rounds)
+			report.Results = append(report.Results, benchRow{
+				Stack: t.name, Data: k, MBps: m, RoundsMBps: rounds,
+				Ratio:        m / medianFloat(mbps[key{raw.name, k}]),
+				LatencyNs:    rtt.Nanoseconds(),
+				LatencyRatio: float64(rtt) / float64(rawRTT),
+				WirePerByte:  wire[key{t.name, k}],
+			})
+		}
+	}
+	if o.json {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(report)
+	}
+	printBenchTable(e.stdout, &report)
+	return nil
+}
+
+func printBenchTable(w io.Writer, r *benchReport) {
+	fmt.Fprintf(w, "# %s per run, median of %d round(s), %d pings per round; %s %s/%s, GOMAXPROCS=%d\n",
+		formatSize(r.Size), r.Rounds, r.Pings, r.Go, r.OS, r.Arch, r.GOMAXPROCS)
+	rows := [][]string{{"STACK", "DATA", "MB/s", "xRAW", "LATENCY", "xRAW", "WIRE/BYTE"}}
+	for _, row := range r.Results {
+		rows = append(rows, []string{row.Stack, row.Data,
+			strconv.FormatFloat(row.MBps, 'f', 1, 64), strconv.FormatFloat(row.Ratio, 'f', 2, 64),
+			formatLatency(time.Duration(row.LatencyNs)), strconv.FormatFloat(row.LatencyRatio, 'f', 2, 64),
+			strconv.FormatFloat(row.WirePerByte, 'f', 3, 64)})
+	}
+	printColumns(w, rows, 2)
+}
+
+// printColumns prints rows as a table: the first left columns aligned
+// left, numbers aligned right.
+func printColumns(w io.Writer, rows [][]string, left int) {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, cell := range row {
+			widths[i] = max(widths[i], utf8.RuneCountInString(cell))
+		}
+	}
+	var b strings.Builder
+	for _, row := range rows {
+		b.Reset()
+		for i, cell := range row {
+			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell))
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			if i < left {
+				b.WriteString(cell)
+				if i < len(row)-1 {
+					b.WriteString(pad)
+				}
+			} else {
+				b.WriteString(pad)
+				b.WriteString(cell)
+			}
+		}
+		b.WriteByte('\n')
+		io.WriteString(w, b.String())
+	}
+}
+
+func formatLatency(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 1, 64) + "µs"
+}
+
+// benchThroughput sends size bytes of corpus (repeated as needed) and
+// returns the time from the first byte to the server's acknowledgement of
+// the last, and the bytes the server read from the wire.
+func benchThroughput(ctx context.Context, t *benchTarget, corpus []byte, size int64) (time.Duration, int64, error) {
+	t.wire.Store(0)
+	c, err := t.dial(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	c.SetDeadline(time.Now().Add(benchIOTimeout))
+	if _, err := c.Write([]byte{modeDrain}); err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	for sent := int64(0); sent < size; {
+		off := int(sent % int64(len(corpus)))
+		end := min(len(corpus), off+benchChunk, off+int(size-sent))
+		n, err := c.Write(corpus[off:end])
+		sent += int64(n)
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := netconn.CloseWrite(c); err != nil {
+		return 0, 0, err
+	}
+	var ack [8]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil {
+		return 0, 0, fmt.Errorf("waiting for the server to count the bytes: %w", err)
+	}
+	took := time.Since(start)
+	if got := int64(binary.BigEndian.Uint64(ack[:])); got != size {
+		return 0, 0, fmt.Errorf("the server received %d bytes of %d", got, size)
+	}
+	if ctx.Err() != nil {
+		return 0, 0, ctx.Err()
+	}
+	return took, t.wire.Load(), nil
+}
+
+// benchLatency times n 1-byte round trips to each target, after a few
+// unmeasured ones, and appends them to the target's rtts. Targets take
+// turns every few pings, so that a change in the machine's load or
+// power state affects them all alike.
+func benchLatency(ctx context.Context, targets []*benchTarget, n int) error {
+	conns := make([]net.Conn, len(targets))
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	stop := context.AfterFunc(ctx, func() {
+		for _, c := range conns {
+			if c != nil {
+				c.SetDeadline(aLongTimeAgo)
+			}
+		}
+	})
+	defer stop()
+	b := []byte{'x'}
+	ping := func(c net.Conn) (time.Duration, error) {
+		start := time.Now()
+		if _, err := c.Write(b); err != nil {
+			return 0, err
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			return 0, fmt.Errorf("waiting for the echo: %w", err)
+		}
+		return time.Since(start), nil
+	}
+	for i, t := range targets {
+		c, err := t.dial(ctx)
+		if err != nil {
+			return fmt.Errorf("%s, latency: %w", t.name, err)
+		}
+		c.SetDeadline(time.Now().Add(benchIOTimeout))
+		conns[i] = c
+		if _, err := c.Write([]byte{modeEcho}); err != nil {
+			return fmt.Errorf("%s, latency: %w", t.name, err)
+		}
+		for range benchWarmup {
+			if _, err := ping(c); err != nil {
+				return fmt.Errorf("%s, latency: %w", t.name, err)
+			}
+		}
+	}
+	for done := 0; done < n; done += benchPingBatch {
+		for i, t := range targets {
+			for range min(benchPingBatch, n-done) {
+				rtt, err := ping(conns[i])
+				if err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					return fmt.Errorf("%s, latency: %w", t.name, err)
+				}
+				t.rtts = append(t.rtts, rtt)
+			}
+		}
+	}
+	return nil
+}
+
+// interrupted reports an interrupted run as such rather than as the I/O
+// error the interruption caused.
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted: %w", ctx.Err())
+	}
+	return err
+}
+
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func medianFloat(f []float64) float64 {
+	if len(f) == 0 {
+		return 0
+	}
+	s := slices.Clone(f)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// benchServers are the servers a bench measures against: raw TCP and a
+// VLink listener, each counting the bytes it reads from the wire.
+type benchServers struct {
+	raw     net.Listener
+	vl      *vlink.Listener
+	rawWire atomic.Int64
+	vlWire  atomic.Int64
+
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+func startBenchServers() (*benchServers, error) {
+	s := &benchServers{conns: map[net.Conn]struct{}{}}
+	rawL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s.raw = &countingListener{Listener: rawL, n: &s.rawWire}
+	vlL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		rawL.Close()
+		return nil, err
+	}
+	var lc vlink.ListenConfig // the zero policy mirrors every registered filter and multi-link layer
+	if s.vl, err = lc.NewListener(&countingListener{Listener: vlL, n: &s.vlWire}); err != nil {
+		rawL.Close()
+		vlL.Close()
+		return nil, err
+	}
+	for _, l := range []net.Listener{s.raw, s.vl} {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				s.mu.Lock()
+				s.conns[c] = struct{}{}
+				s.mu.Unlock()
+				s.wg.Add(1)
+				go func() {
+					defer s.wg.Done()
+					serveBench(c)
+					s.mu.Lock()
+					delete(s.conns, c)
+					s.mu.Unlock()
+				}()
+			}
+		}()
+	}
+	return s, nil
+}
+
+func (s *benchServers) close() {
+	s.raw.Close()
+	s.vl.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// serveBench answers one bench connection: drain or echo.
+func serveBench(c net.Conn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(benchIOTimeout))
+	var mode [1]byte
+	if _, err := io.ReadFull(c, mode[:]); err != nil {
+		return
+	}
+	switch mode[0] {
+	case modeDrain:
+		// Read with a plain loop, not io.Copy, so that every stack is read
+		// the same way, through the same buffer size.
+		buf := make([]byte, 2*benchChunk)
+		var n int64
+		for {
+			m, err := c.Read(buf)
+			n += int64(m)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return
+			}
+		}
+		var ack [8]byte
+		binary.BigEndian.PutUint64(ack[:], uint64(n))
+		c.Write(ack[:])
+	case modeEcho:
+		buf := make([]byte, 4<<10)
+		for {
+			m, err := c.Read(buf)
+			if m > 0 {
+				if _, werr := c.Write(buf[:m]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+}
+
+// countingListener counts the bytes read from the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: c, n: l.n}, nil
+}
+
+// countingConn counts the bytes read from it. It keeps half-close, which
+// the bench's protocol relies on.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+var _ netconn.CloseWriter = (*countingConn)(nil)
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
+
+// sizeFlag is a byte count with an optional K, M or G suffix (powers of
+// 1024).
+type sizeFlag int64
+
+func (s *sizeFlag) String() string { return formatSize(int64(*s)) }
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+func parseSize(v string) (int64, error) {
+	num, mult := v, int64(1)
+	if n := len(v); n > 0 {
+		switch v[n-1] {
+		case 'k', 'K':
+			num, mult = v[:n-1], 1<<10
+		case 'm', 'M':
+			num, mult = v[:n-1], 1<<20
+		case 'g', 'G':
+			num, mult = v[:n-1], 1<<30
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<50)/mult {
+		return 0, fmt.Errorf("%q is not a size like 64M (K, M, G: powers of 1024)", v)
+	}
+	return n * mult, nil
+}
+
+func formatSize(n int64) string {
+	switch {
+	case n != 0 && n%(1<<30) == 0:
+		return strconv.FormatInt(n>>30, 10) + "G"
+	case n != 0 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "M"
+	case n != 0 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + "K"
+	}
+	return strconv.FormatInt(n, 10)
+}

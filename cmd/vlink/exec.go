@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// Exit codes of vlink exec besides the program's own, as env(1) and
+// timeout(1) use them: the program's code passes through, so vlink exec's
+// own failures need codes programs rarely use.
+const (
+	exitExecFailed   = 125 // vlink exec itself failed: shim, agent, unreachable program
+	exitCannotRun    = 126 // the program exists but cannot be run
+	exitNotFound     = 127 // no such program
+	exitSignalOffset = 128 // plus N: the program was killed by signal N
+)
+
+var execCmd = &command{
+	name:     "exec",
+	summary:  "run an unmodified program with its TCP connections on vlink stacks",
+	synopsis: "[--stack STACK [--via HOST:PORT] | --config FILE] [flags] -- PROGRAM [ARGS...]",
+	about: `
+Runs PROGRAM with a preload shim (LD_PRELOAD) that sends its TCP connections
+where the rules say, as vlink.Dial would for a Go program: direct, through
+a stack (and a vlink serve gateway), or refused. Nothing in the program
+changes; its connect, name resolution and getpeername behave as without
+the shim. A blocking connect through a stack waits for the far side and
+returns its errno; a non-blocking one (event loops) completes at once, and
+should the far side fail, the program sees a connection reset.
+
+  - --stack STACK [--via GATEWAY]: every destination goes through STACK,
+    except loopback (localhost, 127.0.0.0/8, ::1), which stays direct. With
+    --via, the gateway (vlink serve --allow) dials each destination; names
+    are resolved there, so a host only the far side knows can be reached.
+  - --config FILE: the routes of a vlink config file (see README).
+  - neither: the user's configuration (VLINK_CONFIG, default
+    ~/.config/vlink/config.toml, VLINK_STACK, VLINK_VIA, VLINK_KEY_FILE);
+    with none, everything goes direct.
+
+A private agent (inside this process) decides each connect and dials; it
+lives until the program and every process it leaves behind have exited, and
+leaves no socket or file behind. A connect the rules refuse fails with EPERM;
+if the agent is gone, connects it must route fail with ENETUNREACH, never
+silently direct. Names routed through a stack get addresses from 198.18.0.0/15
+and fd76:6c69:6e6b::/96, which the agent maps back to the name. UDP is not
+carried: datagrams go out as without the shim, except to those addresses.
+
+The shim is C, built once with the system's C compiler (cc) into the user's
+cache directory; VLINK_PRELOAD names a prebuilt one instead. Statically
+linked programs, Go programs and set-user-ID programs cannot be reached by a
+preload shim: vlink exec says so and refuses to run them, unless
+--allow-bypass (their connections then go direct). Only PROGRAM (or the
+interpreter of a script) is checked, not what it runs later.
+
+Exit status: PROGRAM's; 128+N if a signal N killed it; 125 if vlink exec
+itself failed, 126 if PROGRAM cannot be run, 127 if it is not found, 2 for a
+bad command line. SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed on to
+PROGRAM; so are SIGINT and SIGQUIT, unless they came from the terminal,
+which sends them to PROGRAM itself.
+`,
+	examples: `
+  # With "vlink serve --listen 0.0.0.0:7000 --allow '*:*' --key-file k"
+  # on the gateway: curl reaches a host only the gateway can resolve,
+  # zstd-compressed up to the gateway:
+  vlink exec --stack zstd --via gateway.example:7000 --key-file k -- \
+      curl http://intranet.corp:8080/
+
+  # The routes of a config file, for any program:
+  vlink exec --config ~/.config/vlink/work.toml -- git clone http://git.corp/repo.git
+
+  # See every decision the agent makes:
+  vlink exec --log-level debug --stack lz4 --via 10.0.0.1:7000 -- ssh build.corp
+`,
+	flags: execFlags,
+	args:  true,
+}
+
+type execOptions struct {
+	stack, via, keyFile, config string
+	dialTimeout                 time.Duration
+	allowBypass                 bool
+}
+
+func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	o := &execOptions{}
+	fs.StringVar(&o.stack, "stack", "", "carry every connection but loopback through `STACK`, e.g. zstd or lz4+tcp (default: the configuration decides)")
+	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which resolves the names and dials the destinations; needs --stack (default: none)")
+	fs.StringVar(&o.keyFile, "key-file", "", "prove to the gateway that we hold the pre-shared key in `FILE`; needs --stack (default: none)")
+	fs.StringVar(&o.config, "config", "", "route with the vlink config `FILE` instead of --stack (default: VLINK_CONFIG and the other VLINK_ variables)")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 30*time.Second, "give up a connection through a stack, handshake included, after `DURATION`")
+	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
+	return func(ctx context.Context, e *env) int {
+		return o.run(ctx, e)
+	}
+}
+
+// loopbackRules keep local destinations direct under --stack: a gateway's
+// loopback is another host's.
+var loopbackRules = []selector.Rule{
+	{Host: "localhost", Action: selector.Direct},
+	{Host: "*.localhost", Action: selector.Direct},
+	{Host: "127.0.0.0/8", Action: selector.Direct},
+	{Host: "::1", Action: selector.Direct},
+}
+
+// routes builds the configuration the flags describe.
+func (o *execOptions) routes() (*vlink.Config, error) {
+	if o.dialTimeout <= 0 {
+		return nil, usagef("--dial-timeout wants a positive duration")
+	}
+	if o.config != "" && (o.stack != "" || o.via != "" || o.keyFile != "") {
+		return nil, usagef("give --config or --stack (with --via and --key-file), not both")
+	}
+	if o.config != "" {
+		return vlink.LoadConfig(o.config)
+	}
+	if o.stack == "" {
+		if o.via != "" || o.keyFile != "" {
+			return nil, usagef("--via and --key-file need --stack (--stack tcp for no filter); without --stack the configuration decides")
+		}
+		return vlink.DefaultConfig()
+	}
+	if _, err := vlink.Parse(o.stack); err != nil {
+		return nil, usagef("--stack: %v", err)
+	}
+	if o.via != "" {
+		if err := checkHostPort(o.via); err != nil {
+			return nil, usagef("--via %v", err)
+		}
+	}
+	var key []byte
+	if o.keyFile != "" {
+		var err error
+		if key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, err
+		}
+	}
+	return vlink.NewConfig(loopbackRules, selector.Rule{Stack: o.stack, Via: o.via}, key)
+}
+
+func (o *execOptions) run(ctx context.Context, e *env) int {
+	if len(e.args) == 0 {
+		return usageError(e.stderr, "vlink exec", "no program to run: give it after the flags, e.g. vlink exec --stack zstd --via gw:7000 -- curl http://host/")
+	}
+	cfg, err := o.routes()
+	if err != nil {
+		code := fail(e, "vlink exec", err)
+		if code == exitFailure {
+			code = exitExecFailed
+		}
+		return code
+	}
+	if cfg.Selector() == nil {
+		e.log.Warn("no --stack, --config or vlink configuration: every connection goes direct")
+	}
+	code, err := execProgram(ctx, e, o, cfg)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "vlink exec: %v\n", err)
+	}
+	return code
+}

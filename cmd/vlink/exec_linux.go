@@ -1,0 +1,197 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/preload"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// execProgram runs the program with the shim and a private agent, and
+// returns its exit code once it and every process it left behind are gone.
+func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config) (int, error) {
+	name := e.args[0]
+	path, err := exec.LookPath(name)
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return exitNotFound, fmt.Errorf("%s: program not found", name)
+		}
+		return exitCannotRun, err
+	}
+	if err := preload.Inspect(path); err != nil {
+		var ue *preload.UnreachableError
+		if !errors.As(err, &ue) {
+			return exitCannotRun, err
+		}
+		if !o.allowBypass {
+			return exitExecFailed, fmt.Errorf("%v; carry its connections with vlink tunnel instead, "+
+				"or run it anyway with --allow-bypass (its connections then go direct)", err)
+		}
+		e.log.Warn("running a program the shim cannot reach: its connections bypass vlink", "why", err.Error())
+	}
+	shim, err := preload.ShimPath("")
+	if err != nil {
+		return exitExecFailed, err
+	}
+	agent, err := preload.NewAgent(preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log})
+	if err != nil {
+		return exitExecFailed, err
+	}
+	defer agent.Close()
+	e.log.Debug("agent", "socket", agent.Name(), "shim", shim, "routes", cfg.String())
+
+	// Orphans (daemons, children of a parent that exited) become ours,
+	// so that the agent outlives every process that may still use it.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		e.log.Warn("cannot become a subreaper: processes the program leaves behind may outlive the agent", "err", err)
+	}
+
+	cmd := exec.Command(path, e.args[1:]...)
+	cmd.Args[0] = name
+	cmd.Env = preloadEnv(os.Environ(), shim, agent.Env())
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return exitCannotRun, err
+		}
+		return exitExecFailed, err
+	}
+	waited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(waited)
+	}()
+	done := ctx.Done()
+	pass := func(s os.Signal) {
+		if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
+			return // the terminal sent it to the program's process group too
+		}
+		cmd.Process.Signal(s)
+	}
+	for running := true; running; {
+		select {
+		case s := <-sigs:
+			pass(s)
+		case <-done:
+			done = nil // a cancelled context stands for SIGTERM
+			cmd.Process.Signal(syscall.SIGTERM)
+		case <-waited:
+			running = false
+		}
+	}
+	code := exitCode(cmd.ProcessState)
+
+	// The processes it left behind (reparented to us) still use the agent.
+	if left := children(); len(left) > 0 {
+		e.log.Info("the program exited; waiting for the processes it left running", "pids", fmt.Sprint(left))
+	}
+	reaped := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		for {
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(-1, &ws, 0, nil); errors.Is(err, unix.ECHILD) {
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case s := <-sigs:
+			if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
+				continue
+			}
+			for _, pid := range children() {
+				syscall.Kill(pid, s.(syscall.Signal))
+			}
+		case <-done:
+			done = nil
+			for _, pid := range children() {
+				syscall.Kill(pid, syscall.SIGTERM)
+			}
+		case <-reaped:
+			return code, nil
+		}
+	}
+}
+
+// preloadEnv adds the shim to LD_PRELOAD (first, before any other) and
+// points it at the agent.
+func preloadEnv(environ []string, shim, agentVar string) []string {
+	out := make([]string, 0, len(environ)+2)
+	preloads := shim
+	agentName, _, _ := strings.Cut(agentVar, "=")
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LD_PRELOAD":
+			if v != "" {
+				preloads += ":" + v
+			}
+			continue
+		case agentName:
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "LD_PRELOAD="+preloads, agentVar)
+}
+
+func exitCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitSignalOffset + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// terminalSentIt reports whether our process group is the foreground of
+// the terminal on stdin: then a SIGINT or SIGQUIT from the keyboard went to
+// the program as well, and passing it on would deliver it twice.
+func terminalSentIt() bool {
+	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	return err == nil && pgrp == unix.Getpgrp()
+}
+
+// children lists our child processes, from /proc.
+func children() []int {
+	me := os.Getpid()
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 2 && f[1] == strconv.Itoa(me) && f[0] != "Z" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

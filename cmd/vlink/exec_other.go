@@ -1,0 +1,16 @@
+//go:build !linux
+
+package main
+
+import (
+	"context"
+	"errors"
+
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// execProgram: the preload shim is Linux-only.
+func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config) (int, error) {
+	return exitExecFailed, errors.New("vlink exec is Linux-only: the preload shim and its agent need Linux " +
+		"(use vlink tunnel to carry a program's connections elsewhere)")
+}

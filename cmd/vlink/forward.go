@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+)
+
+// A tracker follows the connections a server relays, so that shutdown can
+// let them finish for a grace period and then cut them.
+type tracker struct {
+	wg sync.WaitGroup // one per connection handler
+
+	// ctx is cancelled when the connections are cut, to abort the dials
+	// still in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	relays int // relays in progress
+	cut    bool
+}
+
+func newTracker() *tracker {
+	t := &tracker{conns: map[net.Conn]struct{}{}}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	return t
+}
+
+// spawn runs a connection handler that shutdown waits for.
+func (t *tracker) spawn(f func()) {
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		f()
+	}()
+}
+
+// add registers connections being relayed. Once the connections have been
+// cut it closes them instead and returns false.
+func (t *tracker) add(cs ...net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cut {
+		for _, c := range cs {
+			c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		t.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (t *tracker) remove(cs ...net.Conn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range cs {
+		delete(t.conns, c)
+	}
+}
+
+// shutdown waits up to grace for the handlers to finish, then closes the
+// connections still open and waits for their handlers to return. It
+// reports how many relays it cut. The caller has stopped accepting
+// already.
+func (t *tracker) shutdown(grace time.Duration) (cut int) {
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.mu.Lock()
+		cut = t.relays
+		t.mu.Unlock()
+		t.closeAll()
+		<-done
+	}
+	// Connections no handler took (a target dialed for a handshake that
+	// never completed) are closed too.
+	t.closeAll()
+	return cut
+}
+
+// closeAll closes every tracked connection, aborts the dials in progress,
+// and makes add refuse new connections.
+func (t *tracker) closeAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cut = true
+	for c := range t.conns {
+		c.Close()
+		delete(t.conns, c)
+	}
+	t.cancel()
+}
+
+// active reports how many relays are in progress.
+func (t *tracker) active() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.relays
+}
+
+// relay joins the client's connection a and the target's b until both
+// directions end, and logs the outcome: at debug when all went well, at
+// info when the relay failed.
+func (t *tracker) relay(log *slog.Logger, a, b net.Conn, attrs ...any) {
+	if !t.add(a, b) {
+		return
+	}
+	t.mu.Lock()
+	t.relays++
+	t.mu.Unlock()
+	start := time.Now()
+	up, down, err := netconn.Relay(a, b)
+	attrs = append(attrs, "bytes_up", up, "bytes_down", down, "took", time.Since(start).Round(time.Millisecond))
+	t.mu.Lock()
+	t.relays--
+	delete(t.conns, a)
+	delete(t.conns, b)
+	cut := t.cut
+	t.mu.Unlock()
+	if cut {
+		log.Debug("connection cut at shutdown", attrs...)
+		return
+	}
+	if err != nil {
+		log.Info("connection failed", append(attrs, "err", err)...)
+		return
+	}
+	log.Debug("connection closed", attrs...)
+}

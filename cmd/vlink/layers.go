@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var layersCmd = &command{
+	name:     "layers",
+	summary:  "list the registered layers and their parameters",
+	synopsis: "[flags]",
+	about: `
+Lists every layer this binary knows, by name: its kind (factory: makes the
+byte stream, at the bottom of a stack; filter: transforms it, mirrored by
+the peer), what it does, and its parameters with their type, default and
+bounds. Stacks name layers and set parameters as in zstd:level=3+tcp.
+`,
+	examples: `
+  vlink layers
+`,
+	flags: func(fs *flag.FlagSet) func(context.Context, *env) int {
+		return func(ctx context.Context, e *env) int {
+			printLayers(e)
+			return exitOK
+		}
+	},
+}
+
+func printLayers(e *env) {
+	for i, s := range vlink.Specs() {
+		if i > 0 {
+			fmt.Fprintln(e.stdout)
+		}
+		kind := s.Kind.String()
+		if s.Terminal {
+			kind += ", terminal"
+		}
+		fmt.Fprintf(e.stdout, "%s (%s): %s\n", s.Name, kind, s.Summary)
+		w := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		for _, p := range s.Params {
+			def, bounds := "default "+p.Default, ""
+			switch {
+			case p.Required:
+				def = "required"
+			case p.Default == "":
+				def = "default none"
+			}
+			if p.Min != 0 || p.Max != 0 {
+				bounds = "range " + formatBound(p.Type, p.Min) + ".." + formatBound(p.Type, p.Max)
+			}
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", p.Name, p.Type, def, bounds, p.Doc)
+		}
+		w.Flush()
+	}
+}
+
+func formatBound(t vlink.ParamType, n int64) string {
+	switch t {
+	case vlink.TypeDuration:
+		return time.Duration(n).String()
+	case vlink.TypeSize:
+		return formatSize(n)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+var versionCmd = &command{
+	name:     "version",
+	summary:  "print the version of vlink and of Go it was built with",
+	synopsis: "[flags]",
+	about: `
+Prints the module version (a release tag, a pseudo-version from the VCS
+when built in a checkout, or "(devel)"), the VCS revision if known, and the
+Go version and platform.
+`,
+	examples: `
+  vlink version
+`,
+	flags: func(fs *flag.FlagSet) func(context.Context, *env) int {
+		return func(ctx context.Context, e *env) int {
+			fmt.Fprintln(e.stdout, versionString())
+			return exitOK
+		}
+	},
+}
+
+func versionString() string {
+	version, rev := "(devel)", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		modified := false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+		// A pseudo-version names the revision already.
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if strings.Contains(version, rev) {
+			rev = ""
+		}
+		if rev != "" && modified {
+			rev += ", modified"
+		}
+	}
+	s := "vlink " + version
+	if rev != "" {
+		s += " (" + rev + ")"
+	}
+	return fmt.Sprintf("%s %s %s/%s", s, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}

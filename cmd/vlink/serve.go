@@ -1,0 +1,403 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var serveCmd = &command{
+	name:     "serve",
+	summary:  "accept VLink and plain connections on a port and forward them",
+	synopsis: "(--target HOST:PORT | --allow PATTERN ...) [flags]",
+	about: `
+Accepts VLink connections (from "vlink tunnel", or any program dialing with
+the vlink library) and plain TCP connections on one port, and forwards each:
+
+  - a VLink connection gets the stack its dialer asks for mirrored (within
+    --layers and --limit), then goes to the target it names if an --allow
+    pattern matches it, or to --target if it names none;
+  - a plain connection (one that sends no hello) goes to --target.
+
+serve is never an open proxy: it needs --target, --allow, or both, and a
+target a dialer names is refused unless an --allow pattern matches it.
+Patterns match the target as the dialer wrote it, without resolving names,
+so an IP pattern only matches targets given as IP addresses.
+
+The target is dialed before a VLink dialer is accepted, so the dialer
+learns when the target is unreachable, and why. With --key-file every VLink
+dialer must prove it holds the same key (a challenge-response: the key
+never crosses the wire, and a recorded handshake cannot be replayed), and
+plain connections are refused unless --plain allow. Listening beyond
+loopback is done only when --listen says so, and is warned about without a
+key.
+`,
+	examples: `
+  # Forward port 7000 to a local web server; tunnels may use any filter:
+  vlink serve --listen 127.0.0.1:7000 --target 127.0.0.1:8000
+
+  # A gateway on every interface, with a key: tunnels name targets in
+  # 10.0.0.0/8 or under corp.example:443, and may use zstd (levels 1-9)
+  # or lz4 only:
+  head -c 32 /dev/urandom | base64 > vlink.key && chmod 600 vlink.key
+  vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
+      --allow 10.0.0.0/8:1-65535 --allow '*.corp.example:443' \
+      --layers zstd,lz4 --limit zstd.level=1-9
+`,
+	flags: serveFlags,
+}
+
+type serveOptions struct {
+	listen, target, keyFile, layers, plain string
+	listenStack                            string
+	allow, limits                          listFlag
+	handshakeTimeout, dialTimeout, grace   time.Duration
+}
+
+func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	o := &serveOptions{}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:7000", "accept connections on `ADDR` (host:port); a non-loopback address serves other hosts")
+	fs.StringVar(&o.target, "target", "", "forward plain connections, and VLink connections that name no target, to `HOST:PORT` (default: none)")
+	fs.Var(&o.allow, "allow", "let VLink dialers name targets matching `PATTERN`, written HOST:PORTS: HOST is a name glob (*.corp.example), an IP or a CIDR prefix (10.0.0.0/8, [fd00::1]); PORTS is a port, a range, a comma list or * (repeatable; default: none)")
+	fs.StringVar(&o.keyFile, "key-file", "", "require VLink dialers to prove they hold the pre-shared key in `FILE` (at least 16 bytes, mode 600; default: no authentication)")
+	fs.StringVar(&o.layers, "layers", "", "let dialers ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
+	fs.Var(&o.limits, "limit", "narrow a layer parameter's bounds, written `LAYER.PARAM=MIN-MAX` or LAYER.PARAM=VALUE: the server runs the mirrored layer too, so a high compression level costs it CPU (repeatable; default: the layer's own bounds)")
+	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
+	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
+	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	graceVar(fs, &o.grace)
+	return func(ctx context.Context, e *env) int {
+		if err := o.run(ctx, e); err != nil {
+			return fail(e, "vlink serve", err)
+		}
+		return exitOK
+	}
+}
+
+// server is a running "vlink serve".
+type server struct {
+	target      string
+	dialTimeout time.Duration
+	log         *slog.Logger
+	t           *tracker
+}
+
+func (o *serveOptions) run(ctx context.Context, e *env) error {
+	if o.target == "" && len(o.allow) == 0 {
+		return usagef("nothing to forward to: add --target HOST:PORT (where connections go) " +
+			"or --allow PATTERN (the targets VLink dialers may name), or both; serve never runs as an open proxy")
+	}
+	policy, err := o.policy()
+	if err != nil {
+		return err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"grace", o.grace}} {
+		if d.v < 0 || (d.v == 0 && d.name != "grace") {
+			return usagef("--%s %v: want a positive duration", d.name, d.v)
+		}
+	}
+	if o.keyFile != "" {
+		if policy.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return err
+		}
+	}
+
+	s := &server{target: o.target, dialTimeout: o.dialTimeout, log: e.log, t: newTracker()}
+	var listenStack vlink.Stack
+	if o.listenStack != "" {
+		if listenStack, err = vlink.Parse(o.listenStack); err != nil {
+			return usagef("--listen-stack: %v", err)
+		}
+	}
+	lc := vlink.ListenConfig{
+		Stack:            listenStack,
+		Policy:           policy,
+		HandshakeTimeout: o.handshakeTimeout,
+		Admit:            s.admit,
+		Logger:           e.log,
+	}
+	l, err := lc.Listen(ctx, "tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
+	defer stopOnCancel()
+
+	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
+		e.log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
+			"addr", l.Addr().String())
+	}
+	e.log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
+		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil)
+
+	var acceptErr error
+	for {
+		c, err := l.AcceptVLink()
+		if err != nil {
+			acceptErr = err
+			break
+		}
+		s.t.spawn(func() { s.handle(c) })
+	}
+	l.Close()
+	if ctx.Err() == nil {
+		s.t.shutdown(0)
+		return fmt.Errorf("accepting: %w", acceptErr)
+	}
+	e.log.Info("shutting down", "active", s.t.active(), "grace", o.grace)
+	if n := s.t.shutdown(o.grace); n > 0 {
+		e.log.Info("closed connections still open after the grace period", "count", n)
+	}
+	return nil
+}
+
+// policy builds the listener's policy from the flags.
+func (o *serveOptions) policy() (vlink.Policy, error) {
+	var p vlink.Policy
+	if o.target != "" {
+		if err := checkHostPort(o.target); err != nil {
+			return p, usagef("--target %s", err)
+		}
+	}
+	for _, a := range o.allow {
+		r, err := parseAllow(a)
+		if err != nil {
+			return p, err
+		}
+		p.Targets = append(p.Targets, r)
+	}
+	if o.layers != "" {
+		p.Layers = []string{}
+		for name := range strings.SplitSeq(o.layers, ",") {
+			name = strings.TrimSpace(name)
+			spec, ok := vlink.Lookup(name)
+			if !ok || spec.Kind == vlink.KindFactory || spec.Kind == vlink.KindRoute {
+				return p, usagef("--layers: %q is not a layer a dialer can ask for (known: %s)", name, strings.Join(mirroredNames(), ", "))
+			}
+			p.Layers = append(p.Layers, name)
+		}
+	}
+	for _, l := range o.limits {
+		key, r, err := parseLimit(l)
+		if err != nil {
+			return p, err
+		}
+		if p.Limits == nil {
+			p.Limits = map[string]vlink.Range{}
+		}
+		p.Limits[key] = r
+	}
+	switch o.plain {
+	case "default":
+		p.Plain = vlink.PlainDefault
+	case "allow":
+		p.Plain = vlink.PlainAllow
+	case "refuse":
+		p.Plain = vlink.PlainRefuse
+	default:
+		return p, usagef("--plain %q: want default, allow or refuse", o.plain)
+	}
+	if o.target == "" {
+		if p.Plain == vlink.PlainAllow {
+			return p, usagef("--plain allow needs --target: plain connections name no target")
+		}
+		p.Plain = vlink.PlainRefuse
+	}
+	if err := p.Validate(); err != nil {
+		return p, usagef("%v", err)
+	}
+	return p, nil
+}
+
+func policyPlain(p vlink.Policy) string {
+	switch {
+	case p.Plain == vlink.PlainRefuse, p.Plain == vlink.PlainDefault && p.Key != nil:
+		return "refused"
+	}
+	return "accepted"
+}
+
+// parseAllow parses an --allow pattern, HOST:PORTS.
+func parseAllow(s string) (selector.Rule, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i <= 0 || i == len(s)-1 {
+		return selector.Rule{}, usagef("--allow %q: want HOST:PORTS, e.g. *.corp.example:443, 10.0.0.0/8:1-65535 or [fd00::1]:* (* is any port)", s)
+	}
+	r := selector.Rule{Host: s[:i], Ports: s[i+1:], Action: selector.Direct}
+	if err := r.Validate(); err != nil {
+		return r, usagef("--allow %q: %v", s, err)
+	}
+	return r, nil
+}
+
+// parseLimit parses a --limit, LAYER.PARAM=MIN-MAX or LAYER.PARAM=VALUE.
+func parseLimit(s string) (string, vlink.Range, error) {
+	var r vlink.Range
+	bad := func(why string) (string, vlink.Range, error) {
+		return "", r, usagef("--limit %q: %s", s, why)
+	}
+	key, val, ok := strings.Cut(s, "=")
+	layer, param, ok2 := strings.Cut(key, ".")
+	if !ok || !ok2 || val == "" {
+		return bad("want LAYER.PARAM=MIN-MAX, e.g. zstd.level=1-9")
+	}
+	spec, found := vlink.Lookup(layer)
+	if !found {
+		return bad(fmt.Sprintf("no layer %q (see vlink layers)", layer))
+	}
+	var p *vlink.Param
+	for i := range spec.Params {
+		if spec.Params[i].Name == param {
+			p = &spec.Params[i]
+		}
+	}
+	if p == nil {
+		return bad(fmt.Sprintf("layer %s has no parameter %q (see vlink layers)", layer, param))
+	}
+	lo, hi, isRange := strings.Cut(val, "-")
+	if !isRange {
+		hi = lo
+	}
+	var err error
+	if r.Min, err = parseNumber(p.Type, lo); err != nil {
+		return bad(err.Error())
+	}
+	if r.Max, err = parseNumber(p.Type, hi); err != nil {
+		return bad(err.Error())
+	}
+	if r.Min > r.Max {
+		return bad("the range is backwards")
+	}
+	return key, r, nil
+}
+
+// parseNumber reads a bound of a numeric parameter in its own unit.
+func parseNumber(t vlink.ParamType, s string) (int64, error) {
+	switch t {
+	case vlink.TypeInt:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not an integer", s)
+		}
+		return n, nil
+	case vlink.TypeDuration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a duration like 10s", s)
+		}
+		return int64(d), nil
+	case vlink.TypeSize:
+		n, err := parseSize(s)
+		if err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("only int, duration and size parameters can be limited, not %s", t)
+}
+
+func checkHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q: want HOST:PORT: %v", s, err)
+	}
+	if host == "" || port == "" {
+		return fmt.Errorf("%q: want HOST:PORT with both parts", s)
+	}
+	return nil
+}
+
+func mirroredNames() []string {
+	var names []string
+	for _, s := range vlink.Specs() {
+		if s.Kind == vlink.KindFilter || s.Kind == vlink.KindMultiLink {
+			names = append(names, s.Name)
+		}
+	}
+	return names
+}
+
+// admit runs for each VLink connection the policy accepted, before the
+// dialer is answered: it dials the target, so an unreachable target is
+// reported to the dialer rather than seen as a connection that closes.
+func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
+	to := h.Target
+	if to == "" {
+		if s.target == "" {
+			return nil, &vlink.RefusedError{Code: vlink.CodeTarget,
+				Reason: "this server has no default target; name one (vlink tunnel --via)"}
+		}
+		to = s.target
+	}
+	d := net.Dialer{Timeout: s.dialTimeout}
+	c, err := d.DialContext(ctx, "tcp", to)
+	if err != nil {
+		s.log.Warn("target unreachable", "remote", h.RemoteAddr.String(), "target", to, "err", err)
+		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
+	}
+	// Tracked from here: should the listener close before handing the
+	// connection over, shutdown still closes the target's side.
+	if !s.t.add(c) {
+		return nil, &vlink.RefusedError{Code: vlink.CodeBusy, Reason: "shutting down"}
+	}
+	return &admitted{Conn: c, t: s.t}, nil
+}
+
+// admitted is a target connection dialed by admit. The listener closes it
+// if the handshake fails after all; that also forgets it.
+type admitted struct {
+	net.Conn
+	t *tracker
+}
+
+func (a *admitted) Close() error {
+	a.t.remove(a.Conn)
+	return a.Conn.Close()
+}
+
+// handle forwards one accepted connection.
+func (s *server) handle(c *vlink.Conn) {
+	attrs := []any{"remote", c.RemoteAddr().String()}
+	h := c.Hello()
+	if h == nil {
+		attrs = append(attrs, "stack", "plain", "target", s.target)
+		d := net.Dialer{Timeout: s.dialTimeout}
+		tc, err := d.DialContext(s.t.ctx, "tcp", s.target)
+		if err != nil {
+			c.Close()
+			if !errors.Is(err, context.Canceled) {
+				s.log.Warn("target unreachable: plain connection closed", append(attrs, "err", err)...)
+			}
+			return
+		}
+		s.log.Debug("forwarding", attrs...)
+		s.t.relay(s.log, c, tc, attrs...)
+		return
+	}
+	to := h.Target
+	if to == "" {
+		to = s.target
+	}
+	attrs = append(attrs, "stack", h.Stack.String(), "target", to, "authenticated", h.Authenticated)
+	a, ok := c.Admitted().(*admitted)
+	if !ok { // cannot happen: admit returns a connection or an error
+		c.Close()
+		return
+	}
+	tc := a.Conn // unwrapped, so that relaying TCP to TCP can splice
+	s.log.Debug("forwarding", attrs...)
+	s.t.relay(s.log, c, tc, attrs...)
+}

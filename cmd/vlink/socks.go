@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/vlink-dev/vlink/factories/socks"
+	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var socksCmd = &command{
+	name:     "socks",
+	summary:  "a local SOCKS5/SOCKS4 server whose connections follow a stack or the user's rules",
+	synopsis: "[--stack STACK [--via HOST:PORT]] [--config FILE] [flags]",
+	about: `
+Serves SOCKS5 (CONNECT), SOCKS4 and SOCKS4a on a local port, so programs that
+already speak SOCKS (curl --socks5-hostname, browsers, git, ssh -o
+ProxyCommand) reach their destinations through any stack, without the
+preload shim. Each destination is dialed with --stack (and --via), or, with
+no --stack, per destination by the routing rules of --config or of the
+user's configuration (VLINK_CONFIG, default ~/.config/vlink/config.toml,
+VLINK_STACK, VLINK_VIA); with none of them, directly.
+
+Names are not resolved here: a name the client sends (SOCKS5 with a host
+name, SOCKS4a) goes through the stack as it is, so with an ssh or socks5
+stack the far side resolves it and internal names work. UDP ASSOCIATE and
+BIND are answered "command not supported".
+
+It listens on loopback unless --listen says otherwise, and even then it
+serves only loopback clients and those --allow-from names: it is never an
+open proxy. With --user and --password-file, SOCKS5 clients must
+authenticate (RFC 1929), and SOCKS4 clients, which cannot, are refused.
+`,
+	examples: `
+  # Every connection through an SSH bastion; names are resolved there:
+  vlink socks --listen 127.0.0.1:1080 --stack ssh:host=bastion.example
+  curl --socks5-hostname 127.0.0.1:1080 http://internal-name/
+
+  # Through a corporate SOCKS5 proxy that wants a password:
+  vlink socks --stack socks5:addr=proxy.example:1080,user=alice,password-file=$HOME/.proxy-pw
+
+  # Serve the LAN's 10.1.0.0/16 too, with a password of its own:
+  vlink socks --listen 0.0.0.0:1080 --allow-from 10.1.0.0/16 \
+      --user team --password-file socks.pw --stack ssh:host=bastion.example
+`,
+	flags: socksFlags,
+}
+
+type socksOptions struct {
+	listen, stack, via, keyFile, config, user, passwordFile string
+	allowFrom                                               listFlag
+	handshakeTimeout, dialTimeout, grace                    time.Duration
+}
+
+// maxSOCKSHandshakes bounds the handshakes in progress, and so what slow
+// or hostile clients can hold.
+const maxSOCKSHandshakes = 256
+
+func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	o := &socksOptions{}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:1080", "accept SOCKS clients on `ADDR` (host:port)")
+	fs.StringVar(&o.stack, "stack", "", "reach every destination through `STACK`, e.g. ssh:host=bastion or socks5:addr=proxy:1080 (default: the configuration decides per destination)")
+	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow); needs --stack")
+	fs.StringVar(&o.keyFile, "key-file", "", "prove to the gateway that we hold the pre-shared key in `FILE`; needs --stack")
+	fs.StringVar(&o.config, "config", "", "route destinations by the rules of the config `FILE` (default: VLINK_CONFIG or ~/.config/vlink/config.toml, if any)")
+	fs.Var(&o.allowFrom, "allow-from", "also serve clients from `CIDR`, e.g. 10.1.0.0/16 (repeatable; loopback clients are always served; default: none)")
+	fs.StringVar(&o.user, "user", "", "require SOCKS5 clients to authenticate as `NAME` (needs --password-file)")
+	fs.StringVar(&o.passwordFile, "password-file", "", "the password clients must give, read from `FILE` (mode 600)")
+	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a client whose SOCKS handshake, destination dial included, takes longer than `DURATION`")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching a destination after `DURATION`")
+	graceVar(fs, &o.grace)
+	return func(ctx context.Context, e *env) int {
+		if err := o.run(ctx, e); err != nil {
+			return fail(e, "vlink socks", err)
+		}
+		return exitOK
+	}
+}
+
+// setup builds the dialer, the SOCKS server and the client filter the
+// flags describe.
+func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
+	if o.handshakeTimeout <= 0 || o.dialTimeout <= 0 || o.grace < 0 {
+		return nil, nil, "", usagef("--handshake-timeout and --dial-timeout want positive durations")
+	}
+	var allow []netip.Prefix
+	for _, a := range o.allowFrom {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			ip, ierr := netip.ParseAddr(a)
+			if ierr != nil {
+				return nil, nil, "", usagef("--allow-from %q: want a CIDR prefix like 10.1.0.0/16 or an address", a)
+			}
+			p = netip.PrefixFrom(ip, ip.BitLen())
+		}
+		allow = append(allow, p.Masked())
+	}
+	d := &vlink.Dialer{Timeout: o.dialTimeout}
+	route := ""
+	switch {
+	case o.stack != "":
+		if o.config != "" {
+			return nil, nil, "", usagef("give --stack or --config, not both")
+		}
+		s, err := vlink.Parse(o.stack)
+		if err != nil {
+			return nil, nil, "", usagef("--stack: %v", err)
+		}
+		if !s.IsPlain() && o.via == "" {
+			return nil, nil, "", usagef("--stack %s has layers a VLink peer must mirror: add --via GATEWAY (a SOCKS destination is a plain server)", o.stack)
+		}
+		d.Stack, route = s, s.String()
+		if o.via != "" {
+			if err := checkHostPort(o.via); err != nil {
+				return nil, nil, "", usagef("--via %v", err)
+			}
+			d.Via, route = o.via, route+" via "+o.via
+		}
+		if o.keyFile != "" {
+			if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+				return nil, nil, "", err
+			}
+		}
+	case o.via != "" || o.keyFile != "":
+		return nil, nil, "", usagef("--via and --key-file need --stack")
+	case o.config != "":
+		cfg, err := vlink.LoadConfig(o.config)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		d.Config, route = cfg, "rules of "+o.config
+	default:
+		// Read now, so that a broken configuration stops the server
+		// instead of failing every connection.
+		cfg, err := vlink.DefaultConfig()
+		if err != nil {
+			return nil, nil, "", err
+		}
+		d.Config, route = cfg, "the user's configuration"
+		if cfg.Source == "" {
+			route = "direct (no configuration)"
+		}
+	}
+	srv := &socks.Server{Dialer: d}
+	switch {
+	case o.user != "" && o.passwordFile == "":
+		return nil, nil, "", usagef("--user needs --password-file")
+	case o.user == "" && o.passwordFile != "":
+		return nil, nil, "", usagef("--password-file needs --user")
+	case o.user != "":
+		pw, err := secret.Password(o.passwordFile, "")
+		if err != nil {
+			return nil, nil, "", err
+		}
+		srv.User, srv.Password = o.user, pw
+	}
+	return srv, allow, route, nil
+}
+
+func (o *socksOptions) run(ctx context.Context, e *env) error {
+	srv, allow, route, err := o.setup()
+	if err != nil {
+		return err
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
+	defer stopOnCancel()
+	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && len(allow) == 0 {
+		e.log.Warn("listening beyond loopback with no --allow-from: only loopback clients will be served", "addr", l.Addr().String())
+	}
+	var allowed []string
+	for _, p := range allow {
+		allowed = append(allowed, p.String())
+	}
+	e.log.Info("listening", "addr", l.Addr().String(), "route", route, "allow_from", strings.Join(allowed, ","), "auth", srv.User != "")
+
+	t := newTracker()
+	sem := make(chan struct{}, maxSOCKSHandshakes)
+	var backoff time.Duration
+	var acceptErr error
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() == nil && isTemporary(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				e.log.Warn("accept", "err", err, "retry_in", backoff)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-ctx.Done():
+				}
+			}
+			acceptErr = err
+			break
+		}
+		backoff = 0
+		if !clientAllowed(c.RemoteAddr(), allow) {
+			e.log.Info("refused client: not loopback and not in --allow-from", "remote", c.RemoteAddr().String())
+			c.Close()
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			e.log.Warn("too many SOCKS handshakes in progress: client closed", "remote", c.RemoteAddr().String(), "max", maxSOCKSHandshakes)
+			c.Close()
+			continue
+		}
+		t.spawn(func() { o.handle(e, t, srv, sem, c) })
+	}
+	l.Close()
+	if ctx.Err() == nil {
+		t.shutdown(0)
+		return fmt.Errorf("accepting: %w", acceptErr)
+	}
+	e.log.Info("shutting down", "active", t.active(), "grace", o.grace)
+	if n := t.shutdown(o.grace); n > 0 {
+		e.log.Info("closed connections still open after the grace period", "count", n)
+	}
+	return nil
+}
+
+// clientAllowed: loopback clients always, others if a prefix holds them.
+func clientAllowed(a net.Addr, allow []netip.Prefix) bool {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	if ip.IsLoopback() {
+		return true
+	}
+	for _, p := range allow {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// handle runs one client's SOCKS handshake and relays its connection.
+func (o *socksOptions) handle(e *env, t *tracker, srv *socks.Server, sem chan struct{}, c net.Conn) {
+	// Tracked during the handshake too, so shutdown can cut it.
+	if !t.add(c) {
+		<-sem
+		return
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, o.handshakeTimeout)
+	out, req, err := srv.Handshake(ctx, c)
+	cancel()
+	<-sem
+	t.remove(c)
+	attrs := []any{"remote", c.RemoteAddr().String(), "socks", req.Version.String(), "dest", req.Dest}
+	if err != nil {
+		c.Close()
+		switch {
+		case errors.Is(err, context.Canceled):
+		case errors.Is(err, socks.ErrClientAuth), errors.Is(err, socks.ErrBadRequest):
+			e.log.Info("client refused", append(attrs, "err", err)...)
+		default:
+			e.log.Info("cannot reach destination", append(attrs, "err", err)...)
+		}
+		return
+	}
+	e.log.Debug("connection", attrs...)
+	t.relay(e.log, c, out, attrs...)
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var tunnelCmd = &command{
+	name:     "tunnel",
+	summary:  "carry local TCP connections through a stack to a VLink server",
+	synopsis: "--to HOST:PORT [--stack STACK] [--via HOST:PORT] [flags]",
+	about: `
+Listens on a local port (plain TCP, for any program) and carries each
+connection it accepts through a stack to --to:
+
+  - without --via, --to is a VLink listener ("vlink serve", or a program
+    listening with the vlink library) that mirrors the stack and forwards
+    the connection to its own --target;
+  - with --via, the VLink gateway --via mirrors the stack and forwards the
+    connection to the plain server --to (its --allow must match --to);
+  - with a plain stack (--stack tcp) and no --via, --to is any TCP server.
+
+Without --stack, the user's configuration decides per destination: the file
+named by VLINK_CONFIG (default ~/.config/vlink/config.toml), VLINK_STACK,
+VLINK_VIA and VLINK_KEY_FILE; with none of them, plain TCP.
+
+A stack is written from the application side down, layers joined by '+',
+parameters after ':' (zstd:level=3+tcp); tcp is implied at the bottom.
+"vlink layers" lists the layers and their parameters. Connections are
+logged at debug, failures (a refusal and its reason, an unreachable
+server) at info.
+`,
+	examples: `
+  # With the first "vlink serve" example running: local port 8080 reaches
+  # the server's target, compressed with zstd over the wire:
+  vlink tunnel --listen 127.0.0.1:8080 --to 127.0.0.1:7000 --stack zstd
+
+  # Through the gateway 127.0.0.1:7000 to 10.1.2.3:443, which the
+  # gateway's --allow must match:
+  vlink tunnel --listen 127.0.0.1:8443 --via 127.0.0.1:7000 --to 10.1.2.3:443 --stack lz4
+
+  # Through an SSH bastion (ssh -L): the bastion connects to db.internal:
+  vlink tunnel --listen 127.0.0.1:5432 --to db.internal:5432 --stack ssh:host=bastion.example
+
+  # Publish the local port 8000 on the bastion's port 8080 (ssh -R):
+  vlink tunnel --listen-stack ssh:host=bastion.example --listen 127.0.0.1:8080 \
+      --to 127.0.0.1:8000 --stack tcp
+`,
+	flags: tunnelFlags,
+}
+
+type tunnelOptions struct {
+	listen, to, stack, via, keyFile string
+	listenStack                     string
+	dialTimeout, grace              time.Duration
+}
+
+func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	o := &tunnelOptions{}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
+	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
+	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd or lz4+tcp (default: the user's configuration decides)")
+	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which forwards to --to; needs --stack (default: none)")
+	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
+	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	graceVar(fs, &o.grace)
+	return func(ctx context.Context, e *env) int {
+		if err := o.run(ctx, e); err != nil {
+			return fail(e, "vlink tunnel", err)
+		}
+		return exitOK
+	}
+}
+
+// dialer builds the Dialer the flags describe.
+func (o *tunnelOptions) dialer() (*vlink.Dialer, error) {
+	if o.to == "" {
+		return nil, usagef("--to HOST:PORT is required: where connections go")
+	}
+	if err := checkHostPort(o.to); err != nil {
+		return nil, usagef("--to %v", err)
+	}
+	if o.dialTimeout <= 0 || o.grace < 0 {
+		return nil, usagef("--dial-timeout and --grace want positive durations")
+	}
+	d := &vlink.Dialer{Timeout: o.dialTimeout}
+	if o.stack == "" {
+		if o.via != "" || o.keyFile != "" {
+			return nil, usagef("--via and --key-file need --stack (--stack tcp for no filter); without --stack the configuration decides")
+		}
+		// Read now, so that a broken configuration stops the tunnel
+		// instead of failing every connection.
+		cfg, err := vlink.DefaultConfig()
+		if err != nil {
+			return nil, err
+		}
+		d.Config = cfg
+		return d, nil
+	}
+	s, err := vlink.Parse(o.stack)
+	if err != nil {
+		return nil, usagef("--stack: %v", err)
+	}
+	d.Stack = s
+	if o.via != "" {
+		if err := checkHostPort(o.via); err != nil {
+			return nil, usagef("--via %v", err)
+		}
+		d.Via = o.via
+	}
+	if o.keyFile != "" {
+		if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (o *tunnelOptions) run(ctx context.Context, e *env) error {
+	d, err := o.dialer()
+	if err != nil {
+		return err
+	}
+	// What multi-link layers share (a mux session) lives as long as the
+	// tunnel: every connection it accepts rides on it.
+	defer d.Close()
+	l, err := listenOn(ctx, o.listenStack, o.listen)
+	if err != nil {
+		return err
+	}
+	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
+	defer stopOnCancel()
+	stack := o.stack
+	if stack == "" {
+		stack = "from the configuration"
+		if d.Config.Source != "" {
+			stack += " " + d.Config.Source
+		}
+	}
+	e.log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
+
+	t := newTracker()
+	var backoff time.Duration
+	var acceptErr error
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() == nil && isTemporary(err) {
+				// Out of descriptors and the like: wait, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				e.log.Warn("accept", "err", err, "retry_in", backoff)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-ctx.Done():
+				}
+			}
+			acceptErr = err
+			break
+		}
+		backoff = 0
+		t.spawn(func() { o.handle(e, t, d, c) })
+	}
+	l.Close()
+	if ctx.Err() == nil {
+		t.shutdown(0)
+		return fmt.Errorf("accepting: %w", acceptErr)
+	}
+	e.log.Info("shutting down", "active", t.active(), "grace", o.grace)
+	if n := t.shutdown(o.grace); n > 0 {
+		e.log.Info("closed connections still open after the grace period", "count", n)
+	}
+	return nil
+}
+
+// handle carries one local connection to --to.
+func (o *tunnelOptions) handle(e *env, t *tracker, d *vlink.Dialer, c net.Conn) {
+	attrs := []any{"remote", c.RemoteAddr().String(), "to", o.to}
+	e.log.Debug("connection", attrs...)
+	rc, err := d.DialContext(t.ctx, "tcp", o.to)
+	if err != nil {
+		c.Close()
+		if !errors.Is(err, context.Canceled) {
+			e.log.Info("cannot reach destination", append(attrs, "err", err)...)
+		}
+		return
+	}
+	t.relay(e.log, c, rc, attrs...)
+}
+
+// listenOn listens on addr, on this host or, given a stack, through its
+// top factory (on an SSH server's side for ssh).
+func listenOn(ctx context.Context, stack, addr string) (net.Listener, error) {
+	if stack == "" {
+		var lc net.ListenConfig
+		return lc.Listen(ctx, "tcp", addr)
+	}
+	s, err := vlink.Parse(stack)
+	if err != nil {
+		return nil, usagef("--listen-stack: %v", err)
+	}
+	return vlink.ListenStack(ctx, s, "tcp", addr)
+}
+
+func isTemporary(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}

@@ -1,0 +1,83 @@
+package tcp
+
+import (
+	"context"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func getsockopt(t *testing.T, c net.Conn, level, opt int) int {
+	t.Helper()
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatalf("getsockopt(%d, %d): %v", level, opt, gerr)
+	}
+	return v
+}
+
+// TestSocketOptions reads the options back from the kernel on both the
+// dialed and the accepted socket.
+func TestSocketOptions(t *testing.T) {
+	tests := []struct {
+		name      string
+		args      fakeArgs
+		nodelay   bool
+		keepalive time.Duration // 0: off
+	}{
+		{"defaults", fakeArgs{}, true, DefaultKeepAlive},
+		{"nagle", fakeArgs{"nodelay": "false"}, false, DefaultKeepAlive},
+		{"keepalive-off", fakeArgs{"keepalive": "0s"}, true, 0},
+		{"keepalive-90s", fakeArgs{"keepalive": "90s"}, true, 90 * time.Second},
+		{"port-range", fakeArgs{"ports": freeRange(8).String(), "nodelay": "false", "keepalive": "1m"}, false, time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := mustFactory(t, tt.args)
+			ln, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, s := dialAccept(t, f, "tcp", ln)
+			for side, conn := range map[string]net.Conn{"dialed": c, "accepted": s} {
+				if got := getsockopt(t, conn, unix.IPPROTO_TCP, unix.TCP_NODELAY) != 0; got != tt.nodelay {
+					t.Errorf("%s: TCP_NODELAY %v, want %v", side, got, tt.nodelay)
+				}
+				ka := getsockopt(t, conn, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0
+				if ka != (tt.keepalive > 0) {
+					t.Errorf("%s: SO_KEEPALIVE %v, want %v", side, ka, tt.keepalive > 0)
+				}
+				if !ka {
+					continue
+				}
+				want := int(tt.keepalive / time.Second)
+				if got := getsockopt(t, conn, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); got != want {
+					t.Errorf("%s: TCP_KEEPIDLE %ds, want %ds", side, got, want)
+				}
+				if got := getsockopt(t, conn, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL); got != want {
+					t.Errorf("%s: TCP_KEEPINTVL %ds, want %ds", side, got, want)
+				}
+				if got := getsockopt(t, conn, unix.IPPROTO_TCP, unix.TCP_KEEPCNT); got != KeepAliveCount {
+					t.Errorf("%s: TCP_KEEPCNT %d, want %d", side, got, KeepAliveCount)
+				}
+			}
+			if _, ok := tt.args["ports"]; ok {
+				if getsockopt(t, c, unix.SOL_SOCKET, unix.SO_REUSEADDR) == 0 {
+					t.Error("range-bound dial socket lacks SO_REUSEADDR")
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,159 @@
+package compress
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Writer tuning.
+const (
+	// minCompress is the smallest block worth compressing: below it the
+	// codec's own framing eats the gain.
+	minCompress = 64
+	// minSavingShift: a compressed block must be at least 1/16 shorter
+	// than the raw one, or it is sent raw and spares the reader a decode.
+	minSavingShift = 4
+	// maxBackoff caps how many blocks go raw between two attempts on
+	// incompressible data: 64 blocks of 128 KiB probe again every 8 MiB.
+	maxBackoff = 64
+)
+
+// Buffers come from pools and are held only while a frame is in flight:
+// decoded blocks, wire bytes read ahead, frames being written.
+var (
+	blockPool = sync.Pool{New: func() any { b := make([]byte, MaxBlock); return &b }}
+	readPool  = sync.Pool{New: func() any { b := make([]byte, readAhead+headerSize); return &b }}
+	framePool = sync.Pool{New: func() any { b := make([]byte, headerSize+payloadRoom); return &b }}
+)
+
+// errWriteShut is returned by writes after CloseWrite.
+var errWriteShut = fmt.Errorf("%w: write side shut down", net.ErrClosed)
+
+// conn frames and compresses what it writes and decodes what it reads.
+// Reads and writes have separate state and locks, so one of each may run
+// at a time; Close takes neither and unblocks both through the
+// underlying connection.
+type conn struct {
+	c        net.Conn
+	name     string
+	codec    blockCodec // a fixed layer's codec; nil for auto
+	dec      *decoders  // the codecs the reader accepts
+	rungs    []rung     // auto's ladder; nil for a fixed layer
+	vectored bool       // c writes a net.Buffers with one writev
+	closed   atomic.Bool
+
+	rmu     sync.Mutex // guards the read side (read.go)
+	hdr     header     // the current frame's header
+	hdrN    int        // bytes of the next header read so far
+	rawLeft int        // bytes of the current raw frame not yet read
+	inComp  bool       // hdr is a compressed frame's, its payload not yet decoded
+	rbuf    *[]byte    // wire bytes read ahead, (*rbuf)[r:w] not yet parsed
+	r, w    int
+	outBuf  *[]byte // holds out
+	out     []byte  // decoded bytes not yet returned
+	rerr    error   // sticky: io.EOF or a failure of the stream
+
+	wmu      sync.Mutex  // guards the write side (write.go)
+	tail     *[]byte     // holds tailData
+	tailData []byte      // the rest of a frame a deadline cut, sent before anything else
+	skip     int         // blocks to send raw before trying to compress again
+	backoff  int         // skip after the next failed attempt
+	werr     error       // sticky: a write failed and the stream is broken
+	ctrl     *controller // auto's, made by the first Write
+	wshut    bool        // the end frame was written (or is in tail)
+	shutDone bool        // and c was shut down
+}
+
+var (
+	_ net.Conn    = (*conn)(nil)
+	_ io.WriterTo = (*conn)(nil)
+	_ closeWriter = (*conn)(nil)
+)
+
+type closeWriter interface{ CloseWrite() error }
+
+// newConn returns a fixed layer's connection.
+func newConn(c net.Conn, name string, codec blockCodec) *conn {
+	return newConnDec(c, name, codec, fixedDecoders[name])
+}
+
+func newConnDec(c net.Conn, name string, codec blockCodec, dec *decoders) *conn {
+	cn := &conn{c: c, name: name, codec: codec, dec: dec}
+	switch c.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		cn.vectored = true
+	}
+	return cn
+}
+
+func (c *conn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: c.name, Source: c.c.LocalAddr(), Addr: c.c.RemoteAddr(), Err: err}
+}
+
+// CloseWrite shuts down the writing side: it sends an end frame, after
+// which the peer reads io.EOF, and shuts down the underlying connection's
+// writing side if it can. Over a connection that cannot half-close, the
+// end frame alone gives the peer its EOF. Calling it again does nothing.
+func (c *conn) CloseWrite() error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed.Load() {
+		c.dropTail()
+		return c.opErr("close", net.ErrClosed)
+	}
+	if c.werr != nil {
+		return c.werr
+	}
+	if !c.wshut {
+		if err := c.flushTail(); err != nil {
+			return err
+		}
+		fb := framePool.Get().(*[]byte)
+		(*header)(*fb).set(frameEnd, 0, 0)
+		sent, err := c.send(fb, headerSize)
+		c.wshut = sent
+		if err != nil {
+			return err
+		}
+	}
+	if err := c.flushTail(); err != nil {
+		return err
+	}
+	if !c.shutDone {
+		c.shutDone = true
+		if cw, ok := c.c.(closeWriter); ok {
+			return cw.CloseWrite()
+		}
+	}
+	return nil
+}
+
+// Close closes the underlying connection, which unblocks any Read or
+// Write. Later calls return an error matching net.ErrClosed.
+func (c *conn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.opErr("close", net.ErrClosed)
+	}
+	err := c.c.Close()
+	// Return the buffers unless a Read or Write holds them: that one
+	// returns them when it sees the close.
+	if c.rmu.TryLock() {
+		c.releaseRead()
+		c.rmu.Unlock()
+	}
+	if c.wmu.TryLock() {
+		c.dropTail()
+		c.wmu.Unlock()
+	}
+	return err
+}
+
+func (c *conn) LocalAddr() net.Addr                { return c.c.LocalAddr() }
+func (c *conn) RemoteAddr() net.Addr               { return c.c.RemoteAddr() }
+func (c *conn) SetDeadline(t time.Time) error      { return c.c.SetDeadline(t) }
+func (c *conn) SetReadDeadline(t time.Time) error  { return c.c.SetReadDeadline(t) }
+func (c *conn) SetWriteDeadline(t time.Time) error { return c.c.SetWriteDeadline(t) }

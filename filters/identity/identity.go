@@ -1,0 +1,72 @@
+// Package identity provides the "identity" filter, which passes bytes
+// through unchanged. It exercises what every filter goes through (the
+// hello that mirrors it, the wrapping of connections) at no cost, and is
+// the baseline the compression filters are measured against.
+package identity
+
+import (
+	"errors"
+	"io"
+	"net"
+
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+func init() {
+	vlink.Register(vlink.Spec{
+		Name:    "identity",
+		Kind:    vlink.KindFilter,
+		Summary: "pass bytes through unchanged (for testing stacks)",
+		New:     func(vlink.Args) (any, error) { return Filter{}, nil },
+	})
+}
+
+// Filter is the identity filter. It implements vlink.Filter.
+type Filter struct{}
+
+var _ vlink.Filter = Filter{}
+
+// Client wraps c; the returned connection owns it.
+func (Filter) Client(c net.Conn) (net.Conn, error) { return &conn{c}, nil }
+
+// Server wraps c; the returned connection owns it.
+func (Filter) Server(c net.Conn) (net.Conn, error) { return &conn{c}, nil }
+
+// conn is a thin wrapper: every method goes straight to the underlying
+// connection, including ReadFrom and WriteTo, so that a relay of plain
+// TCP connections through it still takes the kernel's splice path.
+type conn struct{ net.Conn }
+
+var (
+	_ net.Conn      = (*conn)(nil)
+	_ io.ReaderFrom = (*conn)(nil)
+	_ io.WriterTo   = (*conn)(nil)
+)
+
+// CloseWrite shuts down the writing side of the underlying connection.
+// It fails with an error matching errors.ErrUnsupported if that
+// connection cannot half-close.
+func (c *conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return &net.OpError{Op: "close", Net: "identity", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: errors.ErrUnsupported}
+}
+
+// ReadFrom copies r to the underlying connection with its own ReadFrom
+// when it has one (splice, sendfile).
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(c.Conn, r)
+}
+
+// WriteTo copies the underlying connection to w with its own WriteTo when
+// it has one.
+func (c *conn) WriteTo(w io.Writer) (int64, error) {
+	if wt, ok := c.Conn.(io.WriterTo); ok {
+		return wt.WriteTo(w)
+	}
+	return io.Copy(w, c.Conn)
+}

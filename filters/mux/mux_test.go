@@ -1,0 +1,278 @@
+package mux
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	_ "github.com/vlink-dev/vlink/factories/tcp"
+	_ "github.com/vlink-dev/vlink/filters/compress"
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// countingListener counts the TCP connections a listener accepts.
+type countingListener struct {
+	net.Listener
+	n     atomic.Int32
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *countingListener) last() net.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conns[len(l.conns)-1]
+}
+
+// server is a VLink listener that echoes every connection it accepts.
+type server struct {
+	l       *vlink.Listener
+	count   *countingListener
+	targets chan string
+	wg      sync.WaitGroup
+}
+
+func newServer(t *testing.T, lc vlink.ListenConfig) *server {
+	t.Helper()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{count: &countingListener{Listener: inner}, targets: make(chan string, 100)}
+	s.l, err = lc.NewListener(s.count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := s.l.AcceptVLink()
+			if err != nil {
+				return
+			}
+			if h := c.Hello(); h != nil {
+				s.targets <- h.Target
+			}
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { s.l.Close(); s.wg.Wait() })
+	return s
+}
+
+func echo(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != msg {
+		t.Fatalf("echo: got %q, %v", b, err)
+	}
+}
+
+// TestShared: sequential and concurrent dials share one session, so one
+// TCP connection; each stream is its own connection at the listener.
+func TestShared(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux+zstd")}
+	defer d.Close()
+	for range 20 {
+		c, err := d.Dial("tcp", s.l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, c, "hello")
+		c.Close()
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := d.Dial("tcp", s.l.Addr().String())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			echo(t, c, "concurrent")
+		}()
+	}
+	wg.Wait()
+	if n := s.count.n.Load(); n != 1 {
+		t.Errorf("40 dials opened %d TCP connections, want 1", n)
+	}
+}
+
+// TestRedial: a session whose connection drops is replaced at the next
+// dial; the streams it carried fail with ErrSessionClosed, not io.EOF.
+func TestRedial(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux")}
+	defer d.Close()
+	c, err := d.Dial("tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo(t, c, "before")
+	s.count.last().Close() // the session's TCP connection, at the listener
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, ErrSessionClosed) {
+		t.Fatalf("read on a stream of a dropped session: %v, want ErrSessionClosed", err)
+	}
+	// smux notices a dead connection on its next read or keepalive; a
+	// dial right after may find the old session still open, fail to use
+	// it, and dial a new one.
+	c2, err := d.Dial("tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	echo(t, c2, "after")
+	if n := s.count.n.Load(); n != 2 {
+		t.Errorf("%d TCP connections, want 2", n)
+	}
+}
+
+// TestIdle: a session idle for longer than its idle parameter is closed.
+func TestIdle(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux:idle=1s")}
+	defer d.Close()
+	c, err := d.Dial("tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, c, "x")
+	c.Close()
+	time.Sleep(2500 * time.Millisecond) // idle checks run every idle/2
+	c2, err := d.Dial("tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	echo(t, c2, "y")
+	if n := s.count.n.Load(); n != 2 {
+		t.Errorf("after the idle time: %d TCP connections, want 2 (the idle session closed)", n)
+	}
+}
+
+// TestTargets: streams of one session through a gateway name their own
+// targets, each checked by the listener's policy.
+func TestTargets(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{Policy: vlink.Policy{Targets: []selector.Rule{
+		{Host: "192.0.2.1", Action: selector.Direct},
+		{Host: "192.0.2.2", Action: selector.Direct},
+	}}})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux"), Via: s.l.Addr().String()}
+	defer d.Close()
+	for _, target := range []string{"192.0.2.1:80", "192.0.2.2:443"} {
+		c, err := d.Dial("tcp", target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, c, target)
+		c.Close()
+		if got := <-s.targets; got != target {
+			t.Errorf("listener saw target %q, want %q", got, target)
+		}
+	}
+	// Streams send early data: the refusal comes with the first read.
+	refused, err := d.Dial("tcp", "192.0.2.3:22")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := refused.Read(make([]byte, 1)); !errors.Is(err, vlink.ErrNotAllowed) {
+		t.Errorf("read on a stream to a target the policy refuses: %v, want ErrNotAllowed", err)
+	}
+	var re *vlink.RefusedError
+	if _, err := refused.Read(make([]byte, 1)); !errors.As(err, &re) || re.Code != vlink.CodeTarget {
+		t.Errorf("second read: %v, want the same refusal", err)
+	}
+	refused.Close()
+	// The refusal ended one stream, not the session.
+	c, err := d.Dial("tcp", "192.0.2.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, c, "still")
+	c.Close()
+	if n := s.count.n.Load(); n != 1 {
+		t.Errorf("%d TCP connections, want 1", n)
+	}
+}
+
+// TestListenerClose: closing the listener refuses new streams but leaves
+// the accepted ones working.
+func TestListenerClose(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux")}
+	defer d.Close()
+	c, err := d.Dial("tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo(t, c, "one")
+	s.l.Close()
+	echo(t, c, "two")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c2, err := d.DialContext(ctx, "tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err) // early data: the answer comes with the first read
+	}
+	defer c2.Close()
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c2.Read(make([]byte, 1)); !errors.Is(err, vlink.ErrNotVLink) {
+		t.Fatalf("read on a stream opened after the listener closed: %v, want ErrNotVLink", err)
+	}
+}
+
+// TestDialerClose: Dialer.Close ends the session and its streams.
+func TestDialerClose(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux")}
+	c, err := d.Dial("tcp", s.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo(t, c, "x")
+	d.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, ErrSessionClosed) {
+		t.Fatalf("read after Dialer.Close: %v, want ErrSessionClosed", err)
+	}
+}

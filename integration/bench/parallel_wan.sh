@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Parallel streams on the WAN lab: iperf3 through vlink's parallel layer
+# against a single TCP flow and against iperf3's own parallel streams, on
+# each lab profile, measured in the same run with the paths interleaved.
+#
+#   tcp          iperf3 -P 1, straight over the lab link (one TCP flow)
+#   iperf3-P<k>  iperf3 -P k, straight over the link (k TCP flows)
+#   parallel-<n> iperf3 (one data connection) -> vlink tunnel
+#                --stack parallel:streams=n -> vlink serve -> iperf3 server
+#   auto-16      the same with parallel:streams=16,auto
+#
+# For each path it prints the median Mbit/s received over REPS runs
+# (min..max), the ratio to a single TCP flow, and the CPU seconds per GB
+# received: both iperf3 processes (from iperf3's own report) plus, for the
+# vlink paths, the tunnel and serve processes (from /proc). The lab's
+# delay line runs in the vlink-lab process and is not counted (it is the
+# same for every path).
+#
+# Needs root (network namespaces). Environment: PROFILES (default
+# "wan50 wan50-clean"), COUNTS (substreams and iperf3 -P values, default
+# "2 4 8 16"), DURATION (iperf3 -t, default 20), REPS (default 3), VLINK
+# and VLINK_LAB (binaries; default: built from this checkout).
+set -euo pipefail
+
+PROFILES=${PROFILES:-"wan50 wan50-clean"}
+COUNTS=${COUNTS:-"2 4 8 16"}
+DURATION=${DURATION:-20}
+REPS=${REPS:-3}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+
+[ "$(id -u)" -eq 0 ] || { echo "parallel_wan.sh: needs root (network namespaces)" >&2; exit 1; }
+for p in iperf3 python3; do
+  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+lab_id=
+cleanup() {
+  if [ -n "$lab_id" ]; then "$VLINK_LAB" down "$lab_id" >/dev/null 2>&1 || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ -z "${VLINK:-}" ]; then
+  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
+  VLINK=$work/vlink
+fi
+if [ -z "${VLINK_LAB:-}" ]; then
+  (cd "$root" && go build -o "$work/vlink-lab" ./cmd/vlink-lab)
+  VLINK_LAB=$work/vlink-lab
+fi
+
+lab() { "$VLINK_LAB" exec "$@"; }
+
+# cpu_ticks PID...: user+system ticks of the processes.
+cpu_ticks() {
+  local t=0 pid
+  for pid in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done
+  echo "$t"
+}
+
+# start HOST CMD...: starts CMD in HOST's namespace in the background and
+# prints its PID.
+start() {
+  local host=$1
+  shift
+  lab "$host" sh -c 'exec "$@" >/dev/null 2>&1 </dev/null & echo $!' sh "$@"
+}
+
+# wait_port HOST PORT: until something listens on PORT in HOST.
+wait_port() {
+  for _ in $(seq 200); do
+    lab "$1" sh -c "grep -q ':$(printf '%04X' "$2") 00000000:0000 0A' /proc/net/tcp" && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $2 in $1" >&2
+  exit 1
+}
+
+hz=$(getconf CLK_TCK)
+results=$work/results.txt
+: >"$results"
+
+for profile in $PROFILES; do
+  out=$("$VLINK_LAB" up --detach "$profile")
+  lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
+  server=10.77.0.2
+  lab server iperf3 -s -D -p 5201
+  serve=$(start server "$VLINK" serve --listen "$server:7000" --target 127.0.0.1:5201 --log-level warn)
+  wait_port server 7000
+  declare -A port=()
+  tunnels=()
+  for n in $COUNTS; do
+    port[parallel-$n]=$((8100 + n))
+    tunnels+=("$(start client "$VLINK" tunnel --listen "127.0.0.1:$((8100 + n))" --to "$server:7000" --stack "parallel:streams=$n" --log-level warn)")
+    wait_port client $((8100 + n))
+  done
+  port[auto-16]=8199
+  tunnels+=("$(start client "$VLINK" tunnel --listen 127.0.0.1:8199 --to "$server:7000" --stack "parallel:streams=16,auto" --log-level warn)")
+  wait_port client 8199
+
+  paths=(tcp)
+  for k in $COUNTS; do paths+=("iperf3-P$k"); done
+  for n in $COUNTS; do paths+=("parallel-$n"); done
+  paths+=(auto-16)
+
+  echo "== $profile: ${#paths[@]} paths, $REPS rounds of ${DURATION}s" >&2
+  for rep in $(seq "$REPS"); do
+    for path in $(printf '%s\n' "${paths[@]}" | shuf); do
+      case $path in
+        tcp) args=(-c "$server" -P 1); procs=() ;;
+        iperf3-P*) args=(-c "$server" -P "${path#iperf3-P}"); procs=() ;;
+        *) args=(-c 127.0.0.1 -p "${port[$path]}"); procs=("$serve" "${tunnels[@]}") ;;
+      esac
+      before=0
+      [ ${#procs[@]} -gt 0 ] && before=$(cpu_ticks "${procs[@]}")
+      lab client iperf3 -J -t "$DURATION" "${args[@]}" >"$work/run.json" || true
+      after=0
+      [ ${#procs[@]} -gt 0 ] && after=$(cpu_ticks "${procs[@]}")
+      python3 - "$profile" "$path" $((after - before)) "$hz" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
+import json, sys
+profile, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+r = json.load(open(sys.argv[5]))
+end = r["end"]
+recv = end["sum_received"]
+cpu = end["cpu_utilization_percent"]
+iperf_cpu = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
+print(profile, path, recv["bits_per_second"] / 1e6, recv["bytes"], iperf_cpu, ticks / hz)
+PY
+      printf '  round %s %-12s %s\n' "$rep" "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s", $3}')" >&2
+    done
+  done
+  lab server pkill iperf3 || true
+  kill "$serve" "${tunnels[@]}" 2>/dev/null || true
+  "$VLINK_LAB" down "$lab_id" >/dev/null
+  lab_id=
+  unset port
+done
+
+python3 - "$results" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    profile, path, mbps, nbytes, icpu, vcpu = line.split()
+    rows.setdefault(profile, {}).setdefault(path, []).append((float(mbps), int(nbytes), float(icpu), float(vcpu)))
+for profile, paths in rows.items():
+    base = statistics.median(m for m, *_ in paths.get("tcp", [(float("nan"), 1, 0, 0)]))
+    print(f"{profile}")
+    print(f"  {'path':<12} {'Mbit/s':>8} {'min..max':>16} {'x tcp':>7} {'CPU s/GB':>9} {'(vlink)':>8}")
+    for path, runs in paths.items():
+        m = [r[0] for r in runs]
+        gb = sum(r[1] for r in runs) / 1e9
+        cpu = sum(r[2] + r[3] for r in runs) / gb if gb else float("nan")
+        vcpu = sum(r[3] for r in runs) / gb if gb else float("nan")
+        med = statistics.median(m)
+        print(f"  {path:<12} {med:8.1f} {min(m):7.1f}..{max(m):7.1f} {med / base:7.2f} {cpu:9.2f} {vcpu:8.2f}")
+    for k in ("8",):
+        if f"parallel-{k}" in paths and f"iperf3-P{k}" in paths:
+            p = statistics.median(r[0] for r in paths[f"parallel-{k}"])
+            i = statistics.median(r[0] for r in paths[f"iperf3-P{k}"])
+            print(f"  parallel-{k}: {p / base:.2f}x a single TCP flow (target >= 4), {p / i:.2f}x iperf3 -P {k} (target >= 0.9)")
+PY

@@ -1,0 +1,71 @@
+//go:build linux
+
+package integration
+
+import (
+	"encoding/json"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// iperfResult is the part of iperf3's --json report the tests read.
+type iperfResult struct {
+	Error string `json:"error"`
+	End   struct {
+		SumSent     iperfSum `json:"sum_sent"`
+		SumReceived iperfSum `json:"sum_received"`
+	} `json:"end"`
+}
+
+type iperfSum struct {
+	Bytes         int64   `json:"bytes"`
+	BitsPerSecond float64 `json:"bits_per_second"`
+}
+
+// runIperf3 runs an iperf3 client against addr and returns its report.
+func runIperf3(tb testing.TB, addr string, args ...string) iperfResult {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	args = append([]string{"-c", host, "-p", port, "--json"}, args...)
+	out, stderr, err := run(2*time.Minute, nil, "iperf3", args...)
+	var r iperfResult
+	if jerr := json.Unmarshal(out, &r); jerr != nil {
+		tb.Fatalf("iperf3 %v: %v, report unreadable (%v): %s%s", args, err, jerr, out, stderr)
+	}
+	if err != nil || r.Error != "" {
+		tb.Fatalf("iperf3 %v: %v, error %q: %s", args, err, r.Error, stderr)
+	}
+	return r
+}
+
+// TestIperf3 runs iperf3 through vlink tunnel --stack zstd and vlink serve,
+// in both directions: the control and the data connections go through
+// the VLink stack.
+func TestIperf3(t *testing.T) {
+	needPrograms(t, "iperf3")
+	_, srv := startIperf3Server(t)
+	_, serve := startVLink(t, "serve", "--target", srv)
+	_, tun := startVLink(t, "tunnel", "--to", serve, "--stack", "zstd")
+
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"forward", nil},
+		{"reverse", []string{"-R"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runIperf3(t, tun, append([]string{"-t", "2"}, tc.args...)...)
+			if r.End.SumReceived.Bytes <= 0 || r.End.SumSent.Bytes <= 0 {
+				t.Fatalf("iperf3 sent %d bytes and received %d, want both > 0", r.End.SumSent.Bytes, r.End.SumReceived.Bytes)
+			}
+			t.Logf("sent %d MB, received %d MB, %s Gbit/s", r.End.SumSent.Bytes/1e6, r.End.SumReceived.Bytes/1e6,
+				strconv.FormatFloat(r.End.SumReceived.BitsPerSecond/1e9, 'f', 2, 64))
+		})
+	}
+}

@@ -1,0 +1,747 @@
+package lab
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// envCrashChild makes the test binary act as a lab owner that gets
+// SIGKILLed (TestCrashCleanup).
+const envCrashChild = "VLAB_TEST_CRASH_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envCrashChild) == "1" {
+		crashChild()
+		return
+	}
+	code := m.Run()
+	if code == 0 {
+		// Delay lines, exec's copiers and echo servers must all be gone.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "lab: leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// crashChild brings a lab up, says its ID and waits to be killed.
+func crashChild() {
+	topo := pairTopo(Link{RTT: Duration(10 * time.Millisecond)})
+	topo.Hosts = append(topo.Hosts, Host{Name: "c"})
+	topo.Links = append(topo.Links, Link{A: "b", B: "c"})
+	l, err := Up(context.Background(), topo)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	// A process in the lab, which must not survive its lab either.
+	sleeper := l.Command("c", "sleep", "600")
+	sleeper.SysProcAttr = nil // no Pdeathsig: only the lab's cleanup can end it
+	if err := sleeper.Start(); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("up", l.ID(), sleeper.Process.Pid)
+	select {}
+}
+
+// labNamespaces returns the namespaces of lab id.
+func labNamespaces(t *testing.T, id string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(netnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), Prefix+id+"-") {
+			out = append(out, e.Name())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// rootLinks lists the devices of this process's namespace.
+func rootLinks(t *testing.T) []string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func processGone(pid int) bool {
+	_, zombie, err := procStart(pid)
+	return err != nil || zombie
+}
+
+// TestUpDown brings a three-host topology up (a veth pair, a delay line,
+// a firewall, routing through the middle host) and checks that Close
+// leaves no namespace, device, descriptor, state file or process behind.
+func TestUpDown(t *testing.T) {
+	Require(t)
+	linksBefore, fdsBefore := rootLinks(t), openFDs(t)
+	topo, _ := Profile("firewall")
+	l, err := Up(context.Background(), topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			l.Close()
+		}
+	}()
+	want := []string{netnsName(l.ID(), "client"), netnsName(l.ID(), "fw"), netnsName(l.ID(), "server")}
+	if got := labNamespaces(t, l.ID()); !slices.Equal(got, want) {
+		t.Fatalf("namespaces %v, want %v", got, want)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, l.ID()+".json")); err != nil {
+		t.Fatalf("state file: %v", err)
+	}
+	infos, err := List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(infos, func(i Info) bool { return i.ID == l.ID() })
+	if i < 0 || !infos[i].Alive || infos[i].Host("fw") == nil || len(infos[i].Host("fw").Addrs) != 2 {
+		t.Fatalf("List: %+v", infos)
+	}
+	// Do puts sockets in the host: its address exists only there.
+	addr := l.Addr("client").String() + ":0"
+	ln, err := l.Listen("client", "tcp", addr)
+	if err != nil {
+		t.Fatalf("listening on %s in client: %v", addr, err)
+	}
+	ln.Close()
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("%s exists outside the lab", addr)
+	}
+	if err := l.Do("nohost", func() error { return nil }); !errors.Is(err, ErrUnknownHost) {
+		t.Fatalf("Do on an unknown host: %v", err)
+	}
+	// A process left running in a host.
+	sleeper := l.Command("server", "sleep", "600")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- sleeper.Wait() }()
+	if fds := openFDs(t); fds <= fdsBefore {
+		t.Fatalf("%d descriptors open with the lab up, %d before: the delay line holds none?", fds, fdsBefore)
+	}
+
+	start := time.Now()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	t.Logf("teardown took %v", time.Since(start))
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the process left in the lab survived Close")
+	}
+	if got := labNamespaces(t, l.ID()); len(got) != 0 {
+		t.Fatalf("namespaces left: %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, l.ID()+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state file left: %v", err)
+	}
+	if got := rootLinks(t); !slices.Equal(got, linksBefore) {
+		t.Fatalf("devices of this namespace: %v, before: %v", got, linksBefore)
+	}
+	if fds := openFDs(t); fds != fdsBefore {
+		t.Fatalf("%d descriptors open after Close, %d before", fds, fdsBefore)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := l.Do("client", func() error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Do after Close: %v", err)
+	}
+}
+
+// TestSysctls: the topology's settings are in force in its hosts, and
+// the middle host forwards.
+func TestSysctls(t *testing.T) {
+	topo, _ := Profile("firewall")
+	topo.Hosts[2].Sysctls = map[string]string{"net.ipv4.tcp_rmem": "4096 65536 1048576"}
+	l := New(t, topo)
+	read := func(host, key string) string {
+		var v string
+		if err := l.Do(host, func() (err error) { v, err = readSysctl(key); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(strings.Fields(v), " ")
+	}
+	for key, want := range TCPSysctls {
+		if got := read("client", key); got != want {
+			t.Errorf("client: %s = %q, want %q", key, got, want)
+		}
+	}
+	if got := read("server", "net.ipv4.tcp_rmem"); got != "4096 65536 1048576" {
+		t.Errorf("server: the host's own tcp_rmem %q, want it over the topology's", got)
+	}
+	if read("fw", "net.ipv4.ip_forward") != "1" || read("client", "net.ipv4.ip_forward") != "0" {
+		t.Error("only the middle host forwards")
+	}
+}
+
+// udpEcho serves UDP echo in host and returns its address.
+func udpEcho(t *testing.T, l *Lab, host string) string {
+	t.Helper()
+	pc, err := l.ListenPacket(host, "udp", l.Addr(host).String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); <-done })
+	return pc.LocalAddr().String()
+}
+
+// probeRTT sends n probes from host to an echo server, one at a time,
+// and returns the round trips measured.
+func probeRTT(t *testing.T, l *Lab, host, addr string, n int) []time.Duration {
+	t.Helper()
+	c, err := l.DialContext(context.Background(), host, "udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var rtts []time.Duration
+	buf := make([]byte, 64)
+	for i := 0; i < n; i++ {
+		msg := binary.BigEndian.AppendUint32(nil, uint32(i))
+		start := time.Now()
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("probe %d: %v", i, err)
+			}
+			if k == 4 && binary.BigEndian.Uint32(buf) == uint32(i) {
+				break
+			}
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	slices.Sort(rtts)
+	return rtts
+}
+
+// TestRTT measures round trips through delay lines: never below the
+// configured RTT, and not much above it; with jitter, spread within the
+// bounds, and never reordered.
+func TestRTT(t *testing.T) {
+	topo := Topology{
+		Hosts: []Host{{Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "d"}, {Name: "e"}, {Name: "f"}},
+		Links: []Link{
+			{A: "a", B: "b", RTT: Duration(40 * time.Millisecond)},
+			{A: "c", B: "d", RTT: Duration(20 * time.Millisecond), Jitter: Duration(4 * time.Millisecond)},
+			{A: "e", B: "f", AtoB: &Shape{Delay: Duration(30 * time.Millisecond)}, BtoA: &Shape{Delay: Duration(2 * time.Millisecond)}},
+		},
+	}
+	l := New(t, topo)
+	// Tolerance above the configured RTT: the delay line's wake-ups and
+	// a shared, noisy machine.
+	const slack = 10 * time.Millisecond
+	check := func(name string, rtts []time.Duration, lo, hi time.Duration) {
+		t.Helper()
+		minimum, median := rtts[0], rtts[len(rtts)/2]
+		t.Logf("%s: min %v, median %v, max %v", name, minimum, median, rtts[len(rtts)-1])
+		if minimum < lo {
+			t.Errorf("%s: a round trip of %v, below %v", name, minimum, lo)
+		}
+		if median > hi+slack {
+			t.Errorf("%s: median round trip %v, want at most %v", name, median, hi+slack)
+		}
+	}
+	echoB := udpEcho(t, l, "b")
+	check("40 ms", probeRTT(t, l, "a", echoB, 20), 40*time.Millisecond, 40*time.Millisecond)
+	check("30+2 ms", probeRTT(t, l, "e", udpEcho(t, l, "f"), 20), 32*time.Millisecond, 32*time.Millisecond)
+	// SetLink changes the delay of a running line.
+	if err := l.SetLink(context.Background(), "b", "a", Shape{Delay: Duration(5 * time.Millisecond)}, Shape{Delay: Duration(10 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	check("after SetLink, 15 ms", probeRTT(t, l, "a", echoB, 10), 15*time.Millisecond, 15*time.Millisecond)
+	jit := probeRTT(t, l, "c", udpEcho(t, l, "d"), 40)
+	// ±4 ms each way, but FIFO: a packet never leaves before the one
+	// ahead of it, so the low end is not quite reachable.
+	check("20 ms ±4", jit, 12*time.Millisecond, 28*time.Millisecond)
+	if spread := jit[len(jit)-1] - jit[0]; spread < time.Millisecond {
+		t.Errorf("20 ms ±4: round trips spread over %v only", spread)
+	}
+
+	// A TCP handshake takes one round trip (15 ms since SetLink).
+	ln, err := l.Listen("b", "tcp", l.Addr("b").String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	start := time.Now()
+	c, err := l.DialContext(context.Background(), "a", "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	c.Close()
+	if took < 15*time.Millisecond || took > 15*time.Millisecond+slack {
+		t.Errorf("TCP connect took %v, want about 15ms", took)
+	}
+
+	// Order: a burst across the jittery line arrives in sequence.
+	pc, err := l.ListenPacket("d", "udp", l.Addr("d").String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	s, err := l.DialContext(context.Background(), "c", "udp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const burst = 300
+	for i := range burst {
+		s.Write(binary.BigEndian.AppendUint32(nil, uint32(i)))
+		if i%50 == 49 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	buf := make([]byte, 16)
+	last := -1
+	for got := 0; got < burst; got++ {
+		pc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, _, err := pc.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("after %d datagrams: %v", got, err)
+		}
+		seq := int(binary.BigEndian.Uint32(buf[:n]))
+		if seq <= last {
+			t.Fatalf("datagram %d arrived after %d: reordered", seq, last)
+		}
+		last = seq
+	}
+}
+
+// TestLoss sends datagrams over a lossy direction and counts what
+// arrives: the loss rate is about the one configured (a binomial bound),
+// the other direction loses nothing, and the delay line's own count
+// agrees. Then TCP carries data intact over a lossy line, which makes
+// the delay line cut TCP super-packets around lost segments.
+func TestLoss(t *testing.T) {
+	topo := Topology{
+		Seed:  1, // reproducible
+		Hosts: []Host{{Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "d"}},
+		Links: []Link{
+			{A: "a", B: "b", AtoB: &Shape{Loss: 0.05}, BtoA: &Shape{}},
+			{A: "c", B: "d", RTT: Duration(2 * time.Millisecond), Loss: 0.01},
+		},
+	}
+	l := New(t, topo)
+
+	pc, err := l.ListenPacket("b", "udp", l.Addr("b").String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	s, err := l.DialContext(context.Background(), "a", "udp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n, p = 4000, 0.05
+	received := make(chan int)
+	go func() {
+		got := 0
+		buf := make([]byte, 64)
+		for {
+			pc.SetReadDeadline(time.Now().Add(time.Second))
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				received <- got
+				return
+			}
+			got++
+		}
+	}()
+	for i := range n {
+		if _, err := s.Write([]byte("probe")); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 99 {
+			time.Sleep(time.Millisecond) // stay under the receiver's socket buffer
+		}
+	}
+	got := <-received
+	lost := n - got
+	// mean 200, standard deviation 13.8: ±5 sd
+	t.Logf("%d of %d datagrams lost (%.2f%%, configured %.0f%%)", lost, n, 100*float64(lost)/n, 100*p)
+	if lost < 131 || lost > 269 {
+		t.Errorf("%d of %d lost, want about %d", lost, n, int(n*p))
+	}
+	st := l.Stats()[0]
+	if st.AtoB.Lost != uint64(lost) || st.AtoB.Packets != n {
+		t.Errorf("the delay line counted %d lost of %d, the receiver missed %d of %d", st.AtoB.Lost, st.AtoB.Packets, lost, n)
+	}
+	if st.BtoA.Lost != 0 {
+		t.Errorf("the lossless direction lost %d", st.BtoA.Lost)
+	}
+
+	// TCP through 1% loss each way.
+	ln, err := l.Listen("d", "tcp", l.Addr("d").String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	data := make([]byte, 8<<20)
+	rand.NewChaCha8([32]byte{1, 2}).Read(data)
+	want := sha256.Sum256(data)
+	type result struct {
+		sum [32]byte
+		n   int64
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		h := sha256.New()
+		n, err := io.Copy(h, c)
+		var r result
+		copy(r.sum[:], h.Sum(nil))
+		r.n, r.err = n, err
+		res <- r
+	}()
+	c, err := l.DialContext(context.Background(), "c", "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	start := time.Now()
+	if _, err := io.Copy(c, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	r := <-res
+	c.Close()
+	if r.err != nil || r.n != int64(len(data)) || r.sum != want {
+		t.Fatalf("received %d bytes (%v), sha256 match %v; sent %d", r.n, r.err, r.sum == want, len(data))
+	}
+	st = l.Stats()[1]
+	t.Logf("8 MiB over 1%% loss in %v: %d segments in %d writes, %d lost",
+		time.Since(start), st.AtoB.Packets, st.AtoB.Writes, st.AtoB.Lost)
+	if st.AtoB.Lost == 0 {
+		t.Error("no segment lost: the split path went untested")
+	}
+	if st.AtoB.Writes >= st.AtoB.Packets {
+		t.Errorf("%d writes for %d segments: no super-packets", st.AtoB.Writes, st.AtoB.Packets)
+	}
+}
+
+// TestRate checks with iperf3 that rate limits hold, on a veth pair and
+// on a delay line.
+func TestRate(t *testing.T) {
+	Require(t, "iperf3", "tc")
+	const rate = 50 * Mbit
+	topo := Topology{
+		Hosts: []Host{{Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "d"}},
+		Links: []Link{
+			{A: "a", B: "b", Rate: rate},
+			{A: "c", B: "d", Rate: rate, RTT: Duration(10 * time.Millisecond)},
+		},
+		Sysctls: TCPSysctls,
+	}
+	l := New(t, topo)
+	for _, pair := range [][2]string{{"a", "b"}, {"c", "d"}} {
+		res, err := l.Iperf3(context.Background(), Iperf3{Client: pair[0], Server: pair[1], Time: 3 * time.Second, Args: []string{"-O", "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s->%s: %.1f Mbit/s (limit %v), %d retransmits", pair[0], pair[1], res.Mbps(), rate, res.Retransmits)
+		if got := res.BitsPerSecond / float64(rate); got < 0.75 || got > 1.05 {
+			t.Errorf("%s->%s: %.1f Mbit/s through a %v limit", pair[0], pair[1], res.Mbps(), rate)
+		}
+		if res.ClientCPU <= 0 || res.ServerCPU <= 0 {
+			t.Errorf("no CPU time measured: %+v", res)
+		}
+	}
+	// Change the rate on the fly, then remove it.
+	for _, r := range []Bitrate{20 * Mbit, 0} {
+		s := Shape{Rate: r, Delay: Duration(5 * time.Millisecond)}
+		if err := l.SetLink(context.Background(), "d", "c", s, s); err != nil {
+			t.Fatal(err)
+		}
+		res, err := l.Iperf3(context.Background(), Iperf3{Client: "c", Server: "d", Time: 3 * time.Second, Args: []string{"-O", "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("c->d after SetLink rate %v: %.1f Mbit/s", r, res.Mbps())
+		if r > 0 && (res.BitsPerSecond < 0.75*float64(r) || res.BitsPerSecond > 1.05*float64(r)) || r == 0 && res.BitsPerSecond < 2*float64(rate) {
+			t.Errorf("after SetLink to rate %v: %.1f Mbit/s", r, res.Mbps())
+		}
+	}
+	if err := l.SetLink(context.Background(), "a", "b", Shape{Delay: Duration(time.Millisecond)}, Shape{}); err == nil {
+		t.Error("SetLink gave a veth pair a delay")
+	}
+	if err := l.SetLink(context.Background(), "a", "d", Shape{}, Shape{}); err == nil {
+		t.Error("SetLink on hosts that have no link")
+	}
+}
+
+// TestFirewall: a host's firewall accepts new connections to its open
+// port only, lets its own connections out and their replies in; a
+// firewall host in the middle lets its trusted side out and nothing new
+// in.
+func TestFirewall(t *testing.T) {
+	Require(t, "nft")
+	topo := Topology{
+		Hosts: []Host{
+			{Name: "client"},
+			{Name: "server", Firewall: &Firewall{Open: []string{"tcp/7001"}}},
+			{Name: "fw", Firewall: &Firewall{Trust: []string{"client"}}},
+			{Name: "far"},
+		},
+		Links: []Link{{A: "client", B: "server"}, {A: "client", B: "fw"}, {A: "fw", B: "far"}},
+	}
+	l := New(t, topo)
+	serve := func(host, addr string) string {
+		t.Helper()
+		ln, err := l.Listen(host, "tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				io.Copy(c, c)
+				c.Close()
+			}
+		}()
+		t.Cleanup(func() { ln.Close(); <-done })
+		return ln.Addr().String()
+	}
+	echo := func(from, addr string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+		defer cancel()
+		c, err := l.DialContext(ctx, from, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		msg := []byte("hello through the firewall")
+		if _, err := c.Write(msg); err != nil {
+			return err
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, got); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, msg) {
+			return fmt.Errorf("echo %q", got)
+		}
+		return nil
+	}
+	srv := l.Addr("server").String()
+	open := serve("server", srv+":7001")
+	closed := serve("server", srv+":7002")
+	if err := echo("client", open); err != nil {
+		t.Errorf("client to the open port: %v", err)
+	}
+	if err := echo("client", closed); !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("client to a port the firewall does not open: %v, want a timeout (dropped)", err)
+	}
+	if err := echo("server", closed); err != nil {
+		t.Errorf("the same port from the server itself: %v", err)
+	}
+	// The server's own connections go out and their replies come in.
+	if err := echo("server", serve("client", l.Addr("client").String()+":0")); err != nil {
+		t.Errorf("server to client (outbound, established replies): %v", err)
+	}
+	// Through fw: the trusted side out, nothing new in.
+	if err := echo("client", serve("far", l.Addr("far").String()+":0")); err != nil {
+		t.Errorf("client through fw to far: %v", err)
+	}
+	inside := serve("client", l.Addrs("client")[1].String()+":0")
+	if err := echo("far", inside); !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("far through fw to client: %v, want a timeout (dropped)", err)
+	}
+}
+
+// TestCrashCleanup: a process brings a lab up and is SIGKILLed; the lab
+// is stale, and the next Up removes it with the process left in it.
+func TestCrashCleanup(t *testing.T) {
+	Require(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envCrashChild+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	var id string
+	var sleeper int
+	if _, err := fmt.Sscanf(line, "up %s %d", &id, &sleeper); err != nil {
+		t.Fatalf("child said %q", line)
+	}
+	if got := labNamespaces(t, id); len(got) != 3 {
+		t.Fatalf("child's lab %s has namespaces %v", id, got)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+
+	infos, _ := List()
+	i := slices.IndexFunc(infos, func(i Info) bool { return i.ID == id })
+	if i < 0 || infos[i].Alive {
+		t.Fatalf("the killed owner's lab %s: %+v, want it listed as not alive", id, infos)
+	}
+	if processGone(sleeper) {
+		t.Fatal("the process in the lab died with its owner; the test proves nothing")
+	}
+	l := New(t, pairTopo(Link{}))
+	if got := labNamespaces(t, id); len(got) != 0 {
+		t.Fatalf("after the next Up (%s), the dead owner's namespaces remain: %v", l.ID(), got)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, id+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state file of the dead owner's lab: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !processGone(sleeper) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d, left in the dead owner's lab, still runs", sleeper)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestConcurrentLabs brings several labs with the same host names up at
+// once: nothing of one may collide with another, and each carries its
+// own traffic.
+func TestConcurrentLabs(t *testing.T) {
+	Require(t)
+	const n = 4
+	labs := make([]*Lab, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			topo := pairTopo(Link{})
+			if i%2 == 1 {
+				topo = pairTopo(Link{RTT: Duration(2 * time.Millisecond)})
+			}
+			l, err := Up(context.Background(), topo)
+			labs[i] = l
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() {
+		for _, l := range labs {
+			if l != nil {
+				if err := l.Close(); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}()
+	if t.Failed() {
+		return
+	}
+	for i, l := range labs {
+		// Each lab's b answers with its own lab's ID.
+		ln, err := l.Listen("b", "tcp", l.Addr("b").String()+":7000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				c.Write([]byte(l.ID()))
+				c.Close()
+			}
+		}()
+		c, err := l.DialContext(context.Background(), "a", "tcp", l.Addr("b").String()+":7000")
+		if err != nil {
+			t.Fatalf("lab %d: %v", i, err)
+		}
+		got, _ := io.ReadAll(c)
+		c.Close()
+		ln.Close()
+		if string(got) != l.ID() {
+			t.Errorf("lab %s reached %q", l.ID(), got)
+		}
+	}
+}

@@ -1,0 +1,218 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/integration/lab"
+)
+
+// seeded is a reproducible byte stream, so a receiver can check what it
+// got against what was sent without keeping a copy.
+type seeded struct{ r *rand.ChaCha8 }
+
+func newSeeded(seed byte) *seeded { return &seeded{rand.NewChaCha8([32]byte{seed})} }
+
+func (s *seeded) Read(p []byte) (int, error) { return s.r.Read(p) }
+
+// prefixSink accepts one connection and reads it to the end, checking
+// that every byte is the seeded stream's next one.
+type prefixSink struct {
+	done chan struct{}
+	n    atomic.Int64
+	ok   bool  // read after done
+	err  error // read after done
+}
+
+func startPrefixSink(t *testing.T, ln net.Listener, seed byte) *prefixSink {
+	s := &prefixSink{done: make(chan struct{}), ok: true}
+	go func() {
+		defer close(s.done)
+		c, err := ln.Accept()
+		if err != nil {
+			s.err = err
+			return
+		}
+		defer c.Close()
+		want := newSeeded(seed)
+		got, exp := make([]byte, 64<<10), make([]byte, 64<<10)
+		for {
+			m, err := c.Read(got)
+			io.ReadFull(want, exp[:m])
+			for i := range m {
+				if got[i] != exp[i] {
+					s.ok = false
+				}
+			}
+			s.n.Add(int64(m))
+			if err != nil {
+				if err != io.EOF {
+					s.err = err
+				}
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// labProc runs a program in a lab host with the harness's cleanup.
+func labProc(t *testing.T, l *lab.Lab, host, name string, args ...string) *proc {
+	t.Helper()
+	p := startProc(t, "ip", append([]string{"netns", "exec", l.Netns(host), name}, args...)...)
+	p.name = fmt.Sprintf("%s@%s", strings.TrimPrefix(name, vlinkBin), host)
+	return p
+}
+
+// TestParallelFaultsInLab cuts a parallel connection on a lab link while
+// it carries data, the two ways it happens: a firewall that starts
+// dropping one substream's packets (silently: only the stall timeout can
+// tell), and the far process killed. Each time the program sees its
+// connection fail within bounded time, and everything the far end
+// received is exactly the beginning of what was sent.
+func TestParallelFaultsInLab(t *testing.T) {
+	l := lab.New(t, lab.Topology{
+		Hosts: []lab.Host{{Name: "client"}, {Name: "server"}},
+		Links: []lab.Link{{A: "client", B: "server", Rate: 200 * lab.Mbit, RTT: lab.Duration(10 * time.Millisecond)}},
+	})
+	server := l.Addr("server").String()
+	tests := []struct {
+		name string
+		cut  func(t *testing.T, serve *proc)
+		// resetAtSink: the sink must see a failure too, not an end of
+		// stream (a killed process's kernel may end it with a FIN).
+		resetAtSink bool
+	}{
+		{"firewall drops one substream", func(t *testing.T, _ *proc) {
+			port := substreamPort(t, l, server+":7000")
+			ruleset := fmt.Sprintf(`table inet vcut {
+	chain out { type filter hook output priority 0; tcp sport %d drop; }
+	chain in { type filter hook input priority 0; tcp dport %d drop; }
+}`, port, port)
+			cmd := l.Command("client", "nft", "-f", "-")
+			cmd.Stdin = strings.NewReader(ruleset)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("nft: %v\n%s", err, out)
+			}
+			t.Cleanup(func() { l.Command("client", "nft", "delete", "table", "inet", "vcut").Run() })
+		}, true},
+		{"far process killed", func(t *testing.T, serve *proc) {
+			serve.cmd.Process.Signal(syscall.SIGKILL) // ip netns exec execs vlink: same process
+		}, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sinkPort := 9000 + i
+			ln, err := l.Listen("server", "tcp", fmt.Sprintf("127.0.0.1:%d", sinkPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			sink := startPrefixSink(t, ln, byte(i+1))
+			serve := labProc(t, l, "server", vlinkBin, "serve", "--listen", server+":7000",
+				"--target", fmt.Sprintf("127.0.0.1:%d", sinkPort), "--grace", "1s")
+			tunnel := labProc(t, l, "client", vlinkBin, "tunnel", "--listen", "127.0.0.1:8000",
+				"--to", server+":7000", "--stack", "parallel:streams=4,stall-timeout=3s", "--grace", "1s")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for _, w := range []struct {
+				host string
+				port int
+			}{{"server", 7000}, {"client", 8000}} {
+				if err := l.WaitListening(ctx, w.host, w.port); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := l.DialContext(ctx, "client", "tcp", "127.0.0.1:8000")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var sent int64
+			var sendErr error
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sent, sendErr = io.Copy(c, io.LimitReader(newSeeded(byte(i+1)), 1<<40))
+			}()
+			// Cut once a few MB went through.
+			for sink.n.Load() < 4<<20 {
+				select {
+				case <-sink.done:
+					t.Fatalf("sink ended early after %d bytes: %v", sink.n.Load(), sink.err)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			tt.cut(t, serve)
+			cutAt := time.Now()
+			c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			_, readErr := c.Read(make([]byte, 1))
+			wg.Wait()
+			took := time.Since(cutAt)
+			<-sink.done
+			t.Logf("after %v: sender sent %d bytes (%v), read %v; sink got %d bytes, in order %v, then %v",
+				took.Round(time.Millisecond), sent, sendErr, readErr, sink.n.Load(), sink.ok, sink.err)
+			// The kernel reports a reset once: to the write or to the read,
+			// whichever comes first (the other then sees an end).
+			if !isReset(sendErr) && !isReset(readErr) {
+				t.Errorf("the program saw write error %v and read %v, want a reset", sendErr, readErr)
+			}
+			if took > 30*time.Second {
+				t.Errorf("the failure took %v", took)
+			}
+			if !sink.ok {
+				t.Error("the sink received bytes that are not the beginning of what was sent")
+			}
+			if tt.resetAtSink && sink.err == nil {
+				t.Error("the sink saw a clean end of stream: a cut looked like a complete transfer")
+			}
+			if tt.name != "far process killed" {
+				if !regexp.MustCompile(`substream \d`).MatchString(tunnel.out.String() + serve.out.String()) {
+					t.Errorf("no log names the failed substream; tunnel:\n%s\nserve:\n%s", tail(tunnel.out.String(), 2000), tail(serve.out.String(), 2000))
+				}
+			} else {
+				serve.stopOnce.Do(func() { <-serve.done }) // killed on purpose
+			}
+		})
+	}
+}
+
+// substreamPort returns the local port of one established connection
+// from the client host to addr.
+func substreamPort(t *testing.T, l *lab.Lab, addr string) int {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", l.Netns("client"), "ss", "-Htn", "state", "established").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[3] == addr {
+			_, p, _ := net.SplitHostPort(f[2])
+			var port int
+			fmt.Sscan(p, &port)
+			return port
+		}
+	}
+	t.Fatalf("no connection to %s in:\n%s", addr, out)
+	return 0
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

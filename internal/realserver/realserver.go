@@ -1,0 +1,558 @@
+//go:build linux
+
+// Package realserver starts the real servers that vlink's proxy and SSH
+// factories are tested against: OpenSSH's sshd (with forwarding allowed
+// or forbidden), ssh -D as a SOCKS4/SOCKS5 server, dante as a SOCKS5
+// server with username authentication, and tinyproxy as an HTTP CONNECT
+// proxy. Each listens on a free loopback port, with its configuration and
+// generated keys in a temporary folder, and is stopped by t.Cleanup.
+//
+// It is for tests only. A missing program skips the test, except under
+// CI=true, where integration/deps.sh must have installed it and the test
+// fails instead.
+package realserver
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Timeouts, generous since CI machines are shared.
+const (
+	startTimeout = 15 * time.Second
+	stopTimeout  = 5 * time.Second
+)
+
+// InCI reports whether the tests run in CI, where nothing may be skipped.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// skip skips the test, or fails it in CI.
+func skip(tb testing.TB, msg string) {
+	tb.Helper()
+	if InCI() {
+		tb.Fatal(msg)
+	}
+	tb.Skip(msg)
+}
+
+// Need skips the test when a program is missing (fails it in CI) and
+// returns the programs' paths. Programs in /usr/sbin are found even when
+// it is not on PATH.
+func Need(tb testing.TB, programs ...string) []string {
+	tb.Helper()
+	var paths, missing []string
+	for _, p := range programs {
+		path, err := exec.LookPath(p)
+		if err != nil {
+			if _, serr := os.Stat("/usr/sbin/" + p); serr == nil {
+				path, err = "/usr/sbin/"+p, nil
+			}
+		}
+		if err != nil {
+			missing = append(missing, p)
+			continue
+		}
+		paths = append(paths, path)
+	}
+	if len(missing) > 0 {
+		skip(tb, fmt.Sprintf("needs %s (integration/deps.sh installs it)", strings.Join(missing, ", ")))
+	}
+	return paths
+}
+
+// NeedRoot skips the test unless it runs as root (fails it in CI).
+func NeedRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		skip(tb, "needs root (sshd logs users in, dante checks system passwords)")
+	}
+}
+
+// buffer collects a process's output.
+type buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// A Proc is a server process started for a test, in its own process
+// group so that cleanup reaches the children it forks.
+type Proc struct {
+	Name string
+	cmd  *exec.Cmd
+	out  *buffer
+	done chan struct{}
+	err  error
+	once sync.Once
+}
+
+// Output returns what the process printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Start starts a program and registers its cleanup: SIGTERM to its group,
+// SIGKILL if it lingers. The output is logged if the test failed.
+func Start(tb testing.TB, name string, args ...string) *Proc {
+	tb.Helper()
+	cmd := exec.Command(name, args...)
+	p := &Proc{Name: filepath.Base(name), cmd: cmd, out: &buffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	cmd.WaitDelay = stopTimeout
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	tb.Cleanup(func() { p.Stop(tb) })
+	return p
+}
+
+// Stop ends the process group. Only the first call does anything.
+func (p *Proc) Stop(tb testing.TB) {
+	p.once.Do(func() {
+		pgid := p.cmd.Process.Pid
+		// sshd's children start sessions of their own (setsid), so the
+		// process group does not reach them: take the whole tree now,
+		// before they are orphaned.
+		tree := descendants(pgid)
+		syscall.Kill(-pgid, syscall.SIGTERM)
+		for _, pid := range tree {
+			syscall.Kill(pid, syscall.SIGTERM)
+		}
+		// The children hold the output open, and Wait waits for them
+		// too: they get a moment to end, then SIGKILL.
+		select {
+		case <-p.done:
+		case <-time.After(time.Second):
+			syscall.Kill(-pgid, syscall.SIGKILL)
+			for _, pid := range tree {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+			<-p.done
+		}
+		syscall.Kill(-pgid, syscall.SIGKILL)
+		if tb.Failed() {
+			tb.Logf("output of %s:\n%s", p.Name, tail(p.out.String(), 4000))
+		}
+	})
+}
+
+// descendants lists the processes below pid, from /proc.
+func descendants(pid int) []int {
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(t)
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					out = append(out, c)
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "[...]\n" + s[len(s)-n:]
+}
+
+// waitListening waits until addr accepts TCP connections.
+func (p *Proc) waitListening(tb testing.TB, addr string) {
+	tb.Helper()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-p.done:
+			tb.Fatalf("%s exited (%v) before listening on %s; output:\n%s", p.Name, p.err, addr, tail(p.out.String(), 4000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s does not listen on %s after %v; output:\n%s", p.Name, addr, startTimeout, tail(p.out.String(), 4000))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// KeyPair is a generated ed25519 key.
+type KeyPair struct {
+	Private        string // path of the private key, OpenSSH format, mode 600
+	Public         ssh.PublicKey
+	AuthorizedLine string // the public key as authorized_keys writes it
+}
+
+// NewKey writes a new ed25519 key to dir/name (and name.pub). A non-empty
+// passphrase encrypts the private key as ssh-keygen -N does.
+func NewKey(tb testing.TB, dir, name, passphrase string) KeyPair {
+	tb.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var block *pem.Block
+	if passphrase == "" {
+		block, err = ssh.MarshalPrivateKey(priv, name)
+	} else {
+		block, err = ssh.MarshalPrivateKeyWithPassphrase(priv, name, []byte(passphrase))
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sp, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp)))
+	if err := os.WriteFile(path+".pub", []byte(line+" "+name+"\n"), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return KeyPair{Private: path, Public: sp, AuthorizedLine: line}
+}
+
+// SSHD is a running OpenSSH server.
+type SSHD struct {
+	*Proc
+	Addr string // 127.0.0.1:port
+	Host string // 127.0.0.1
+	Port int
+	Dir  string
+	// User is the account tests log in as: the current user.
+	User string
+	// UserKey is authorized for User.
+	UserKey KeyPair
+	// HostKey is the server's host key.
+	HostKey KeyPair
+	// KnownHosts is a known_hosts file holding HostKey for Addr.
+	KnownHosts string
+}
+
+// SSHDOptions configure StartSSHD.
+type SSHDOptions struct {
+	// Forwarding allows TCP forwarding (direct-tcpip and tcpip-forward).
+	// Zero: forwarding is forbidden, as on bastions that only allow
+	// commands (netcat mode).
+	Forwarding bool
+	// Config is appended to the generated sshd_config. sshd takes the
+	// first value of a keyword, so it can only add keywords.
+	Config string
+	// LogLevel is sshd's LogLevel. Zero: VERBOSE (logins). DEBUG1 also
+	// logs each forwarding request.
+	LogLevel string
+}
+
+// StartSSHD starts /usr/sbin/sshd -D -e on a free loopback port, with a
+// generated host key and user key in a temporary folder. It needs root:
+// sshd's privilege separation wants it, and CI runs as root.
+func StartSSHD(tb testing.TB, o SSHDOptions) *SSHD {
+	tb.Helper()
+	NeedRoot(tb)
+	paths := Need(tb, "sshd")
+	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // privilege separation; the package makes it at boot
+		tb.Fatalf("sshd privilege separation folder: %v", err)
+	}
+	u, err := user.Current()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := tb.TempDir()
+	s := &SSHD{Dir: dir, User: u.Username, Host: "127.0.0.1", Port: FreePort(tb)}
+	s.Addr = net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+	s.HostKey = NewKey(tb, dir, "ssh_host_ed25519_key", "")
+	s.UserKey = NewKey(tb, dir, "id_ed25519", "")
+	ak := filepath.Join(dir, "authorized_keys")
+	if err := os.WriteFile(ak, []byte(s.UserKey.AuthorizedLine+"\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	s.KnownHosts = filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(s.KnownHosts, []byte(KnownHostsLine(s.Addr, s.HostKey.Public)), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "VERBOSE"
+	}
+	forwarding := "no"
+	if o.Forwarding {
+		forwarding = "yes"
+	}
+	conf := filepath.Join(dir, "sshd_config")
+	text := fmt.Sprintf(`Port %d
+ListenAddress 127.0.0.1
+HostKey %s
+PidFile none
+AuthorizedKeysFile %s
+StrictModes no
+UsePAM no
+PermitRootLogin yes
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowTcpForwarding %s
+AllowStreamLocalForwarding no
+AllowAgentForwarding no
+X11Forwarding no
+PermitTunnel no
+GatewayPorts no
+MaxSessions 64
+MaxStartups 200
+LogLevel %s
+%s
+`, s.Port, s.HostKey.Private, ak, forwarding, o.LogLevel, o.Config)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	s.Proc = Start(tb, paths[0], "-D", "-e", "-f", conf)
+	s.waitListening(tb, s.Addr)
+	return s
+}
+
+// KnownHostsLine is the known_hosts line for key at addr (host:port).
+func KnownHostsLine(addr string, key ssh.PublicKey) string {
+	host, port, _ := net.SplitHostPort(addr)
+	name := host
+	if port != "22" {
+		name = "[" + host + "]:" + port
+	}
+	return name + " " + strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key))) + "\n"
+}
+
+// SSHArgs are the OpenSSH client options that log in to the server with
+// the user key, checking the host key, never asking anything.
+func (s *SSHD) SSHArgs() []string {
+	return []string{"-F", "/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", s.UserKey.Private,
+		"-o", "UserKnownHostsFile=" + s.KnownHosts, "-o", "StrictHostKeyChecking=yes",
+		"-o", "ExitOnForwardFailure=yes", "-p", strconv.Itoa(s.Port), "-l", s.User}
+}
+
+// StartDynamic runs ssh -N -D against the server: a SOCKS4, SOCKS4a and
+// SOCKS5 server (no authentication) on a free loopback port, returned.
+func (s *SSHD) StartDynamic(tb testing.TB) string {
+	tb.Helper()
+	paths := Need(tb, "ssh")
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
+	args := append(s.SSHArgs(), "-N", "-D", addr, s.Host)
+	p := Start(tb, paths[0], args...)
+	p.waitListening(tb, addr)
+	return addr
+}
+
+// StartLocalForward runs ssh -N -L from a free loopback port to to, which
+// the server dials; it returns the local address.
+func (s *SSHD) StartLocalForward(tb testing.TB, to string, extra ...string) (*Proc, string) {
+	tb.Helper()
+	paths := Need(tb, "ssh")
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
+	args := append(append(s.SSHArgs(), extra...), "-N", "-L", addr+":"+to, s.Host)
+	p := Start(tb, paths[0], args...)
+	p.waitListening(tb, addr)
+	return p, addr
+}
+
+// Dante is a running dante SOCKS5 server.
+type Dante struct {
+	*Proc
+	Addr           string
+	User, Password string
+	// BlockedPort is a port on 127.0.0.1 the server refuses to connect
+	// to ("not allowed by ruleset").
+	BlockedPort int
+}
+
+// StartDante runs danted on a free loopback port. With auth, clients
+// must authenticate with a user name and password (socksmethod username);
+// dante checks them against the system's password database, so a
+// throwaway system user with a random password is created (useradd,
+// chpasswd) and removed at cleanup. That needs root.
+func StartDante(tb testing.TB, auth bool) *Dante {
+	tb.Helper()
+	paths := Need(tb, "danted")
+	method := "none"
+	d := &Dante{BlockedPort: 9}
+	if auth {
+		NeedRoot(tb)
+		Need(tb, "useradd", "chpasswd", "userdel")
+		d.User, d.Password = addUser(tb)
+		method = "username"
+	}
+	dir := tb.TempDir()
+	port := FreePort(tb)
+	d.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	unpriv := "nobody"
+	if os.Geteuid() != 0 {
+		unpriv = "" // only root can switch users
+	}
+	var users string
+	if unpriv != "" {
+		users = "user.privileged: root\nuser.unprivileged: " + unpriv + "\n"
+	}
+	conf := filepath.Join(dir, "danted.conf")
+	text := fmt.Sprintf(`logoutput: stderr
+internal: 127.0.0.1 port = %d
+external: 127.0.0.1
+socksmethod: %s
+clientmethod: none
+%s
+client pass {
+  from: 127.0.0.0/8 to: 0.0.0.0/0
+}
+socks block {
+  from: 0.0.0.0/0 to: 127.0.0.1/32 port = %d
+  log: error
+}
+socks pass {
+  from: 127.0.0.0/8 to: 0.0.0.0/0
+  command: connect
+  socksmethod: %s
+  log: error
+}
+`, port, method, users, d.BlockedPort, method)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	d.Proc = Start(tb, paths[0], "-f", conf, "-N", "1", "-p", filepath.Join(dir, "danted.pid"))
+	d.waitListening(tb, d.Addr)
+	return d
+}
+
+var userMu sync.Mutex
+
+// addUser creates a system user with no home and no shell, for dante's
+// username method, and removes it at cleanup.
+func addUser(tb testing.TB) (name, password string) {
+	tb.Helper()
+	var b [6]byte
+	rand.Read(b[:])
+	name = "vlt" + hex.EncodeToString(b[:])
+	rand.Read(b[:])
+	password = "pw-" + hex.EncodeToString(b[:])
+	userMu.Lock()
+	defer userMu.Unlock()
+	// Other test binaries may be editing /etc/passwd at the same moment:
+	// useradd then fails to take its lock, so try again for a while.
+	var out []byte
+	var err error
+	for i := 0; i < 50; i++ {
+		out, err = exec.Command("useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name).CombinedOutput()
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		tb.Fatalf("useradd %s: %v: %s", name, err, out)
+	}
+	tb.Cleanup(func() {
+		for i := 0; i < 50; i++ {
+			if out, err := exec.Command("userdel", name).CombinedOutput(); err == nil {
+				return
+			} else if i == 49 {
+				tb.Errorf("userdel %s: %v: %s", name, err, out)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	for i := 0; i < 50; i++ {
+		cmd := exec.Command("chpasswd")
+		cmd.Stdin = strings.NewReader(name + ":" + password + "\n")
+		if out, err = cmd.CombinedOutput(); err == nil {
+			return name, password
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	tb.Fatalf("chpasswd for %s: %v: %s", name, err, out)
+	return "", ""
+}
+
+// TinyproxyOptions configure StartTinyproxy.
+type TinyproxyOptions struct {
+	// User and Password, if set, are required with basic authentication.
+	User, Password string
+	// ConnectPorts, if any, are the only ports CONNECT may reach; zero
+	// allows every port.
+	ConnectPorts []int
+}
+
+// StartTinyproxy runs tinyproxy -d as an HTTP CONNECT proxy on a free
+// loopback port and returns its address.
+func StartTinyproxy(tb testing.TB, o TinyproxyOptions) (*Proc, string) {
+	tb.Helper()
+	paths := Need(tb, "tinyproxy")
+	dir := tb.TempDir()
+	port := FreePort(tb)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var b strings.Builder
+	fmt.Fprintf(&b, "Port %d\nListen 127.0.0.1\nTimeout 60\nMaxClients 200\nAllow 127.0.0.1\nLogLevel Info\n", port)
+	if os.Geteuid() == 0 {
+		b.WriteString("User nobody\nGroup nogroup\n")
+	}
+	if o.User != "" {
+		fmt.Fprintf(&b, "BasicAuth %s %s\n", o.User, o.Password)
+	}
+	for _, p := range o.ConnectPorts {
+		fmt.Fprintf(&b, "ConnectPort %d\n", p)
+	}
+	conf := filepath.Join(dir, "tinyproxy.conf")
+	if err := os.WriteFile(conf, []byte(b.String()), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	p := Start(tb, paths[0], "-d", "-c", conf)
+	p.waitListening(tb, addr)
+	return p, addr
+}

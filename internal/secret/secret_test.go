@@ -1,0 +1,65 @@
+package secret
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPassword(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", "s3cret pass\n", 0o600)
+	crlf := write("crlf", "pw\r\n", 0o600)
+	open := write("open", "pw\n", 0o644)
+	empty := write("empty", "\n", 0o600)
+	big := write("big", strings.Repeat("x", MaxLen+1), 0o600)
+	t.Setenv("SECRET_TEST_PW", "from-env")
+	t.Setenv("SECRET_TEST_EMPTY", "")
+
+	for _, tc := range []struct {
+		name, file, env string
+		want            string
+		wantErr         string
+		is              error
+	}{
+		{name: "none"},
+		{name: "file", file: good, want: "s3cret pass"},
+		{name: "crlf", file: crlf, want: "pw"},
+		{name: "env", env: "SECRET_TEST_PW", want: "from-env"},
+		{name: "both", file: good, env: "SECRET_TEST_PW", wantErr: "not both"},
+		{name: "readable by others", file: open, wantErr: "chmod 600"},
+		{name: "empty file", file: empty, is: ErrNoPassword},
+		{name: "too big", file: big, wantErr: "more than a password"},
+		{name: "missing file", file: filepath.Join(dir, "nope"), is: os.ErrNotExist},
+		{name: "unset env", env: "SECRET_TEST_UNSET_XYZ", is: ErrNoPassword},
+		{name: "empty env", env: "SECRET_TEST_EMPTY", is: ErrNoPassword},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Password(tc.file, tc.env)
+			switch {
+			case tc.wantErr == "" && tc.is == nil:
+				if err != nil || got != tc.want {
+					t.Fatalf("Password = %q, %v; want %q", got, err, tc.want)
+				}
+			case err == nil:
+				t.Fatalf("Password = %q, want an error", got)
+			case tc.is != nil && !errors.Is(err, tc.is):
+				t.Fatalf("error %v does not match %v", err, tc.is)
+			case tc.wantErr != "" && !strings.Contains(err.Error(), tc.wantErr):
+				t.Fatalf("error %q does not say %q", err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,8 @@
+// Package netconn makes vlink connections first-class net.Conn and
+// net.Listener values: relaying, conn wrappers, deadlines, conformance.
+//
+// [Relay] joins two connections, as a tunnel, a forwarder or a proxy does.
+// Between two TCP connections it moves the bytes inside the kernel
+// (splice(2) on Linux), and an idle relay holds no buffer, so a process can
+// carry many thousands of idle connections.
+package netconn

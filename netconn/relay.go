@@ -1,0 +1,208 @@
+package netconn
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+)
+
+// relayBufSize is the size of the buffers relays copy through when the
+// kernel cannot move the bytes itself; io.Copy uses the same.
+const relayBufSize = 32 << 10
+
+// relayBufs holds the copy buffers. A relay takes one only when the
+// source has bytes to read and puts it back after writing them, so idle
+// relays hold none.
+var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
+
+// Relay copies a to b and b to a until both directions are done, then
+// closes a and b. It returns the byte counts of each direction and the
+// first error either direction met; reaching the end of a stream is not
+// an error.
+//
+// When one direction reaches the end of its source, Relay half-closes the
+// destination (CloseWrite) so the peer sees the end while the other
+// direction goes on; a destination without CloseWrite is closed. When a
+// direction fails, Relay aborts both connections (see [Abort]: a TCP
+// connection is reset, so its peer sees a failure rather than an end of
+// stream) and the other direction does not hang; the net.ErrClosed this
+// teardown causes is not reported.
+//
+// Relay picks the cheapest copy each direction allows:
+//   - on Linux, from a *net.TCPConn (or stream *net.UnixConn) to a
+//     destination implementing io.ReaderFrom (a *net.TCPConn, or a wrapper
+//     delegating to one): the kernel's splice path, the bytes never enter
+//     the process. Relay waits until the source is readable and calls
+//     ReadFrom with an *io.LimitedReader of just the bytes queued, so an
+//     idle direction holds no splice pipe either;
+//   - from a source implementing io.WriterTo other than *net.TCPConn: its
+//     WriteTo, which is trusted to hold no buffer while idle (the
+//     compression filters' holds none);
+//   - on Unix, from a *net.TCPConn (or stream *net.UnixConn) to any other
+//     destination: a pooled buffer, taken only once the socket is readable;
+//   - otherwise a pooled buffer, held while Read blocks.
+//
+// Relay sets no deadline: an idle limit is the caller's to set.
+func Relay(a, b net.Conn) (aToB, bToA int64, err error) {
+	r := &relay{a: a, b: b}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bToA = r.run(a, b)
+	}()
+	aToB = r.run(b, a)
+	<-done
+	a.Close()
+	b.Close()
+	return aToB, bToA, r.err
+}
+
+// relay is the state the two directions of one Relay share.
+type relay struct {
+	a, b net.Conn
+
+	mu  sync.Mutex
+	err error // the first real error
+	// closed is set once Relay closed a connection itself: a net.ErrClosed
+	// after it is Relay's own doing, not the peer's.
+	closed bool
+	torn   bool // both connections closed after a failure
+}
+
+// run copies src to dst and passes the end of src on to dst's peer.
+func (r *relay) run(dst, src net.Conn) int64 {
+	n, err := copyConn(dst, src)
+	if err == nil {
+		err = r.closeWrite(dst)
+	}
+	if err != nil {
+		r.fail(err)
+	}
+	return n
+}
+
+func (r *relay) closeWrite(c net.Conn) error {
+	for w := c; ; {
+		if cw, ok := w.(CloseWriter); ok {
+			return cw.CloseWrite()
+		}
+		u, ok := w.(Unwrapper)
+		if !ok {
+			break
+		}
+		w = u.UnwrapConn()
+	}
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	return c.Close()
+}
+
+// fail records err unless Relay caused it, and tears both connections
+// down once.
+func (r *relay) fail(err error) {
+	r.mu.Lock()
+	ours := r.torn || (r.closed && (errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrClosedPipe)))
+	if !ours && r.err == nil {
+		r.err = err
+	}
+	first := !r.torn
+	r.torn, r.closed = true, true
+	r.mu.Unlock()
+	if first {
+		// Abort rather than close: a peer must not take a stream cut
+		// short by a failure on the other side for a complete one.
+		Abort(r.a)
+		Abort(r.b)
+	}
+}
+
+// copyConn copies src to dst until the end of src (a nil error) or a
+// failure.
+func copyConn(dst, src net.Conn) (int64, error) {
+	src, dst, n, err := unwrap(dst, src)
+	if err != nil {
+		return n, err
+	}
+	m, err := copyUnwrapped(dst, src)
+	return n + m, err
+}
+
+// unwrap strips transparent wrappers from both ends, so the copy reaches
+// the fast paths of the connections below; a prefix a listener read
+// ahead is written to dst first.
+func unwrap(dst, src net.Conn) (net.Conn, net.Conn, int64, error) {
+	var n int64
+	for {
+		switch c := src.(type) {
+		case *prefixConn:
+			if len(c.prefix) > 0 {
+				m, err := dst.Write(c.prefix)
+				n += int64(m)
+				c.prefix = c.prefix[m:]
+				if err != nil {
+					return src, dst, n, err
+				}
+			}
+			src = c.Conn
+			continue
+		case Unwrapper:
+			src = c.UnwrapConn()
+			continue
+		}
+		break
+	}
+	for {
+		u, ok := dst.(Unwrapper)
+		if !ok {
+			break
+		}
+		dst = u.UnwrapConn()
+	}
+	return src, dst, n, nil
+}
+
+func copyUnwrapped(dst, src net.Conn) (int64, error) {
+	if n, err, ok := spliceCopy(dst, src); ok {
+		return n, err
+	}
+	if wt, ok := src.(io.WriterTo); ok {
+		// *net.TCPConn's WriteTo copies through a buffer it holds for
+		// the whole connection unless it can splice, which spliceCopy
+		// already tried.
+		if _, isTCP := src.(*net.TCPConn); !isTCP {
+			return wt.WriteTo(dst)
+		}
+	}
+	if n, err, ok := pollCopy(dst, src); ok {
+		return n, err
+	}
+	return bufCopy(dst, src)
+}
+
+// bufCopy is io.Copy through a pooled buffer. The buffer is held while
+// Read blocks: nothing tells when a generic connection is readable.
+func bufCopy(dst io.Writer, src io.Reader) (n int64, err error) {
+	buf := relayBufs.Get().(*[relayBufSize]byte)
+	defer relayBufs.Put(buf)
+	for {
+		nr, rerr := src.Read(buf[:])
+		if nr > 0 {
+			nw, werr := dst.Write(buf[:nr])
+			n += int64(nw)
+			if werr != nil {
+				return n, werr
+			}
+			if nw != nr {
+				return n, io.ErrShortWrite
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package netconn
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// procIO returns the bytes this process passed through read(2) and
+// write(2) (rchar, wchar in /proc/self/io). splice(2) and recvfrom(2) do
+// not count, so a relay that keeps the bytes in the kernel adds nothing.
+func procIO(t testing.TB) (rchar, wchar int64) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Skipf("skipping: no I/O accounting: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var v int64
+		if _, err := fmt.Sscanf(line, "rchar: %d", &v); err == nil {
+			rchar = v
+		}
+		if _, err := fmt.Sscanf(line, "wchar: %d", &v); err == nil {
+			wchar = v
+		}
+	}
+	return rchar, wchar
+}
+
+var spliceModes = map[string]struct {
+	wrapA, wrapB wrap
+}{
+	"tcp-tcp":        {asIs, asIs},
+	"delegating":     {asDelegate, asDelegate},
+	"tcp-delegating": {asIs, asDelegate},
+	"hidden":         {asHidden, asHidden},
+}
+
+// TestRelayHelperProcess is the relay process of TestRelaySplice, alone
+// in its process so that its I/O accounting counts the relay only.
+func TestRelayHelperProcess(t *testing.T) {
+	mode, ok := spliceModes[os.Getenv("VLINK_RELAY_HELPER")]
+	if !ok {
+		t.Skip("skipping: helper process of TestRelaySplice")
+	}
+	ln := listen(t)
+	fmt.Printf("addr %s\n", ln.Addr())
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	b, err := net.Dial("tcp", os.Getenv("VLINK_RELAY_BACKEND"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, w0 := procIO(t)
+	aToB, bToA, err := Relay(mode.wrapA(a), mode.wrapB(b))
+	r1, w1 := procIO(t)
+	fmt.Printf("result %d %d %d %d %v\n", r1-r0, w1-w0, aToB, bToA, err)
+}
+
+// TestRelaySplice proves that relaying TCP to TCP, directly or through
+// wrappers delegating WriteTo/ReadFrom, moves no byte through user space,
+// while the same relay through wrappers that hide them does.
+func TestRelaySplice(t *testing.T) {
+	const size = 32 << 20
+	for _, tt := range []struct {
+		mode      string
+		userSpace bool
+	}{
+		{"tcp-tcp", false},
+		{"delegating", false},
+		{"tcp-delegating", false},
+		{"hidden", true}, // the control: the measure does see copies
+	} {
+		t.Run(tt.mode, func(t *testing.T) {
+			back := listen(t)
+			defer back.Close()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestRelayHelperProcess$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "VLINK_RELAY_HELPER="+tt.mode, "VLINK_RELAY_BACKEND="+back.Addr().String())
+			cmd.Stderr = os.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Wait()
+			defer cmd.Process.Kill()
+			lines := bufio.NewScanner(out)
+			var addr string
+			for addr == "" && lines.Scan() {
+				fmt.Sscanf(lines.Text(), "addr %s", &addr)
+			}
+			client, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				t.Fatalf("dial helper at %q: %v", addr, err)
+			}
+			defer client.Close()
+			server, err := back.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer server.Close()
+
+			up, down := randomBytes(size), randomBytes(size)
+			errc := make(chan error, 2)
+			go send(client, up, errc)
+			go send(server, down, errc)
+			sumUp := make(chan [32]byte, 1)
+			go func() { s, _, _ := receive(server); sumUp <- s }()
+			if s, _, err := receive(client); err != nil || s != sha256.Sum256(down) {
+				t.Errorf("client received corrupt data (err %v)", err)
+			}
+			if s := <-sumUp; s != sha256.Sum256(up) {
+				t.Error("server received corrupt data")
+			}
+			for range 2 {
+				if err := <-errc; err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			var rchar, wchar, aToB, bToA int64
+			found := false
+			for lines.Scan() {
+				if _, err := fmt.Sscanf(lines.Text(), "result %d %d %d %d", &rchar, &wchar, &aToB, &bToA); err == nil {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatal("helper reported no result")
+			}
+			t.Logf("%-14s relayed %d+%d bytes; relay process read(2) %d bytes, write(2) %d bytes", tt.mode, aToB, bToA, rchar, wchar)
+			if aToB != size || bToA != size {
+				t.Errorf("relay counted %d, %d; want %d each way", aToB, bToA, size)
+			}
+			copied := rchar + wchar
+			if tt.userSpace && copied < 4*size {
+				t.Errorf("control relay shows %d bytes through user space, want at least %d: the measure is blind", copied, 4*size)
+			}
+			if !tt.userSpace && copied > 64<<10 {
+				t.Errorf("%d bytes went through user space; want none (splice)", copied)
+			}
+		})
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package netconn
+
+const raceEnabled = false

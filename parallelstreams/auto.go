@@ -1,0 +1,116 @@
+package parallelstreams
+
+import (
+	"context"
+	"time"
+
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// Auto mode. The dialer starts with two substreams and doubles them while
+// it measures that more substreams deliver more: each round it compares
+// the goodput (bytes the peer's application has read, as its credit
+// reports) of the last interval with the best seen, counting only
+// intervals in which the writer had more to send than the substreams took
+// (otherwise the application, not the link, sets the pace). It stops
+// growing at the layer's streams parameter, or after growth stopped
+// paying twice.
+const (
+	autoInterval = 500 * time.Millisecond
+	autoGain     = 1.10 // at least 10% more goodput to count as better
+	autoPatience = 2    // rounds without gain before giving up
+	autoSettle   = 2    // intervals to let new substreams ramp up
+)
+
+type grower struct {
+	s       *Session
+	layer   *Layer
+	network string
+	address string
+	lower   vlink.Lower
+	id      sessionID
+}
+
+func (g *grower) run() {
+	defer g.s.wg.Done()
+	tick := time.NewTicker(autoInterval)
+	defer tick.Stop()
+	var (
+		best     float64
+		last     = g.credit()
+		lastTime = time.Now()
+		settle   = autoSettle
+		misses   int
+	)
+	for {
+		select {
+		case <-tick.C:
+		case <-g.s.die:
+			return
+		case <-g.s.closing:
+			return
+		}
+		now, c := time.Now(), g.credit()
+		rate := float64(c-last) / now.Sub(lastTime).Seconds()
+		last, lastTime = c, now
+		if settle > 0 {
+			settle--
+			continue
+		}
+		if !g.backlogged() {
+			continue
+		}
+		if rate < best*autoGain {
+			if misses++; misses >= autoPatience {
+				return
+			}
+			continue
+		}
+		best, misses = rate, 0
+		n := g.s.Streams()
+		if n >= g.layer.Streams {
+			return
+		}
+		g.grow(min(2*n, g.layer.Streams) - n)
+		settle = autoSettle
+	}
+}
+
+func (g *grower) credit() int64 {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return g.s.credit
+}
+
+// backlogged reports whether data waits for a substream right now.
+func (g *grower) backlogged() bool {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return len(g.s.queue) > 0
+}
+
+// grow adds k substreams. A failed dial only stops the growth: the
+// session goes on with what it has.
+func (g *grower) grow(k int) {
+	ctx, cancel := context.WithTimeout(context.Background(), vlink.DefaultHandshakeTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-g.s.die:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for range k {
+		n := g.s.Streams()
+		c, err := g.layer.dialSubstream(ctx, g.network, g.address, g.lower,
+			join{index: n, count: g.layer.initial(), max: g.layer.Streams, id: g.id})
+		if err != nil {
+			return
+		}
+		if !g.s.add(c) {
+			c.Close()
+			return
+		}
+	}
+}

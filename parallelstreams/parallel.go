@@ -1,0 +1,158 @@
+// Package parallelstreams provides the "parallel" layer of vlink: one
+// connection striped over several connections of the layers below it
+// (substreams), after GridFTP's parallel streams and PadicoTM's
+// ParallelStreams. On a long, lossy link a single TCP flow is capped by
+// its window and by its reaction to each loss; N flows share the loss and
+// add their windows.
+//
+//	vlink tunnel --stack parallel:streams=8 ...        8 TCP flows
+//	vlink tunnel --stack zstd+parallel:streams=8 ...   compress once, then stripe
+//	vlink tunnel --stack parallel:streams=16,auto ...  grow from 2 while it helps
+//
+// It is a vlink multi-link layer: each substream is dialed through the rest
+// of the stack below it (so it works over tcp, ssh or any factory, under or
+// over compression) and opens with its own hello and a join header naming
+// the session; the listener groups substreams into the session with a
+// timeout and a cap on what it holds, then treats the session as a new
+// connection (see [vlink.MultiLink]).
+//
+// Writes are cut into numbered blocks that go out on whichever substream
+// is free, the receiver restores their order in a window of bounded size,
+// and credit flows back as the application reads, so a slow reader slows
+// the writer instead of filling memory. If a substream fails the whole
+// connection fails with an error naming it: the bytes are delivered in
+// order or not at all.
+package parallelstreams
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// Defaults of the layer's parameters.
+const (
+	DefaultStreams      = 4
+	DefaultWindow       = 32 << 20
+	DefaultStallTimeout = 60 * time.Second
+)
+
+func init() {
+	vlink.Register(vlink.Spec{
+		Name:    "parallel",
+		Kind:    vlink.KindMultiLink,
+		Summary: "stripe one connection over several connections of the layers below (parallel streams)",
+		Params: []vlink.Param{
+			{Name: "streams", Type: vlink.TypeInt, Default: fmt.Sprint(DefaultStreams), Min: 1, Max: MaxStreams,
+				Doc: "number of substreams; with auto, the most it grows to"},
+			{Name: "auto", Type: vlink.TypeBool, Default: "false",
+				Doc: "start with 2 substreams and add more while throughput keeps improving, up to streams"},
+			{Name: "window", Type: vlink.TypeSize, Default: "32M", Min: 256 << 10, Max: 256 << 20,
+				Doc: "receive window: how far the writer may get ahead of the reader, per direction, and the most the receiver buffers; about 3 times the link's bandwidth-delay product, as a lost packet holds the other substreams' blocks for a round trip or more (32M suits 1 Gbit/s at 80 ms)"},
+			{Name: "stall-timeout", Type: vlink.TypeDuration, Default: DefaultStallTimeout.String(),
+				Min: int64(time.Second), Max: int64(time.Hour), Local: true,
+				Doc: "fail the connection when a substream accepts no data for this long (a silently cut path)"},
+		},
+		New: func(a vlink.Args) (any, error) {
+			return &Layer{
+				Streams:      a.Int("streams"),
+				Auto:         a.Bool("auto"),
+				Window:       int(a.Size("window")),
+				StallTimeout: a.Duration("stall-timeout"),
+			}, nil
+		},
+	})
+}
+
+// A Layer is the parallel layer with its parameters. It implements
+// vlink.MultiLink.
+type Layer struct {
+	Streams      int           // substreams, or the most with Auto
+	Auto         bool          // grow from 2 while throughput improves
+	Window       int           // receive window in bytes
+	StallTimeout time.Duration // a substream's write may block this long
+}
+
+var _ vlink.MultiLink = (*Layer)(nil)
+
+// ErrIncomplete is matched by the error of a dial whose session the
+// listener did not complete, and logged by a listener that gave up on a
+// session whose substreams did not all arrive in time.
+var ErrIncomplete = errors.New("parallel session incomplete")
+
+func (l *Layer) initial() int {
+	if l.Auto {
+		return min(2, l.Streams)
+	}
+	return l.Streams
+}
+
+// Dial opens the substreams through lower, all at once, and joins them in
+// one session.
+func (l *Layer) Dial(ctx context.Context, network, address string, lower vlink.Lower) (net.Conn, error) {
+	var id sessionID
+	rand.Read(id[:])
+	n := l.initial()
+	conns := make([]net.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conns[i], errs[i] = l.dialSubstream(ctx, network, address, lower, join{index: i, count: n, max: l.Streams, id: id})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, err
+	}
+	s := newSession(id, int64(l.Window), l.StallTimeout, conns)
+	if l.Auto && l.Streams > n {
+		s.grower = &grower{s: s, layer: l, network: network, address: address, lower: lower, id: id}
+		s.wg.Add(1)
+		go s.grower.run()
+	}
+	return s, nil
+}
+
+// dialSubstream dials one substream and sends its join header.
+func (l *Layer) dialSubstream(ctx context.Context, network, address string, lower vlink.Lower, j join) (net.Conn, error) {
+	c, err := lower.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, fmt.Errorf("substream %d: %w", j.index, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetWriteDeadline(dl)
+	}
+	hdr := j.marshal()
+	if _, err := c.Write(hdr[:]); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("substream %d: sending join header: %w", j.index, err)
+	}
+	c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
+
+// Accept reads a substream's join header and files it with its session,
+// which goes to j.Deliver once complete.
+func (l *Layer) Accept(c net.Conn, j vlink.Junction) error {
+	t := j.State("parallel", func() any { return newTable(j) }).(*table)
+	if !t.reserve(j.MaxPending()) {
+		c.Close()
+		return fmt.Errorf("%w: %d substreams already wait for their sessions", ErrIncomplete, j.MaxPending())
+	}
+	go t.admit(c, l, j)
+	return nil
+}

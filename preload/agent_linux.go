@@ -1,0 +1,778 @@
+package preload
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// EnvAgent names the agent's socket in the program's environment: "@NAME"
+// for an abstract unix socket, which leaves no file behind.
+const EnvAgent = "VLINK_AGENT"
+
+// Defaults of AgentConfig.
+const (
+	DefaultDialTimeout = 30 * time.Second
+	// attachTimeout bounds how long a dialed connection waits for the
+	// program's relay connection, and an accepted relay connection for its
+	// attach: both come from the same connect call, microseconds apart.
+	attachTimeout = 10 * time.Second
+	maxChannels   = 4096
+	peerWait      = time.Second
+	maxOrphans    = 1024
+)
+
+// AgentConfig configures an Agent. The zero value sends every connection
+// direct.
+type AgentConfig struct {
+	// Config holds the routing rules, as vlink.Dial reads them. Nil means
+	// every destination is direct.
+	Config *vlink.Config
+	// DialTimeout bounds a dial through a stack, handshake included. Zero
+	// means DefaultDialTimeout. A blocking connect with SO_SNDTIMEO set
+	// gets the shorter of the two.
+	DialTimeout time.Duration
+	// Logger gets a debug line per decision and an info line per failed
+	// connection. Nil discards.
+	Logger *slog.Logger
+}
+
+// An Agent answers the shims of one program's processes: it decides each
+// connect with the rules, dials through stacks, hands back descriptors or
+// relays, and keeps the fake addresses of far-side names. It serves from
+// NewAgent until Close.
+type Agent struct {
+	router  *router
+	fakes   *fakeMap
+	timeout time.Duration
+	log     *slog.Logger
+	uid     int
+
+	name   string
+	ln     *net.UnixListener
+	relay4 *net.TCPListener
+	relay6 *net.TCPListener // nil without IPv6 loopback
+
+	mu        sync.Mutex
+	closed    bool
+	channels  int
+	nextToken uint64
+	pending   map[uint64]*pending         // by token
+	byLocal   map[netip.AddrPort]*pending // attached, by the program side's address
+	orphans   map[netip.AddrPort]orphan   // relay connections whose attach has not come yet
+	peers     map[netip.AddrPort]sockAddr // live relays: program side -> what it asked for
+	conns     map[io.Closer]struct{}      // channels and connections, closed by Close
+
+	ctx    context.Context // cancelled by Close: aborts dials
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// An orphan is a relay connection accepted before its attach, closed if
+// none comes in time.
+type orphan struct {
+	c     net.Conn
+	timer *time.Timer
+}
+
+// A pending connection is a dial (in progress or done) waiting for the
+// program's relay connection, or the other way round.
+type pending struct {
+	token   uint64
+	channel uint64 // the channel that got the token: only it may attach
+	dest    sockAddr
+	prog    chan net.Conn // the program's relay connection, once attached and accepted
+	local   netip.AddrPort
+}
+
+// NewAgent starts an agent listening on a fresh abstract unix socket and
+// on loopback relay ports.
+func NewAgent(c AgentConfig) (*Agent, error) {
+	r, err := newRouter(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	var rnd [16]byte
+	rand.Read(rnd[:])
+	a := &Agent{
+		router:  r,
+		fakes:   newFakeMap(0),
+		timeout: c.DialTimeout,
+		log:     c.Logger,
+		uid:     os.Getuid(),
+		name:    "@vlink-agent-" + hex.EncodeToString(rnd[:]),
+		pending: map[uint64]*pending{},
+		byLocal: map[netip.AddrPort]*pending{},
+		orphans: map[netip.AddrPort]orphan{},
+		peers:   map[netip.AddrPort]sockAddr{},
+		conns:   map[io.Closer]struct{}{},
+	}
+	if a.timeout <= 0 {
+		a.timeout = DefaultDialTimeout
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	if a.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: a.name, Net: "unix"}); err != nil {
+		return nil, fmt.Errorf("preload: agent socket: %w", err)
+	}
+	if a.relay4, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+		a.ln.Close()
+		return nil, fmt.Errorf("preload: relay listener: %w", err)
+	}
+	// IPv6 loopback may be missing (disabled IPv6): IPv6 sockets then reach
+	// the IPv4 listener through an IPv4-mapped address.
+	a.relay6, _ = net.ListenTCP("tcp6", &net.TCPAddr{IP: net.IPv6loopback})
+	a.wg.Add(1)
+	go a.serveChannels()
+	for _, l := range []*net.TCPListener{a.relay4, a.relay6} {
+		if l != nil {
+			a.wg.Add(1)
+			go a.serveRelays(l)
+		}
+	}
+	return a, nil
+}
+
+// Name returns the agent's socket name, "@..." for an abstract socket.
+func (a *Agent) Name() string { return a.name }
+
+// Env returns the environment variable that points a shim at this agent.
+func (a *Agent) Env() string { return EnvAgent + "=" + a.name }
+
+// Close stops the agent: it closes its sockets, the shims' channels and
+// every connection it relays, aborts dials in progress, and waits for its
+// goroutines.
+func (a *Agent) Close() error {
+	a.once.Do(func() {
+		a.mu.Lock()
+		a.closed = true
+		a.ln.Close()
+		a.relay4.Close()
+		if a.relay6 != nil {
+			a.relay6.Close()
+		}
+		for c := range a.conns {
+			c.Close()
+		}
+		for _, o := range a.orphans {
+			o.timer.Stop()
+			o.c.Close()
+		}
+		a.mu.Unlock()
+		a.cancel()
+	})
+	a.wg.Wait()
+	return nil
+}
+
+// track registers c to be closed by Close; false if the agent is closed
+// (and c closed).
+func (a *Agent) track(c io.Closer) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		c.Close()
+		return false
+	}
+	a.conns[c] = struct{}{}
+	return true
+}
+
+func (a *Agent) untrack(c io.Closer) {
+	a.mu.Lock()
+	delete(a.conns, c)
+	a.mu.Unlock()
+}
+
+func (a *Agent) serveChannels() {
+	defer a.wg.Done()
+	var id uint64
+	for {
+		c, err := a.ln.AcceptUnix()
+		if err != nil {
+			if isTemporary(err) {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			return
+		}
+		id++
+		a.mu.Lock()
+		full := a.channels >= maxChannels
+		if !full {
+			a.channels++
+		}
+		a.mu.Unlock()
+		if full {
+			a.log.Warn("too many shim channels; closing one", "max", maxChannels)
+			c.Close()
+			continue
+		}
+		a.wg.Add(1)
+		go func(id uint64) {
+			defer a.wg.Done()
+			defer func() {
+				a.mu.Lock()
+				a.channels--
+				a.mu.Unlock()
+			}()
+			a.serveChannel(c, id)
+		}(id)
+	}
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary() && !errors.Is(err, net.ErrClosed)
+}
+
+// peerUID returns the uid of the process at the other end of c.
+func peerUID(c *net.UnixConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return -1, err
+	}
+	if cerr != nil {
+		return -1, cerr
+	}
+	return int(cred.Uid), nil
+}
+
+// serveChannel answers one shim channel's requests, one at a time.
+func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
+	// The socket's name is listed in /proc/net/unix for anyone to see:
+	// only processes of the agent's own user may use it.
+	if uid, err := peerUID(uc); err != nil || uid != a.uid {
+		a.log.Warn("refused a shim channel from another user", "uid", uid, "err", err)
+		uc.Close()
+		return
+	}
+	c, err := newChanConn(uc)
+	if err != nil {
+		a.log.Warn("shim channel", "err", err)
+		uc.Close()
+		return
+	}
+	defer c.release()
+	if !a.track(c) {
+		return
+	}
+	defer func() {
+		a.untrack(c)
+		c.Close()
+	}()
+	var buf [headerSize + maxBody]byte
+	var out []byte
+	pid := uint32(0)
+	for {
+		t, body, err := readFrame(c, &buf)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				a.log.Warn("shim channel", "pid", pid, "err", err)
+			}
+			return
+		}
+		req, err := parseRequest(t, body)
+		if err != nil {
+			a.log.Warn("shim channel", "pid", pid, "err", err)
+			return
+		}
+		out = out[:0]
+		switch req.typ {
+		case msgHello:
+			pid = req.pid
+			out = a.welcome(out)
+		case msgConnect:
+			if err := a.connect(c, id, pid, &req.connect); err != nil {
+				a.log.Debug("shim channel", "pid", pid, "err", err)
+				return
+			}
+			continue
+		case msgAttach:
+			a.attach(id, req.attach)
+			continue
+		case msgResolve:
+			out = a.resolve(out, pid, req.resolve)
+		case msgPeer:
+			out = a.peer(out, req.addr)
+		case msgAddrName:
+			name, ok := a.fakes.nameOf(req.addr.Addr())
+			body := []byte{0}
+			if ok {
+				body = append([]byte{1}, name...)
+			}
+			out = appendFrame(out, msgNameOf, body)
+		}
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
+}
+
+func (a *Agent) welcome(b []byte) []byte {
+	w := welcome{
+		relay4:    uint16(a.relay4.Addr().(*net.TCPAddr).Port),
+		timeoutMs: uint32(a.timeout / time.Millisecond),
+		fake4:     FakeIPv4,
+		fake6:     FakeIPv6,
+	}
+	if a.relay6 != nil {
+		w.relay6 = uint16(a.relay6.Addr().(*net.TCPAddr).Port)
+	}
+	if a.router.ipsDirect {
+		w.flags |= welcomeIPsDirect
+	}
+	table := a.router.table
+	if a.router.ipsDirect {
+		table = nil // the flag says it all
+	}
+	if table != nil {
+		w.flags |= welcomeIPTable
+	}
+	b = appendFrame(b, msgWelcome, w.append(nil))
+	if table != nil {
+		b = appendFrame(b, msgIPTable, table)
+	}
+	return b
+}
+
+func (a *Agent) resolve(b []byte, pid uint32, req resolveReq) []byte {
+	reply := nameReply{kind: nameNone}
+	if name, ok := normalizeName(req.name); ok {
+		if a.router.nameRouted(name, req.port) {
+			reply.kind = nameFake
+			reply.v4, reply.v6 = fakeAddrs(a.fakes.lookup(name))
+		} else {
+			reply.kind = nameLocal
+		}
+	}
+	a.log.Debug("resolve", "pid", pid, "name", req.name, "port", req.port, "answer",
+		[...]string{nameLocal: "local", nameFake: "far side", nameNone: "no such name"}[reply.kind])
+	return appendFrame(b, msgName, reply.append(nil))
+}
+
+func (a *Agent) peer(b []byte, local sockAddr) []byte {
+	key := netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	// The attach of a connection made just before an exec travels on
+	// another channel and may not have been read yet: give it a moment.
+	var dest sockAddr
+	ok := false
+	for deadline := time.Now().Add(peerWait); ; time.Sleep(2 * time.Millisecond) {
+		a.mu.Lock()
+		dest, ok = a.peers[key]
+		a.mu.Unlock()
+		if ok || time.Now().After(deadline) {
+			break
+		}
+	}
+	body := []byte{0}
+	if ok {
+		body = appendAddr([]byte{1}, dest)
+	} else {
+		body = append(body, make([]byte, addrSize)...)
+	}
+	return appendFrame(b, msgPeerAddr, body)
+}
+
+func writeResult(c *chanConn, r result) error {
+	_, err := c.Write(appendFrame(nil, msgResult, r.append(nil)))
+	return err
+}
+
+// connect decides a connect and answers it. A failure to answer is the
+// channel's end.
+func (a *Agent) connect(c *chanConn, channel uint64, pid uint32, req *connectReq) error {
+	host, fake := req.dest.Addr().String(), false
+	if name, ok := a.fakes.nameOf(req.dest.Addr()); ok {
+		host, fake = name, true
+	}
+	target := net.JoinHostPort(host, strconv.Itoa(int(req.dest.Port())))
+	d, err := a.router.decide(target)
+	attrs := []any{"pid", pid, "to", target}
+	if err != nil {
+		a.log.Info("cannot route", append(attrs, "err", err)...)
+		return writeResult(c, result{kind: resultError, errno: uint16(syscall.EINVAL)})
+	}
+	cache := uint8(0)
+	if !fake {
+		cache = resultFlagCache // the rules are fixed, and so is the verdict for an address
+	}
+	switch d.rule.Action {
+	case selector.Refuse:
+		a.log.Info("refused by the rules", attrs...)
+		return writeResult(c, result{kind: resultError, flags: cache, errno: uint16(syscall.EPERM)})
+	case selector.Direct:
+		if !fake {
+			a.log.Debug("direct", attrs...)
+			return writeResult(c, result{kind: resultDirect, flags: cache})
+		}
+	}
+	dial := a.dialer(d, req.timeoutMs)
+	if d.rule.Action == selector.Stack {
+		attrs = append(attrs, "stack", d.stack.String(), "via", d.rule.Via)
+	} else {
+		attrs = append(attrs, "stack", "direct")
+	}
+	if req.mode == modeAsync {
+		p := a.newPending(channel, req.dest)
+		if err := writeResult(c, result{kind: resultRelay, token: p.token}); err != nil {
+			a.dropPending(p)
+			return err
+		}
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			conn, err := dial(a.ctx, target)
+			a.finish(p, conn, err, attrs)
+		}()
+		return nil
+	}
+	conn, err := dial(a.ctx, target)
+	if err != nil {
+		a.log.Info("cannot connect", append(attrs, "err", err)...)
+		return writeResult(c, result{kind: resultError, errno: uint16(errnoOf(err))})
+	}
+	if tc, ok := conn.(*net.TCPConn); ok && socketFamily(tc) == req.family {
+		// Plain TCP after the stack's handshake: the program gets the
+		// socket itself, and the agent is out of the data path.
+		err := sendFD(c, appendFrame(nil, msgResult, (&result{kind: resultFD}).append(nil)), tc)
+		tc.Close()
+		a.log.Debug("passed a descriptor", attrs...)
+		return err
+	}
+	p := a.newPending(channel, req.dest)
+	if err := writeResult(c, result{kind: resultRelay, token: p.token}); err != nil {
+		a.dropPending(p)
+		conn.Close()
+		return err
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.finish(p, conn, nil, attrs)
+	}()
+	return nil
+}
+
+// dialer returns the dial function for a decision.
+func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, string) (net.Conn, error) {
+	timeout := a.timeout
+	if t := time.Duration(timeoutMs) * time.Millisecond; t > 0 && t < timeout {
+		timeout = t
+	}
+	if d.rule.Action != selector.Stack {
+		// A far-side name whose rule says direct: the agent resolves it.
+		nd := &net.Dialer{Timeout: timeout, KeepAlive: -1}
+		return func(ctx context.Context, target string) (net.Conn, error) {
+			return nd.DialContext(ctx, "tcp", target)
+		}
+	}
+	vd := &vlink.Dialer{Stack: d.stack, Via: d.rule.Via, Key: a.router.cfg.Key, Timeout: timeout}
+	return func(ctx context.Context, target string) (net.Conn, error) {
+		return vd.DialContext(ctx, "tcp", target)
+	}
+}
+
+func (a *Agent) newPending(channel uint64, dest sockAddr) *pending {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.nextToken++
+	p := &pending{token: a.nextToken, channel: channel, dest: dest, prog: make(chan net.Conn, 1)}
+	a.pending[p.token] = p
+	return p
+}
+
+func (a *Agent) dropPending(p *pending) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.pending, p.token)
+	if p.local.IsValid() && a.byLocal[p.local] == p {
+		delete(a.byLocal, p.local)
+	}
+}
+
+// attach joins a token with the address its relay connection comes from.
+func (a *Agent) attach(channel uint64, m attachReq) {
+	local := netip.AddrPortFrom(m.local.Addr().Unmap(), m.local.Port())
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p, ok := a.pending[m.token]
+	if !ok || p.channel != channel || p.local.IsValid() {
+		return
+	}
+	p.local = local
+	a.peers[local] = p.dest
+	if o, ok := a.orphans[local]; ok {
+		o.timer.Stop()
+		delete(a.orphans, local)
+		p.prog <- o.c
+		return
+	}
+	a.byLocal[local] = p
+}
+
+// serveRelays accepts the programs' relay connections.
+func (a *Agent) serveRelays(l *net.TCPListener) {
+	defer a.wg.Done()
+	for {
+		c, err := l.AcceptTCP()
+		if err != nil {
+			if isTemporary(err) {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			return
+		}
+		from := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		a.mu.Lock()
+		if p, ok := a.byLocal[from]; ok {
+			delete(a.byLocal, from)
+			p.prog <- c
+		} else if len(a.orphans) < maxOrphans && !a.closed {
+			a.orphans[from] = orphan{c: c, timer: time.AfterFunc(attachTimeout, func() {
+				a.mu.Lock()
+				if a.orphans[from].c == c {
+					delete(a.orphans, from)
+					c.Close()
+				}
+				a.mu.Unlock()
+			})}
+		} else {
+			c.Close()
+		}
+		a.mu.Unlock()
+	}
+}
+
+// finish joins a dial's outcome with the program's relay connection and
+// relays until both ends are done.
+func (a *Agent) finish(p *pending, conn net.Conn, err error, attrs []any) {
+	defer func() {
+		a.mu.Lock()
+		if p.local.IsValid() && a.peers[p.local] == p.dest {
+			delete(a.peers, p.local)
+		}
+		a.mu.Unlock()
+	}()
+	var prog net.Conn
+	timer := time.NewTimer(attachTimeout)
+	select {
+	case prog = <-p.prog:
+	case <-timer.C:
+	case <-a.ctx.Done():
+	}
+	timer.Stop()
+	a.dropPending(p)
+	if err != nil {
+		a.log.Info("cannot connect", append(attrs, "err", err)...)
+		if prog != nil {
+			// The program's connect returned EINPROGRESS long ago: the
+			// failure reaches it as a reset on its first read or write.
+			if tc, ok := prog.(*net.TCPConn); ok {
+				tc.SetLinger(0)
+			}
+			prog.Close()
+		}
+		return
+	}
+	if prog == nil {
+		conn.Close()
+		a.log.Info("the program's relay connection never came", attrs...)
+		return
+	}
+	if !a.track(prog) {
+		conn.Close()
+		return
+	}
+	if !a.track(conn) {
+		a.untrack(prog)
+		prog.Close()
+		return
+	}
+	a.log.Debug("relaying", attrs...)
+	up, down, rerr := netconn.Relay(prog, conn)
+	a.untrack(prog)
+	a.untrack(conn)
+	if rerr != nil && !errors.Is(rerr, net.ErrClosed) {
+		// The program sees the failure itself; say it only at debug.
+		a.log.Debug("relay failed", append(attrs, "bytes_up", up, "bytes_down", down, "err", rerr)...)
+		return
+	}
+	a.log.Debug("relay done", append(attrs, "bytes_up", up, "bytes_down", down)...)
+}
+
+// socketFamily returns 4 or 6: the address family of the socket itself.
+func socketFamily(tc *net.TCPConn) uint8 {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var dom int
+	rc.Control(func(fd uintptr) {
+		dom, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_DOMAIN)
+	})
+	switch dom {
+	case syscall.AF_INET:
+		return 4
+	case syscall.AF_INET6:
+		return 6
+	}
+	return 0
+}
+
+// sendFD writes frame with tc's descriptor attached (SCM_RIGHTS).
+func sendFD(c *chanConn, frame []byte, tc *net.TCPConn) error {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	if err := rc.Control(func(fd uintptr) {
+		werr = c.writeWithFD(frame, int(fd))
+	}); err != nil {
+		return err
+	}
+	return werr
+}
+
+// A chanConn is a shim channel read and written with blocking system
+// calls. A shim waits for every reply; a goroutine parked in the
+// netpoller takes tens of microseconds more to wake than a thread blocked
+// in read(2), and a direct connect pays that on every first contact.
+type chanConn struct {
+	uc   *net.UnixConn // owns the original descriptor
+	fd   int           // a duplicate, in blocking mode
+	once sync.Once
+}
+
+func newChanConn(uc *net.UnixConn) (*chanConn, error) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(orig uintptr) {
+		if fd, derr = syscall.Dup(int(orig)); derr == nil {
+			syscall.CloseOnExec(fd)
+			derr = syscall.SetNonblock(fd, false)
+		}
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		if fd >= 0 {
+			syscall.Close(fd)
+		}
+		return nil, derr
+	}
+	return &chanConn{uc: uc, fd: fd}, nil
+}
+
+func (c *chanConn) Read(p []byte) (int, error) {
+	for {
+		n, err := syscall.Read(c.fd, p)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(p) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (c *chanConn) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := syscall.Write(c.fd, p[done:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		done += n
+	}
+	return done, nil
+}
+
+func (c *chanConn) writeWithFD(frame []byte, fd int) error {
+	for {
+		err := syscall.Sendmsg(c.fd, frame, syscall.UnixRights(fd), nil, 0)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
+}
+
+// Close ends the channel and wakes its reader; release, called by the
+// reader, frees the duplicate descriptor.
+func (c *chanConn) Close() error {
+	c.once.Do(func() {
+		syscall.Shutdown(c.fd, syscall.SHUT_RDWR)
+		c.uc.Close()
+	})
+	return nil
+}
+
+func (c *chanConn) release() {
+	c.Close()
+	syscall.Close(c.fd)
+}
+
+// errnoOf maps a dial error to the errno a program's connect returns.
+func errnoOf(err error) syscall.Errno {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		switch en {
+		case syscall.ECONNREFUSED, syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
+			syscall.ECONNRESET, syscall.EACCES, syscall.EPERM, syscall.EADDRNOTAVAIL, syscall.ENETDOWN,
+			syscall.EHOSTDOWN:
+			return en
+		}
+	}
+	var dnsErr *net.DNSError
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return syscall.ETIMEDOUT
+	case errors.Is(err, vlink.ErrDirectRefused):
+		return syscall.EPERM
+	case errors.Is(err, vlink.ErrAuth), errors.Is(err, vlink.ErrNotAllowed):
+		// The gateway's policy refused us: permission, not the network.
+		return syscall.EACCES
+	case errors.As(err, &dnsErr):
+		return syscall.EHOSTUNREACH
+	}
+	// A gateway's "target unreachable" refusal carries no errno; a refusal
+	// is what the program can act on best.
+	return syscall.ECONNREFUSED
+}

@@ -1,0 +1,662 @@
+package preload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+	_ "github.com/vlink-dev/vlink/vlink/layers"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builds.dir != "" {
+		os.RemoveAll(builds.dir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "preload: leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// builds holds the shim and the C test program, compiled once per run.
+var builds struct {
+	once           sync.Once
+	dir            string
+	shim, conntest string
+	err            error
+}
+
+// needBuilds compiles the shim (warnings are errors) and conntest, or
+// skips without a C compiler (fails in CI, where deps.sh installs gcc).
+func needBuilds(t testing.TB) (shim, conntest string) {
+	t.Helper()
+	cc, err := compiler()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip("needs a C compiler:", err)
+	}
+	builds.once.Do(func() {
+		if builds.dir, builds.err = os.MkdirTemp("", "vlink-preload-test-"); builds.err != nil {
+			return
+		}
+		// The shim as vlink exec builds it, and again with -Werror and
+		// more warnings, so a warning fails the tests.
+		if builds.shim, builds.err = BuildShim(builds.dir); builds.err != nil {
+			return
+		}
+		strict := append(append([]string{}, ShimFlags...), "-Werror", "-Wshadow", "-Wformat=2",
+			"-o", filepath.Join(builds.dir, "strict.so"), "-x", "c", "-")
+		cmd := exec.Command(cc, append(strict, ShimLibs...)...)
+		cmd.Stdin = strings.NewReader(string(ShimSource))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			builds.err = fmt.Errorf("the shim does not compile warning-free: %v\n%s", err, out)
+			return
+		}
+		builds.conntest = filepath.Join(builds.dir, "conntest")
+		out, err := exec.Command(cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-o", builds.conntest,
+			"testdata/conntest.c", "-pthread").CombinedOutput()
+		if err != nil {
+			builds.err = fmt.Errorf("compiling testdata/conntest.c: %v\n%s", err, out)
+		}
+	})
+	if builds.err != nil {
+		t.Fatal(builds.err)
+	}
+	return builds.shim, builds.conntest
+}
+
+// echoServer echoes each connection until the peer half-closes.
+func echoServer(t testing.TB, network, addr string) (string, func()) {
+	t.Helper()
+	l, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+	return l.Addr().String(), func() { l.Close(); wg.Wait() }
+}
+
+// gateway is a VLink listener standing in for vlink serve: it forwards to
+// the target a dialer names, after mapping the lab's made-up addresses to
+// loopback: 127.0.0.2 and 127.0.0.3 to 127.0.0.1, fd00::1 to ::1, and
+// NAME.far.test and NAME.fdfar.test to 127.0.0.1, except nosuch.*.
+func gateway(t testing.TB) (addr string, stop func()) {
+	t.Helper()
+	mapTarget := func(target string) (string, error) {
+		host, port, err := net.SplitHostPort(target)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case strings.HasPrefix(host, "nosuch."):
+			return "", fmt.Errorf("no such host %s", host)
+		case host == "127.0.0.2", host == "127.0.0.3", strings.HasSuffix(host, ".far.test"), strings.HasSuffix(host, ".fdfar.test"):
+			host = "127.0.0.1"
+		case host == "fd00::1":
+			host = "::1"
+		}
+		return net.JoinHostPort(host, port), nil
+	}
+	var mu sync.Mutex
+	var targets []string
+	lc := vlink.ListenConfig{
+		Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}},
+		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
+			mu.Lock()
+			targets = append(targets, h.Target)
+			mu.Unlock()
+			to, err := mapTarget(h.Target)
+			if err == nil {
+				var c net.Conn
+				if c, err = (&net.Dialer{}).DialContext(ctx, "tcp", to); err == nil {
+					return c, nil
+				}
+			}
+			return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
+		},
+	}
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.AcceptVLink()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				netconn.Relay(c, c.Admitted().(net.Conn))
+			}()
+		}
+	}()
+	return l.Addr().String(), func() { l.Close(); wg.Wait() }
+}
+
+// lab is an agent with rules covering every route, and its servers.
+type lab struct {
+	agent        *Agent
+	shim, prog   string
+	echo4, echo6 string // host:port of the echo servers
+	port4, port6 string
+	gw           string
+	logs         *logBuffer
+}
+
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newLab(t *testing.T) *lab {
+	t.Helper()
+	shim, prog := needBuilds(t)
+	lb := &lab{shim: shim, prog: prog, logs: &logBuffer{}}
+	var stop4, stop6, stopGW func()
+	lb.echo4, stop4 = echoServer(t, "tcp4", "127.0.0.1:0")
+	lb.echo6, stop6 = echoServer(t, "tcp6", "[::1]:0")
+	_, lb.port4, _ = net.SplitHostPort(lb.echo4)
+	_, lb.port6, _ = net.SplitHostPort(lb.echo6)
+	lb.gw, stopGW = gateway(t)
+	rules := []selector.Rule{
+		{Host: "127.0.0.2", Stack: "zstd", Via: lb.gw},   // relayed: the stack transforms the bytes
+		{Host: "127.0.0.3", Stack: "tcp", Via: lb.gw},    // a descriptor: plain TCP after the hello
+		{Host: "*.far.test", Stack: "zstd", Via: lb.gw},  // a name only the gateway resolves
+		{Host: "*.fdfar.test", Stack: "tcp", Via: lb.gw}, // the same, as a descriptor
+		{Host: "fd00::/8", Stack: "zstd", Via: lb.gw},
+		{Host: "127.0.0.4", Action: selector.Refuse},
+		{Host: "*.refused.test", Action: selector.Refuse},
+	}
+	cfg, err := vlink.NewConfig(rules, selector.Rule{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(lb.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if lb.agent, err = NewAgent(AgentConfig{Config: cfg, Logger: log, DialTimeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lb.agent.Close()
+		stopGW()
+		stop4()
+		stop6()
+		if t.Failed() {
+			t.Logf("agent log:\n%s", lb.logs.String())
+		}
+	})
+	return lb
+}
+
+// run runs conntest under the shim and returns its output.
+func (lb *lab) run(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, lb.prog, args...)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lb.shim, lb.agent.Env())
+	cmd.Env = append(cmd.Env, env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// mustRun runs conntest and fails the test on a FAIL line or exit status.
+func (lb *lab) mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := lb.run(t, nil, args...)
+	if err != nil || strings.Contains(out, "FAIL") {
+		t.Fatalf("conntest %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// routes are the ways a connect can go, each to the echo server.
+func (lb *lab) routes() []struct{ name, host, port string } {
+	return []struct{ name, host, port string }{
+		{"direct", "127.0.0.1", lb.port4},
+		{"direct-ipv6", "::1", lb.port6},
+		{"relay", "127.0.0.2", lb.port4},
+		{"relay-ipv6", "fd00::1", lb.port6},
+		{"fd", "127.0.0.3", lb.port4},
+		{"name-relay", "echo.far.test", lb.port4},
+		{"name-fd", "echo.fdfar.test", lb.port4},
+	}
+}
+
+func TestNonBlockingConnect(t *testing.T) {
+	lb := newLab(t)
+	for _, r := range lb.routes() {
+		t.Run(r.name, func(t *testing.T) {
+			out := lb.mustRun(t, "nonblock", r.host, r.port)
+			for _, want := range []string{"ok writable under epoll", "ok SO_ERROR 0", "ok connect after completion",
+				"ok getpeername is the address connected to", "ok flags kept", "ok echo"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("no %q in:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
+
+// Every route leaves its trace in the agent's log: a test that passed
+// because everything went direct would prove nothing. A direct connect to
+// a real address leaves none: the shim decides it from the IP table.
+func TestRoutesTaken(t *testing.T) {
+	lb := newLab(t)
+	lb.mustRun(t, "errno", "127.0.0.1", lb.port4)
+	lb.mustRun(t, "nonblock", "127.0.0.1", lb.port4)
+	if strings.Contains(lb.logs.String(), "to=127.0.0.1:"+lb.port4) {
+		t.Errorf("the agent was asked about a direct connect:\n%s", lb.logs.String())
+	}
+	for _, tc := range []struct {
+		host, port, log string
+	}{
+		{"127.0.0.2", lb.port4, `msg="relay done" .*to=127.0.0.2:` + lb.port4 + ` stack=zstd`},
+		{"127.0.0.3", lb.port4, `msg="passed a descriptor" .*to=127.0.0.3:` + lb.port4 + ` stack=tcp`},
+		{"echo.far.test", lb.port4, `msg="relay done" .*to=echo.far.test:` + lb.port4 + ` stack=zstd`},
+	} {
+		lb.mustRun(t, "errno", tc.host, tc.port) // blocking
+		lb.mustRun(t, "nonblock", tc.host, tc.port)
+		re := regexp.MustCompile(tc.log)
+		deadline := time.Now().Add(5 * time.Second)
+		for !re.MatchString(lb.logs.String()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no %q in the agent's log", tc.host, tc.log)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func TestBlockingErrno(t *testing.T) {
+	lb := newLab(t)
+	closed := strconv.Itoa(closedPort(t))
+	for _, tc := range []struct {
+		name, host, port, want string
+	}{
+		{"direct-connected", "127.0.0.1", lb.port4, "errno=connected"},
+		{"direct-refused", "127.0.0.1", closed, "errno=ECONNREFUSED"},
+		{"relay-connected", "127.0.0.2", lb.port4, "errno=connected"},
+		// The gateway's dial is refused: its refusal carries no errno.
+		{"relay-refused", "127.0.0.2", closed, "errno=ECONNREFUSED"},
+		{"fd-refused", "127.0.0.3", closed, "errno=ECONNREFUSED"},
+		{"name-unknown-far", "nosuch.far.test", lb.port4, "errno=ECONNREFUSED"},
+		{"rules-refuse", "127.0.0.4", lb.port4, "errno=EPERM"},
+		{"rules-refuse-name", "x.refused.test", lb.port4, "errno=EPERM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := lb.mustRun(t, "errno", tc.host, tc.port)
+			if !strings.Contains(out, tc.want+"\n") {
+				t.Errorf("want %s, got:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// A gateway that is down gives the real errno of the dial to it.
+func TestGatewayDown(t *testing.T) {
+	shim, prog := needBuilds(t)
+	closed := net.JoinHostPort("127.0.0.1", strconv.Itoa(closedPort(t)))
+	cfg, err := vlink.NewConfig(nil, selector.Rule{Stack: "zstd", Via: closed}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAgent(AgentConfig{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	cmd := exec.Command(prog, "errno", "192.0.2.1", "80")
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+shim, a.Env())
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "errno=ECONNREFUSED") {
+		t.Errorf("want ECONNREFUSED from the gateway's port, got:\n%s", out)
+	}
+}
+
+// A non-blocking connect through a stack returns at once; a failure of the
+// far side reaches the program as a reset once it is known.
+func TestNonBlockingFailure(t *testing.T) {
+	lb := newLab(t)
+	closed := strconv.Itoa(closedPort(t))
+	out := lb.mustRun(t, "nberrno", "127.0.0.1", closed)
+	if !strings.Contains(out, "so_error=ECONNREFUSED") {
+		t.Errorf("direct: want SO_ERROR ECONNREFUSED, got:\n%s", out)
+	}
+	out = lb.mustRun(t, "nberrno", "127.0.0.2", closed)
+	// The reset may come before or after the program looks at SO_ERROR.
+	if !strings.Contains(out, "so_error=0\nread=ECONNRESET") && !strings.Contains(out, "so_error=ECONNRESET") {
+		t.Errorf("relayed: want a reset, got:\n%s", out)
+	}
+	out = lb.mustRun(t, "nberrno", "127.0.0.4", lb.port4)
+	if !strings.Contains(out, "connect=EPERM") {
+		t.Errorf("refused by the rules: want EPERM at once, got:\n%s", out)
+	}
+}
+
+func TestThreads(t *testing.T) {
+	lb := newLab(t)
+	for _, r := range lb.routes() {
+		t.Run(r.name, func(t *testing.T) {
+			out := lb.mustRun(t, "threads", r.host, r.port, "64")
+			if !strings.Contains(out, "ok 64 threads") {
+				t.Errorf("got:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestFork(t *testing.T) {
+	lb := newLab(t)
+	for _, r := range lb.routes() {
+		t.Run(r.name, func(t *testing.T) {
+			out := lb.mustRun(t, "fork", r.host, r.port, lb.prog)
+			for _, want := range []string{"ok parent before fork", "ok child without exec", "ok child with exec",
+				"ok daemonized grandchild", "ok parent after fork"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("no %q in:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
+
+func TestCloseAll(t *testing.T) {
+	lb := newLab(t)
+	for _, r := range []string{"127.0.0.2", "127.0.0.3", "echo.far.test"} {
+		t.Run(r, func(t *testing.T) {
+			out := lb.mustRun(t, "closeall", r, lb.port4)
+			for _, want := range []string{"ok connect after closing everything", "ok no descriptor visible"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("no %q in:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
+
+func TestSocketOptions(t *testing.T) {
+	lb := newLab(t)
+	for _, r := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "echo.fdfar.test"} {
+		t.Run(r, func(t *testing.T) {
+			out := lb.mustRun(t, "sockopt", r, lb.port4)
+			if !strings.Contains(out, "ok options kept") || !strings.Contains(out, "ok echo") {
+				t.Errorf("got:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestNames(t *testing.T) {
+	lb := newLab(t)
+	out := lb.mustRun(t, "names", "echo.far.test")
+	for _, re := range []string{
+		`getaddrinfo=198\.1[89]\.\d+\.\d+\n`,
+		`getnameinfo=echo\.far\.test\n`,
+		`getaddrinfo6=fd76:6c69:6e6b::[0-9a-f:]+\n`,
+		`canonname=echo\.far\.test port=80\n`,
+		`gethostbyname=echo\.far\.test 198\.1[89]\.`,
+		`gethostbyname2=fd76:6c69:6e6b::`,
+		`gethostbyname_r=198\.1[89]\.`,
+		`gethostbyname_r\(small\)=ERANGE`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no %q in:\n%s", re, out)
+		}
+	}
+	// The same name gets the same address in every process.
+	again := lb.mustRun(t, "names", "echo.far.test")
+	first := regexp.MustCompile(`getaddrinfo=\S+`)
+	if first.FindString(out) != first.FindString(again) {
+		t.Errorf("the name's address changed between processes: %s, then %s", first.FindString(out), first.FindString(again))
+	}
+	// A name the rules send direct is the system resolver's.
+	out = lb.mustRun(t, "names", "localhost")
+	if !strings.Contains(out, "getaddrinfo=127.0.0.1") && !strings.Contains(out, "getaddrinfo=::1") {
+		t.Errorf("localhost: got:\n%s", out)
+	}
+}
+
+func TestUDP(t *testing.T) {
+	lb := newLab(t)
+	out := lb.mustRun(t, "udp", "echo.far.test", "53")
+	if !strings.Contains(out, "sendto=ENETUNREACH") || !strings.Contains(out, "connect=ENETUNREACH") {
+		t.Errorf("a datagram to a far-side name: got:\n%s", out)
+	}
+	out = lb.mustRun(t, "udp", "127.0.0.1", "9")
+	if !strings.Contains(out, "sendto=sent") || !strings.Contains(out, "connect=connected") {
+		t.Errorf("a datagram to a real address passes: got:\n%s", out)
+	}
+}
+
+func TestFamilyMismatch(t *testing.T) {
+	lb := newLab(t)
+	kernel, err := exec.Command(lb.prog, "afmismatch", "127.0.0.1", lb.port4).Output()
+	if err != nil || !strings.HasPrefix(string(kernel), "connect=E") {
+		t.Fatalf("without the shim: %s %v", kernel, err)
+	}
+	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
+		if out := lb.mustRun(t, "afmismatch", ip, lb.port4); out != string(kernel) {
+			t.Errorf("%s: got %s, the kernel says %s", ip, out, kernel)
+		}
+	}
+}
+
+func TestPeerAfterExec(t *testing.T) {
+	lb := newLab(t)
+	out := lb.mustRun(t, "execpeer", "echo.far.test", lb.port4, lb.prog)
+	m := regexp.MustCompile(`before=(\S+)\n`).FindStringSubmatch(out)
+	if m == nil || !strings.Contains(out, "after="+m[1]+"\n") || !strings.HasPrefix(m[1], "198.1") {
+		t.Errorf("getpeername after exec differs:\n%s", out)
+	}
+}
+
+// Without an agent, the shim refuses rather than connecting direct.
+func TestFailClosed(t *testing.T) {
+	lb := newLab(t)
+	for _, tc := range []struct {
+		name string
+		env  string
+	}{
+		{"agent-gone", "VLINK_AGENT=@vlink-agent-nobody-listens"},
+		{"agent-unset", "VLINK_AGENT="},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, _ := lb.run(t, []string{tc.env}, "errno", "127.0.0.1", lb.port4)
+			if !strings.Contains(out, "errno=ENETUNREACH") || !strings.Contains(out, "fail closed") {
+				t.Errorf("want ENETUNREACH and a note, got:\n%s", out)
+			}
+			out, _ = lb.run(t, []string{tc.env}, "names", "echo.far.test")
+			if !strings.Contains(out, "Temporary failure in name resolution") {
+				t.Errorf("names: want a temporary failure, got:\n%s", out)
+			}
+		})
+	}
+}
+
+// A shim channel from another user is refused.
+func TestOtherUserRefused(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	lb := newLab(t)
+	// Copies the user nobody can read and run.
+	dir, err := os.MkdirTemp("", "vlink-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	prog, shim := filepath.Join(dir, "conntest"), filepath.Join(dir, "shim.so")
+	for _, f := range [][2]string{{lb.prog, prog}, {lb.shim, shim}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(prog, "errno", "127.0.0.2", lb.port4)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+shim, lb.agent.Env())
+	cmd.SysProcAttr = nobody()
+	out, err := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "errno=ENETUNREACH") {
+		t.Errorf("another user's program: want ENETUNREACH, got %v:\n%s", err, out)
+	}
+}
+
+// closedPort returns a loopback port nothing listens on.
+func closedPort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return port
+}
+
+func TestAgentClose(t *testing.T) {
+	a, err := NewAgent(AgentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", a.Name())
+	if err == nil {
+		c.Close()
+		t.Fatal("the agent's socket still accepts after Close")
+	}
+	if !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "refused") {
+		t.Logf("dial after close: %v", err)
+	}
+}
+
+// A hostile or broken shim gets its channel closed; the agent goes on
+// serving the others.
+func TestAgentBadInput(t *testing.T) {
+	a, err := NewAgent(AgentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", a.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	closed := func(c net.Conn) bool {
+		// Unread bytes make the close a reset.
+		_, err := c.Read(make([]byte, 64))
+		return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+	}{
+		{"not a frame", []byte("GET / HTTP/1.1\r\n\r\n")},
+		{"oversized", []byte{1, 6, 0xff, 0xff}},
+		{"bad mode", appendFrame(nil, msgConnect, append(appendAddr(nil, netip.MustParseAddrPort("10.0.0.1:80")), 4, 7, 0, 0, 0, 0))},
+		{"reply type", appendFrame(nil, msgWelcome, make([]byte, welcomeSize))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial()
+			defer c.Close()
+			c.Write(tc.in)
+			if !closed(c) {
+				t.Error("the agent kept the channel open")
+			}
+		})
+	}
+	// A good channel still works, and an invalid name is no such name.
+	c := dial()
+	defer c.Close()
+	c.Write(appendRequest(nil, &request{typ: msgHello, pid: 1}))
+	var buf [headerSize + maxBody]byte
+	typ, body, err := readFrame(c, &buf)
+	if err != nil || typ != msgWelcome || len(body) != welcomeSize {
+		t.Fatalf("welcome: %v %v %d", typ, err, len(body))
+	}
+	if body[3]&welcomeIPTable != 0 {
+		if typ, _, err := readFrame(c, &buf); err != nil || typ != msgIPTable {
+			t.Fatalf("IP table: %v %v", typ, err)
+		}
+	}
+	c.Write(appendRequest(nil, &request{typ: msgResolve, resolve: resolveReq{name: "bad name!"}}))
+	if typ, body, err := readFrame(c, &buf); err != nil || typ != msgName || body[0] != nameNone {
+		t.Fatalf("resolve of an invalid name: %v %v %x", typ, err, body)
+	}
+	// A token attached from another channel is ignored: nothing to assert
+	// but that the agent survives it.
+	c.Write(appendRequest(nil, &request{typ: msgAttach, attach: attachReq{token: 1, local: netip.MustParseAddrPort("127.0.0.1:1")}}))
+	c.Write(appendRequest(nil, &request{typ: msgPeer, addr: netip.MustParseAddrPort("127.0.0.1:1")}))
+	if typ, body, err := readFrame(c, &buf); err != nil || typ != msgPeerAddr || body[0] != 0 {
+		t.Fatalf("peer of an unknown connection: %v %v %x", typ, err, body)
+	}
+}

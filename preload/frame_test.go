@@ -1,0 +1,135 @@
+package preload
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/netip"
+	"testing"
+)
+
+func sampleRequests() []request {
+	return []request{
+		{typ: msgHello, pid: 4242},
+		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("10.1.2.3:443"), family: 4, mode: modeAsync}},
+		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("[fd00::1]:22"), family: 6, mode: modeSync, timeoutMs: 1500}},
+		{typ: msgAttach, attach: attachReq{token: 1<<40 + 7, local: netip.MustParseAddrPort("127.0.0.1:40000")}},
+		{typ: msgResolve, resolve: resolveReq{port: 80, name: "far.example"}},
+		{typ: msgPeer, addr: netip.MustParseAddrPort("127.0.0.1:50000")},
+		{typ: msgAddrName, addr: netip.MustParseAddrPort("198.18.0.9:0")},
+	}
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	for _, want := range sampleRequests() {
+		t.Run(want.typ.String(), func(t *testing.T) {
+			wire := appendRequest(nil, &want)
+			var buf [headerSize + maxBody]byte
+			r := bytes.NewReader(append(wire, 0xee)) // a byte of the next frame
+			typ, body, err := readFrame(r, &buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Len() != 1 {
+				t.Errorf("readFrame read %d bytes past the frame", 1-r.Len())
+			}
+			got, err := parseRequest(typ, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Errorf("got %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestFrameErrors(t *testing.T) {
+	frame := func(v, typ byte, body []byte) []byte {
+		return append([]byte{v, typ, byte(len(body) >> 8), byte(len(body))}, body...)
+	}
+	addr4 := appendAddr(nil, netip.MustParseAddrPort("10.0.0.1:1"))
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"empty", nil, io.EOF},
+		{"short header", []byte{1, 3}, io.ErrUnexpectedEOF},
+		{"version", frame(2, 1, []byte{0, 0, 0, 1}), ErrBadFrame},
+		{"too long", []byte{1, 6, 0xff, 0xff}, ErrBadFrame},
+		{"short body", []byte{1, 6, 0, 10, 'a'}, io.ErrUnexpectedEOF},
+		{"unknown type", frame(1, 99, nil), ErrBadFrame},
+		{"reply type from shim", frame(1, byte(msgResult), make([]byte, resultSize)), ErrBadFrame},
+		{"hello size", frame(1, 1, []byte{1, 2, 3}), ErrBadFrame},
+		{"connect size", frame(1, 3, addr4), ErrBadFrame},
+		{"connect family", frame(1, 3, append(append([]byte{}, addr4...), 5, 1, 0, 0, 0, 0)), ErrBadFrame},
+		{"connect mode", frame(1, 3, append(append([]byte{}, addr4...), 4, 9, 0, 0, 0, 0)), ErrBadFrame},
+		{"address family", frame(1, 8, append([]byte{7}, addr4[1:]...)), ErrBadFrame},
+		{"IPv4 trailing bytes", frame(1, 8, func() []byte { b := append([]byte{}, addr4...); b[18] = 1; return b }()), ErrBadFrame},
+		{"mapped as IPv6", frame(1, 8, appendAddr(nil, netip.AddrPortFrom(netip.MustParseAddr("::ffff:1.2.3.4"), 1))), ErrBadFrame},
+		{"resolve empty name", frame(1, 6, []byte{0, 80}), ErrBadFrame},
+		{"resolve long name", frame(1, 6, append([]byte{0, 80}, bytes.Repeat([]byte("a"), 255)...)), ErrBadFrame},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf [headerSize + maxBody]byte
+			typ, body, err := readFrame(bytes.NewReader(tc.in), &buf)
+			if err == nil {
+				_, err = parseRequest(typ, body)
+			}
+			if !errors.Is(err, tc.want) {
+				t.Errorf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzRequest feeds the agent's decoder arbitrary bytes from a shim: it
+// must never panic nor read past one frame, and whatever it accepts must
+// encode back to the same bytes.
+func FuzzRequest(f *testing.F) {
+	for _, r := range sampleRequests() {
+		f.Add(appendRequest(nil, &r))
+	}
+	f.Add([]byte{1, 6, 0, 3, 0, 80, 'x'})
+	f.Add([]byte{1, 3, 0x02, 0x00})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var buf [headerSize + maxBody]byte
+		r := bytes.NewReader(data)
+		typ, body, err := readFrame(r, &buf)
+		if err != nil {
+			return
+		}
+		if used := len(data) - r.Len(); used != headerSize+len(body) {
+			t.Fatalf("read %d bytes for a frame of %d", used, headerSize+len(body))
+		}
+		req, err := parseRequest(typ, body)
+		if err != nil {
+			if !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("error %v does not match ErrBadFrame", err)
+			}
+			return
+		}
+		if got := appendRequest(nil, &req); !bytes.Equal(got, data[:headerSize+len(body)]) {
+			t.Fatalf("re-encoded %x, read %x", got, data[:headerSize+len(body)])
+		}
+	})
+}
+
+func TestWelcomeLayout(t *testing.T) {
+	w := welcome{flags: welcomeIPsDirect, relay4: 1, relay6: 2, timeoutMs: 3, fake4: FakeIPv4, fake6: FakeIPv6}
+	b := w.append(nil)
+	if len(b) != welcomeSize {
+		t.Fatalf("welcome is %d bytes, the shim reads %d", len(b), welcomeSize)
+	}
+	// The offsets the shim reads (ch_open in shim/vlink_preload.c).
+	if b[16] != 15 || b[33] != 96 || !bytes.Equal(b[12:16], []byte{198, 18, 0, 0}) || b[17] != 0xfd {
+		t.Errorf("welcome layout: %x", b)
+	}
+	if n := len((&result{}).append(nil)); n != resultSize {
+		t.Errorf("result is %d bytes, want %d", n, resultSize)
+	}
+	if n := len((&nameReply{}).append(nil)); n != nameSize {
+		t.Errorf("name reply is %d bytes, want %d", n, nameSize)
+	}
+}

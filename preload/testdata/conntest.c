@@ -1,0 +1,618 @@
+/*
+ * conntest: socket semantics a program relies on, checked the same way with
+ * and without the preload shim. Each test prints "ok ..." lines and exits 0,
+ * or prints "FAIL ..." and exits 1. The Go tests (agent_linux_test.go) run it
+ * under the shim against direct, relayed and descriptor-passed routes.
+ *
+ *   conntest nonblock HOST PORT        non-blocking connect, epoll, SO_ERROR,
+ *                                      second connect, getpeername, echo
+ *   conntest errno HOST PORT           blocking connect: prints errno=NAME
+ *   conntest nberrno HOST PORT         non-blocking: prints what SO_ERROR and
+ *                                      the first read say
+ *   conntest threads HOST PORT N       N threads connect at once and echo
+ *   conntest fork HOST PORT SELF       connect in parent, child, exec'd child
+ *   conntest closeall HOST PORT        close every descriptor, dup2 over all,
+ *                                      then connect again
+ *   conntest sockopt HOST PORT         options set before connect survive it
+ *   conntest names HOST                getaddrinfo, gethostbyname*, getnameinfo
+ *   conntest udp HOST PORT             a datagram to HOST
+ *   conntest afmismatch IP PORT        an IPv4 address on an IPv6 socket
+ *   conntest execpeer HOST PORT SELF   getpeername after exec
+ *   conntest peerof FD                 (helper of execpeer)
+ *   conntest echo HOST PORT            (helper of fork)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failed;
+
+#define FAIL(...)                                   \
+	do {                                        \
+		printf("FAIL %s:%d: ", __func__, __LINE__); \
+		printf(__VA_ARGS__);                \
+		printf("\n");                       \
+		fflush(stdout);                     \
+		failed = 1;                         \
+	} while (0)
+
+static const char *ename(int e)
+{
+	switch (e) {
+	case 0: return "0";
+	case EINPROGRESS: return "EINPROGRESS";
+	case EALREADY: return "EALREADY";
+	case EISCONN: return "EISCONN";
+	case ECONNREFUSED: return "ECONNREFUSED";
+	case ECONNRESET: return "ECONNRESET";
+	case ETIMEDOUT: return "ETIMEDOUT";
+	case EHOSTUNREACH: return "EHOSTUNREACH";
+	case ENETUNREACH: return "ENETUNREACH";
+	case EPERM: return "EPERM";
+	case EACCES: return "EACCES";
+	case EPIPE: return "EPIPE";
+	case EBADF: return "EBADF";
+	case EINTR: return "EINTR";
+	case EAFNOSUPPORT: return "EAFNOSUPPORT";
+	case EINVAL: return "EINVAL";
+	}
+	static char buf[32];
+	snprintf(buf, sizeof buf, "errno%d", e);
+	return buf;
+}
+
+static struct addrinfo *resolve(const char *host, const char *port, int family)
+{
+	struct addrinfo hints, *res = NULL;
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = family;
+	hints.ai_socktype = SOCK_STREAM;
+	int r = getaddrinfo(host, port, &hints, &res);
+	if (r != 0) {
+		FAIL("getaddrinfo(%s, %s): %s", host, port, gai_strerror(r));
+		return NULL;
+	}
+	return res;
+}
+
+static int same_addr(const struct sockaddr *a, socklen_t al, const struct sockaddr *b, socklen_t bl)
+{
+	return al == bl && memcmp(a, b, al) == 0;
+}
+
+/* echo writes msg, half-closes, and reads everything back. */
+static int echo(int fd, const char *msg)
+{
+	size_t n = strlen(msg);
+	if (write(fd, msg, n) != (ssize_t)n) {
+		FAIL("write: %s", strerror(errno));
+		return -1;
+	}
+	shutdown(fd, SHUT_WR);
+	char buf[4096];
+	size_t got = 0;
+	for (;;) {
+		ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+		if (r < 0 && errno == EAGAIN) {
+			struct pollfd p = { fd, POLLIN, 0 };
+			poll(&p, 1, 10000);
+			continue;
+		}
+		if (r < 0) {
+			FAIL("read: %s", ename(errno));
+			return -1;
+		}
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	buf[got] = 0;
+	if (got != n || memcmp(buf, msg, n) != 0) {
+		FAIL("echo: sent %zu bytes %.40s, got %zu bytes %.40s", n, msg, got, buf);
+		return -1;
+	}
+	return 0;
+}
+
+static int connect_blocking(const char *host, const char *port, int family)
+{
+	struct addrinfo *ai = resolve(host, port, family);
+	if (!ai)
+		return -1;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		FAIL("connect %s:%s: %s", host, port, ename(errno));
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(ai);
+	return fd;
+}
+
+static int t_nonblock(const char *host, const char *port)
+{
+	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
+	if (!ai)
+		return 1;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	errno = 12345;
+	int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	int e = errno;
+	if (r == 0 && e != 12345)
+		FAIL("connect succeeded but changed errno to %d", e);
+	if (r < 0 && e != EINPROGRESS)
+		FAIL("first connect: %s, want EINPROGRESS", ename(e));
+	printf("ok first connect: %s\n", r == 0 ? "0" : ename(e));
+	if (r < 0) {
+		int r2 = connect(fd, ai->ai_addr, ai->ai_addrlen);
+		int e2 = errno;
+		/* Still in progress: EALREADY; done meanwhile: 0 (then EISCONN). */
+		if (!(r2 < 0 && e2 == EALREADY) && r2 != 0)
+			FAIL("second connect while in progress: %s", ename(e2));
+		else
+			printf("ok second connect: %s\n", r2 == 0 ? "0" : ename(e2));
+	}
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = { .events = EPOLLOUT, .data.fd = fd };
+	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+	struct epoll_event got;
+	int n = epoll_wait(ep, &got, 1, 10000);
+	if (n != 1 || !(got.events & EPOLLOUT) || (got.events & (EPOLLERR | EPOLLHUP)))
+		FAIL("epoll_wait: %d events 0x%x, want EPOLLOUT", n, n == 1 ? got.events : 0);
+	else
+		printf("ok writable under epoll\n");
+	close(ep);
+	int soerr = -1;
+	socklen_t sl = sizeof soerr;
+	getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+	if (soerr != 0)
+		FAIL("SO_ERROR %s", ename(soerr));
+	else
+		printf("ok SO_ERROR 0\n");
+	int r3 = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	int e3 = errno;
+	int r4 = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	int e4 = errno;
+	if (!((r3 == 0 || (r3 < 0 && e3 == EISCONN)) && r4 < 0 && e4 == EISCONN))
+		FAIL("connects after completion: %s then %s, want 0 or EISCONN then EISCONN", r3 == 0 ? "0" : ename(e3),
+		     r4 == 0 ? "0" : ename(e4));
+	else
+		printf("ok connect after completion: EISCONN\n");
+	struct sockaddr_storage peer;
+	socklen_t pl = sizeof peer;
+	if (getpeername(fd, (struct sockaddr *)&peer, &pl) < 0)
+		FAIL("getpeername: %s", ename(errno));
+	else if (!same_addr((struct sockaddr *)&peer, pl, ai->ai_addr, ai->ai_addrlen))
+		FAIL("getpeername is not the address connected to");
+	else
+		printf("ok getpeername is the address connected to\n");
+	/* A short buffer gets the truncated address and the full length. */
+	struct sockaddr_in6 small;
+	socklen_t sml = 4;
+	if (getpeername(fd, (struct sockaddr *)&small, &sml) < 0 || sml != ai->ai_addrlen)
+		FAIL("getpeername with a short buffer: length %u, want %u", sml, ai->ai_addrlen);
+	int fl = fcntl(fd, F_GETFL);
+	int fdfl = fcntl(fd, F_GETFD);
+	if (!(fl & O_NONBLOCK) || !(fdfl & FD_CLOEXEC))
+		FAIL("flags lost: O_NONBLOCK %d FD_CLOEXEC %d", !!(fl & O_NONBLOCK), !!(fdfl & FD_CLOEXEC));
+	else
+		printf("ok flags kept\n");
+	if (echo(fd, "hello through the event loop") == 0)
+		printf("ok echo\n");
+	close(fd);
+	freeaddrinfo(ai);
+	return failed;
+}
+
+static int t_errno(const char *host, const char *port)
+{
+	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
+	if (!ai)
+		return 1;
+	int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+	int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	printf("errno=%s\n", r == 0 ? "connected" : ename(errno));
+	if (r == 0) {
+		/* The echo server closes after our end: EOF, or a reset for a
+		 * connection the far side could not complete. */
+		shutdown(fd, SHUT_WR);
+		char c;
+		ssize_t n = read(fd, &c, 1);
+		printf("read=%s\n", n == 0 ? "eof" : n > 0 ? "data" : ename(errno));
+	}
+	close(fd);
+	freeaddrinfo(ai);
+	return 0;
+}
+
+static int t_nberrno(const char *host, const char *port)
+{
+	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
+	if (!ai)
+		return 1;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	if (r < 0 && errno != EINPROGRESS) {
+		printf("connect=%s\n", ename(errno));
+		return 0;
+	}
+	struct pollfd p = { fd, POLLOUT, 0 };
+	poll(&p, 1, 10000);
+	int soerr = 0;
+	socklen_t sl = sizeof soerr;
+	getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+	printf("so_error=%s\n", ename(soerr));
+	if (soerr == 0) {
+		struct pollfd q = { fd, POLLIN, 0 };
+		poll(&q, 1, 10000);
+		char c;
+		ssize_t n = read(fd, &c, 1);
+		printf("read=%s\n", n == 0 ? "eof" : n > 0 ? "data" : ename(errno));
+	}
+	close(fd);
+	freeaddrinfo(ai);
+	return 0;
+}
+
+struct targ {
+	const char *host, *port;
+	int id, ok;
+};
+
+static void *thread_main(void *p)
+{
+	struct targ *a = p;
+	int fd = connect_blocking(a->host, a->port, AF_UNSPEC);
+	if (fd < 0)
+		return NULL;
+	char msg[64];
+	snprintf(msg, sizeof msg, "thread %d says hello", a->id);
+	a->ok = echo(fd, msg) == 0;
+	close(fd);
+	return NULL;
+}
+
+static int t_threads(const char *host, const char *port, int n)
+{
+	pthread_t th[256];
+	struct targ args[256];
+	if (n > 256)
+		n = 256;
+	for (int i = 0; i < n; i++) {
+		args[i] = (struct targ){ host, port, i, 0 };
+		pthread_create(&th[i], NULL, thread_main, &args[i]);
+	}
+	int good = 0;
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		good += args[i].ok;
+	}
+	if (good != n)
+		FAIL("%d of %d threads echoed", good, n);
+	else
+		printf("ok %d threads\n", n);
+	return failed;
+}
+
+static int connect_echo(const char *host, const char *port, const char *msg)
+{
+	int fd = connect_blocking(host, port, AF_UNSPEC);
+	if (fd < 0)
+		return -1;
+	int r = echo(fd, msg);
+	close(fd);
+	return r;
+}
+
+static int t_fork(const char *host, const char *port, const char *self)
+{
+	if (connect_echo(host, port, "parent before fork") == 0)
+		printf("ok parent before fork\n");
+	/* A connection open across the fork, used by both afterwards. */
+	pid_t pid = fork();
+	if (pid == 0) {
+		int r = connect_echo(host, port, "child without exec");
+		_exit(r == 0 && !failed ? 0 : 1);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		FAIL("child without exec: status 0x%x", st);
+	else
+		printf("ok child without exec\n");
+	pid = fork();
+	if (pid == 0) {
+		execl(self, self, "echo", host, port, (char *)NULL);
+		_exit(127);
+	}
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		FAIL("child with exec: status 0x%x", st);
+	else
+		printf("ok child with exec\n");
+	/* A grandchild of a parent that exits at once: a daemon. */
+	int pfd[2];
+	if (pipe(pfd) < 0)
+		return 1;
+	pid = fork();
+	if (pid == 0) {
+		if (fork() == 0) {
+			close(pfd[0]);
+			struct timespec ts = { 0, 200000000 };
+			nanosleep(&ts, NULL); /* outlive the middle process */
+			char r = connect_echo(host, port, "daemon") == 0 ? 'y' : 'n';
+			ssize_t w = write(pfd[1], &r, 1);
+			(void)w;
+			_exit(0);
+		}
+		_exit(0);
+	}
+	close(pfd[1]);
+	waitpid(pid, &st, 0);
+	char r = 0;
+	if (read(pfd[0], &r, 1) != 1 || r != 'y')
+		FAIL("daemonized grandchild could not connect");
+	else
+		printf("ok daemonized grandchild\n");
+	if (connect_echo(host, port, "parent after fork") == 0)
+		printf("ok parent after fork\n");
+	return failed;
+}
+
+static int t_closeall(const char *host, const char *port)
+{
+	/* A first connect opens the shim's channel to the agent. */
+	if (connect_echo(host, port, "before closing everything") != 0)
+		return 1;
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	int max = rl.rlim_cur > 4096 ? 4096 : (int)rl.rlim_cur;
+	/* What daemons do at start-up, every way at once. */
+	if (close_range(3, ~0U, 0) < 0)
+		FAIL("close_range: %s", strerror(errno));
+	closefrom(3);
+	for (int fd = 3; fd < max; fd++)
+		close(fd);
+	int null = open("/dev/null", O_RDONLY);
+	for (int fd = 3; fd < max; fd++)
+		if (fd != null)
+			dup2(null, fd);
+	for (int fd = 3; fd < max; fd++)
+		close(fd);
+	printf("ok closed and overwrote every descriptor up to %d\n", max);
+	if (connect_echo(host, port, "after closing everything") == 0)
+		printf("ok connect after closing everything\n");
+	/* Nothing the program did not open itself is left. */
+	int open_fds = 0;
+	for (int fd = 3; fd < max; fd++)
+		if (fcntl(fd, F_GETFD) >= 0)
+			open_fds++;
+	if (open_fds != 0)
+		FAIL("%d descriptors visible to the program after closing all", open_fds);
+	else
+		printf("ok no descriptor visible\n");
+	return failed;
+}
+
+static int t_sockopt(const char *host, const char *port)
+{
+	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
+	if (!ai)
+		return 1;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int one = 1, rcvbuf = 96 * 1024;
+	struct linger lg = { 1, 7 };
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	int idle = 77;
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		FAIL("connect: %s", ename(errno));
+		return 1;
+	}
+	int v = 0;
+	socklen_t l = sizeof v;
+	getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, &l);
+	if (!v)
+		FAIL("SO_KEEPALIVE lost");
+	l = sizeof v;
+	getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	if (!v)
+		FAIL("TCP_NODELAY lost");
+	l = sizeof v;
+	getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, &l);
+	if (v != 2 * rcvbuf)
+		FAIL("SO_RCVBUF %d, want %d", v, 2 * rcvbuf);
+	struct linger g;
+	l = sizeof g;
+	getsockopt(fd, SOL_SOCKET, SO_LINGER, &g, &l);
+	if (!g.l_onoff || g.l_linger != 7)
+		FAIL("SO_LINGER %d/%d, want 1/7", g.l_onoff, g.l_linger);
+	l = sizeof v;
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, &l);
+	if (v != 77)
+		FAIL("TCP_KEEPIDLE %d, want 77", v);
+	if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+		FAIL("FD_CLOEXEC lost");
+	if (fcntl(fd, F_GETFL) & O_NONBLOCK)
+		FAIL("O_NONBLOCK appeared");
+	if (!failed)
+		printf("ok options kept\n");
+	if (echo(fd, "options") == 0)
+		printf("ok echo\n");
+	close(fd);
+	freeaddrinfo(ai);
+	return failed;
+}
+
+static int t_names(const char *host)
+{
+	struct addrinfo *ai = resolve(host, "80", AF_UNSPEC);
+	if (!ai)
+		return 1;
+	char ip[INET6_ADDRSTRLEN], name[NI_MAXHOST];
+	if (ai->ai_family == AF_INET)
+		inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, ip, sizeof ip);
+	else
+		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, ip, sizeof ip);
+	printf("getaddrinfo=%s\n", ip);
+	int r = getnameinfo(ai->ai_addr, ai->ai_addrlen, name, sizeof name, NULL, 0, NI_NAMEREQD);
+	printf("getnameinfo=%s\n", r == 0 ? name : gai_strerror(r));
+	freeaddrinfo(ai);
+	struct addrinfo h6 = { .ai_family = AF_INET6, .ai_socktype = SOCK_STREAM }, *a6;
+	if (getaddrinfo(host, "80", &h6, &a6) == 0) {
+		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)a6->ai_addr)->sin6_addr, ip, sizeof ip);
+		printf("getaddrinfo6=%s\n", ip);
+		freeaddrinfo(a6);
+	}
+	struct addrinfo hints = { .ai_flags = AI_CANONNAME, .ai_socktype = SOCK_STREAM }, *c;
+	if (getaddrinfo(host, "http", &hints, &c) == 0) {
+		printf("canonname=%s port=%d\n", c->ai_canonname ? c->ai_canonname : "(null)",
+		       ntohs(((struct sockaddr_in *)c->ai_addr)->sin_port));
+		freeaddrinfo(c);
+	}
+	struct hostent *h = gethostbyname(host);
+	if (h) {
+		inet_ntop(h->h_addrtype, h->h_addr_list[0], ip, sizeof ip);
+		printf("gethostbyname=%s %s\n", h->h_name, ip);
+	} else {
+		printf("gethostbyname=h_errno%d\n", h_errno);
+	}
+	h = gethostbyname2(host, AF_INET6);
+	if (h) {
+		inet_ntop(h->h_addrtype, h->h_addr_list[0], ip, sizeof ip);
+		printf("gethostbyname2=%s\n", ip);
+	}
+	struct hostent he, *res = NULL;
+	char buf[1024];
+	int herr = 0;
+	r = gethostbyname_r(host, &he, buf, sizeof buf, &res, &herr);
+	if (r == 0 && res) {
+		inet_ntop(res->h_addrtype, res->h_addr_list[0], ip, sizeof ip);
+		printf("gethostbyname_r=%s\n", ip);
+	} else {
+		printf("gethostbyname_r=error%d h_errno%d\n", r, herr);
+	}
+	char tiny[8];
+	r = gethostbyname_r(host, &he, tiny, sizeof tiny, &res, &herr);
+	printf("gethostbyname_r(small)=%s\n", r == ERANGE ? "ERANGE" : r == 0 && res ? "ok" : "other");
+	return 0;
+}
+
+static int t_udp(const char *host, const char *port)
+{
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM }, *ai;
+	int r = getaddrinfo(host, port, &hints, &ai);
+	if (r != 0) {
+		printf("getaddrinfo=%s\n", gai_strerror(r));
+		return 0;
+	}
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	ssize_t n = sendto(fd, "x", 1, 0, ai->ai_addr, ai->ai_addrlen);
+	printf("sendto=%s\n", n == 1 ? "sent" : ename(errno));
+	r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	printf("connect=%s\n", r == 0 ? "connected" : ename(errno));
+	close(fd);
+	freeaddrinfo(ai);
+	return 0;
+}
+
+/* An IPv4 address on an IPv6 socket: the kernel's EAFNOSUPPORT, routed or not. */
+static int t_afmismatch(const char *ip, const char *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port)) };
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	int fd = socket(AF_INET6, SOCK_STREAM, 0);
+	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
+	printf("connect=%s\n", r == 0 ? "connected" : ename(errno));
+	close(fd);
+	return 0;
+}
+
+static int t_execpeer(const char *host, const char *port, const char *self)
+{
+	int fd = connect_blocking(host, port, AF_INET);
+	if (fd < 0)
+		return 1;
+	fcntl(fd, F_SETFD, 0); /* inherited across exec */
+	char fds[16];
+	snprintf(fds, sizeof fds, "%d", fd);
+	struct sockaddr_in peer;
+	socklen_t pl = sizeof peer;
+	getpeername(fd, (struct sockaddr *)&peer, &pl);
+	char ip[INET_ADDRSTRLEN];
+	inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof ip);
+	printf("before=%s:%d\n", ip, ntohs(peer.sin_port));
+	fflush(stdout);
+	execl(self, self, "peerof", fds, (char *)NULL);
+	FAIL("exec: %s", strerror(errno));
+	return 1;
+}
+
+static int t_peerof(int fd)
+{
+	struct sockaddr_in peer;
+	socklen_t pl = sizeof peer;
+	if (getpeername(fd, (struct sockaddr *)&peer, &pl) < 0) {
+		FAIL("getpeername: %s", ename(errno));
+		return 1;
+	}
+	char ip[INET_ADDRSTRLEN];
+	inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof ip);
+	printf("after=%s:%d\n", ip, ntohs(peer.sin_port));
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc < 2)
+		return 2;
+	const char *t = argv[1];
+	if (!strcmp(t, "nonblock") && argc == 4)
+		return t_nonblock(argv[2], argv[3]);
+	if (!strcmp(t, "errno") && argc == 4)
+		return t_errno(argv[2], argv[3]);
+	if (!strcmp(t, "nberrno") && argc == 4)
+		return t_nberrno(argv[2], argv[3]);
+	if (!strcmp(t, "threads") && argc == 5)
+		return t_threads(argv[2], argv[3], atoi(argv[4]));
+	if (!strcmp(t, "fork") && argc == 5)
+		return t_fork(argv[2], argv[3], argv[4]);
+	if (!strcmp(t, "echo") && argc == 4)
+		return connect_echo(argv[2], argv[3], "child with exec") == 0 && !failed ? 0 : 1;
+	if (!strcmp(t, "closeall") && argc == 4)
+		return t_closeall(argv[2], argv[3]);
+	if (!strcmp(t, "sockopt") && argc == 4)
+		return t_sockopt(argv[2], argv[3]);
+	if (!strcmp(t, "names") && argc == 3)
+		return t_names(argv[2]);
+	if (!strcmp(t, "udp") && argc == 4)
+		return t_udp(argv[2], argv[3]);
+	if (!strcmp(t, "afmismatch") && argc == 4)
+		return t_afmismatch(argv[2], argv[3]);
+	if (!strcmp(t, "execpeer") && argc == 5)
+		return t_execpeer(argv[2], argv[3], argv[4]);
+	if (!strcmp(t, "peerof") && argc == 3)
+		return t_peerof(atoi(argv[2]));
+	fprintf(stderr, "conntest: bad arguments\n");
+	return 2;
+}

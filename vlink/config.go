@@ -1,0 +1,277 @@
+package vlink
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/vlink-dev/vlink/selector"
+)
+
+// Environment variables read by [ConfigFromEnv].
+const (
+	// EnvConfig names the config file. Unset: $XDG_CONFIG_HOME/vlink/config.toml
+	// (os.UserConfigDir), if it exists.
+	EnvConfig = "VLINK_CONFIG"
+	// EnvStack replaces the config's default route with this stack (text
+	// form); the config's routes still come first.
+	EnvStack = "VLINK_STACK"
+	// EnvVia sets the gateway for EnvStack.
+	EnvVia = "VLINK_VIA"
+	// EnvKeyFile names a file holding the pre-shared key.
+	EnvKeyFile = "VLINK_KEY_FILE"
+)
+
+// A Config routes destinations to stacks: the first matching route wins,
+// and the default route applies when none matches. The zero Config sends
+// everything direct, as net.Dial would.
+type Config struct {
+	// Source says where the config came from, for diagnostics.
+	Source string
+	// Key is the pre-shared key proven to listeners that require one.
+	Key []byte
+
+	sel    *selector.Selector
+	stacks map[string]Stack // parsed stacks by text form
+}
+
+// configFile is the TOML form of a config file:
+//
+//	key_file = "vlink.key"          # relative to the file's folder
+//
+//	[default]                       # when no route matches; absent: direct
+//	stack = "zstd"
+//	via = "gateway.example:7000"
+//
+//	[[route]]
+//	host = "*.corp.example"         # glob, IP or CIDR
+//	ports = "443,8000-8100"
+//	stack = "zstd:level=3"          # or layers = [{layer = "zstd", params = {level = 3}}]
+//	via = "gateway.example:7000"
+//
+//	[[route]]
+//	host = "10.0.0.0/8"
+//	action = "refuse"
+type configFile struct {
+	KeyFile string      `toml:"key_file"`
+	Default *fileRoute  `toml:"default"`
+	Routes  []fileRoute `toml:"route"`
+}
+
+type fileRoute struct {
+	Host   string          `toml:"host"`
+	Ports  string          `toml:"ports"`
+	Action selector.Action `toml:"action"`
+	Stack  string          `toml:"stack"`
+	Layers []LayerConfig   `toml:"layers"`
+	Via    string          `toml:"via"`
+}
+
+// NewConfig builds a Config from rules, checking every stack they name.
+func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, error) {
+	if key != nil && len(key) < MinKeySize {
+		return nil, fmt.Errorf("vlink: config: key is %d bytes, want at least %d", len(key), MinKeySize)
+	}
+	c := &Config{Key: key, stacks: map[string]Stack{}}
+	all := append(append([]selector.Rule(nil), routes...), def)
+	for i, r := range all {
+		if r.Stack == "" && r.Via == "" {
+			continue
+		}
+		s, err := Parse(r.Stack)
+		if err != nil {
+			if i == len(all)-1 {
+				return nil, fmt.Errorf("vlink: config: default route: %w", err)
+			}
+			return nil, fmt.Errorf("vlink: config: route %d: %w", i+1, err)
+		}
+		c.stacks[r.Stack] = s
+	}
+	sel, err := selector.New(routes, def)
+	if err != nil {
+		return nil, fmt.Errorf("vlink: config: %w", err)
+	}
+	c.sel = sel
+	return c, nil
+}
+
+// LoadConfig reads a TOML config file (see the package README for the
+// format). Unknown keys are errors, so a typo does not silently route
+// traffic the wrong way.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("vlink: config: %w", err)
+	}
+	var f configFile
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		var sm *toml.StrictMissingError
+		if errors.As(err, &sm) {
+			return nil, fmt.Errorf("vlink: config %s: unknown keys:\n%s", path, sm.String())
+		}
+		return nil, fmt.Errorf("vlink: config %s: %w", path, err)
+	}
+	conv := func(fr *fileRoute, what string) (selector.Rule, error) {
+		r := selector.Rule{Host: fr.Host, Ports: fr.Ports, Action: fr.Action, Stack: fr.Stack, Via: fr.Via}
+		if fr.Layers != nil {
+			if fr.Stack != "" {
+				return r, fmt.Errorf("vlink: config %s: %s: give stack or layers, not both", path, what)
+			}
+			s, err := FromConfig(fr.Layers)
+			if err != nil {
+				return r, fmt.Errorf("vlink: config %s: %s: %w", path, what, err)
+			}
+			r.Stack = s.String()
+		}
+		return r, nil
+	}
+	var routes []selector.Rule
+	for i := range f.Routes {
+		r, err := conv(&f.Routes[i], fmt.Sprintf("route %d", i+1))
+		if err != nil {
+			return nil, err
+		}
+		routes = append(routes, r)
+	}
+	var def selector.Rule
+	if f.Default != nil {
+		if def, err = conv(f.Default, "default"); err != nil {
+			return nil, err
+		}
+	}
+	var key []byte
+	if f.KeyFile != "" {
+		kf := f.KeyFile
+		if !filepath.IsAbs(kf) {
+			kf = filepath.Join(filepath.Dir(path), kf)
+		}
+		if key, err = ReadKeyFile(kf); err != nil {
+			return nil, fmt.Errorf("vlink: config %s: %w", path, err)
+		}
+	}
+	c, err := NewConfig(routes, def, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	c.Source = path
+	return c, nil
+}
+
+// ReadKeyFile reads a pre-shared key. Surrounding white space is not part
+// of the key. The file must not be readable by others.
+func ReadKeyFile(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("key file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("key file %s is readable by others (mode %v); run chmod 600 %s", path, fi.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("key file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < MinKeySize {
+		return nil, fmt.Errorf("key file %s holds %d bytes, want at least %d", path, len(b), MinKeySize)
+	}
+	return b, nil
+}
+
+// ConfigFromEnv loads the user's configuration: the file named by
+// VLINK_CONFIG (or the default path if that file exists), then
+// VLINK_STACK, VLINK_VIA and VLINK_KEY_FILE on top. With none of them it
+// returns the zero Config: everything direct.
+func ConfigFromEnv() (*Config, error) {
+	path, explicit := os.LookupEnv(EnvConfig)
+	if !explicit {
+		if dir, err := os.UserConfigDir(); err == nil {
+			path = filepath.Join(dir, "vlink", "config.toml")
+		}
+	}
+	c := &Config{}
+	if path != "" {
+		lc, err := LoadConfig(path)
+		switch {
+		case err == nil:
+			c = lc
+		case explicit || !errors.Is(err, fs.ErrNotExist):
+			return nil, err
+		}
+	}
+	if kf := os.Getenv(EnvKeyFile); kf != "" {
+		key, err := ReadKeyFile(kf)
+		if err != nil {
+			return nil, fmt.Errorf("vlink: %s: %w", EnvKeyFile, err)
+		}
+		c.Key = key
+	}
+	if st := os.Getenv(EnvStack); st != "" {
+		var rules []selector.Rule
+		if c.sel != nil {
+			rules = c.sel.Rules()
+		}
+		nc, err := NewConfig(rules, selector.Rule{Stack: st, Via: os.Getenv(EnvVia)}, c.Key)
+		if err != nil {
+			return nil, fmt.Errorf("vlink: %s=%s: %w", EnvStack, st, err)
+		}
+		nc.Source = strings.TrimPrefix(c.Source+" + "+EnvStack, " + ")
+		c = nc
+	} else if os.Getenv(EnvVia) != "" {
+		return nil, fmt.Errorf("vlink: %s is set without %s", EnvVia, EnvStack)
+	}
+	return c, nil
+}
+
+var defaultConfig struct {
+	once sync.Once
+	c    *Config
+	err  error
+}
+
+// DefaultConfig returns ConfigFromEnv's result, read once per process.
+func DefaultConfig() (*Config, error) {
+	defaultConfig.once.Do(func() { defaultConfig.c, defaultConfig.err = ConfigFromEnv() })
+	return defaultConfig.c, defaultConfig.err
+}
+
+// route picks the route for address.
+func (c *Config) route(address string) (*route, error) {
+	if c.sel == nil {
+		return &route{}, nil // the zero Config: direct
+	}
+	r, err := c.sel.Match(address)
+	if err != nil {
+		return nil, err
+	}
+	switch r.Action {
+	case selector.Refuse:
+		return nil, fmt.Errorf("%w (%s)", ErrDirectRefused, c.Source)
+	case selector.Stack:
+		return &route{stack: c.stacks[r.Stack], via: r.Via, key: c.Key}, nil
+	}
+	return &route{}, nil
+}
+
+// Selector returns the config's routing rules, compiled, for callers
+// that must know a destination's route before dialing it (the preload
+// agent lets a program connect by itself when the route is direct). The
+// zero Config has none: nil, whose Match answers direct for everything.
+func (c *Config) Selector() *selector.Selector { return c.sel }
+
+// String describes the config's routes, one per line.
+func (c *Config) String() string {
+	if c.sel == nil {
+		return "default: direct"
+	}
+	return c.sel.String()
+}

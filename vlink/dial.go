@@ -1,0 +1,296 @@
+package vlink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// DefaultHandshakeTimeout bounds a handshake when neither the context nor
+// the Dialer or ListenConfig sets a limit.
+const DefaultHandshakeTimeout = 10 * time.Second
+
+// aLongTimeAgo is a deadline in the past, used to interrupt blocked I/O.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// A Dialer connects through a VLink stack. Its zero value follows the
+// user's configuration (see [LoadConfig]), which with no configuration at
+// all means plain TCP, so a zero Dialer is a drop-in net.Dialer.
+// DialContext has the signature http.Transport.DialContext expects.
+type Dialer struct {
+	// Stack is the stack to dial with. Zero means: chosen per destination
+	// by Config.
+	Stack Stack
+	// Via is the host:port of a VLink listener (vlink serve) that
+	// forwards to the destination. Empty means the destination is itself
+	// a VLink listener, or a plain server if Stack is plain. Only used
+	// with Stack.
+	Via string
+	// Key is the pre-shared key proven to listeners that require one.
+	// Nil means: the Config's key, if any. Only used with Stack.
+	Key []byte
+	// Config supplies the routing rules and key when Stack is zero. Nil
+	// means DefaultConfig: the user's file and environment.
+	Config *Config
+	// Timeout bounds the whole dial, handshake included. Zero means no
+	// limit beyond the context's and DefaultHandshakeTimeout for the
+	// handshake.
+	Timeout time.Duration
+
+	// cache keeps the multi-link layers built by this Dialer, so dials
+	// along the same path share them. A Dialer must not be copied after
+	// its first dial.
+	cache layerCache
+}
+
+// DefaultDialer is the zero Dialer used by [Dial] and [DialContext]: it
+// follows the user's configuration and shares multi-link layers (a
+// multiplexed session) between their calls.
+var DefaultDialer = &Dialer{}
+
+// Dial connects to address using the user's configuration; see
+// [Dialer]. It is a drop-in replacement for net.Dial.
+func Dial(network, address string) (net.Conn, error) {
+	return DefaultDialer.DialContext(context.Background(), network, address)
+}
+
+// DialContext is Dial with a context governing the setup.
+func DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	return DefaultDialer.DialContext(ctx, network, address)
+}
+
+// Dial connects to address on the named network.
+func (d *Dialer) Dial(network, address string) (net.Conn, error) {
+	return d.DialContext(context.Background(), network, address)
+}
+
+// DialContext connects to address on the named network. Networks other
+// than tcp, tcp4 and tcp6 are dialed with a net.Dialer unchanged. The
+// context governs the setup only: once connected, its expiry does not
+// affect the connection.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return (&net.Dialer{Timeout: d.Timeout}).DialContext(ctx, network, address)
+	}
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	r, err := d.route(address)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+	}
+	return r.dial(ctx, network, address, &d.cache)
+}
+
+// Close closes what the Dialer keeps between dials: the multi-link layers
+// it has built (a multiplexed session and its streams, say). The Dialer
+// stays usable; connections it returned that do not depend on a closed
+// layer are left alone.
+func (d *Dialer) Close() error { return d.cache.close() }
+
+// A route is what to do for one destination.
+type route struct {
+	stack Stack
+	via   string
+	key   []byte
+}
+
+func (d *Dialer) route(address string) (*route, error) {
+	if len(d.Stack.Layers) > 0 {
+		key := d.Key
+		if key == nil && d.Config != nil {
+			key = d.Config.Key
+		}
+		return &route{stack: d.Stack, via: d.Via, key: key}, nil
+	}
+	cfg := d.Config
+	if cfg == nil {
+		var err error
+		if cfg, err = DefaultConfig(); err != nil {
+			return nil, err
+		}
+	}
+	return cfg.route(address)
+}
+
+// dial builds the stack's dialer chain and dials through it. Multi-link
+// layers are taken from cache, so dials along one path share them.
+func (r *route) dial(ctx context.Context, network, address string, cache *layerCache) (net.Conn, error) {
+	if len(r.stack.Layers) == 0 {
+		var d net.Dialer // direct, exactly as net.Dial
+		return d.DialContext(ctx, network, address)
+	}
+	fail := func(err error) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+	}
+	factories := r.stack.factories()
+	transport, err := buildTransport(factories)
+	if err != nil {
+		return fail(err)
+	}
+	mirrored := r.stack.mirrored()
+	if len(mirrored) == 0 && r.via == "" {
+		// Nothing to mirror: no hello, the factory's stream as is.
+		return transport.DialContext(ctx, network, address)
+	}
+	peer, target := address, ""
+	if r.via != "" {
+		peer, target = r.via, address
+	}
+	// Build bottom-up, one hello per segment: the bottom one on the
+	// factory's stream, each one above on what a multi-link layer built.
+	// Only the top hello names the target.
+	segs := segments(mirrored)
+	var d ContextDialer
+	early := false
+	below := len(mirrored) // index in mirrored of the bottom segment's first layer
+	for i := len(segs) - 1; i >= 0; i-- {
+		seg := segs[i]
+		below -= len(seg)
+		segTarget := ""
+		if i == 0 {
+			segTarget = target
+		}
+		stack := Stack{Layers: seg}.String()
+		if d == nil {
+			d = &helloDialer{next: transport, peer: peer, target: segTarget, key: r.key, stack: stack}
+		} else {
+			d = &nestedHelloDialer{next: d, stack: stack, target: segTarget, early: early}
+		}
+		early = false
+		for j := len(seg) - 1; j >= 0; j-- {
+			spec, v, err := seg[j].build()
+			if err != nil {
+				return fail(err)
+			}
+			switch f := v.(type) {
+			case Filter:
+				d = &filterDialer{name: spec.Name, f: f, next: d}
+			case MultiLink:
+				lowerStack := Stack{Layers: r.stack.Layers[below+j:]}
+				path := pathOf(network, peer, lowerStack, r.key)
+				ml, err := cache.get(seg[j].String()+" over "+path, func() (MultiLink, error) { return f, nil })
+				if err != nil {
+					return fail(err)
+				}
+				d = &multiLinkDialer{ml: ml, lower: &lowerDialer{ContextDialer: d, path: path}}
+				if e, ok := ml.(EarlyDataLayer); ok && e.EarlyData() {
+					early = true // for the nested hello of the segment above
+				}
+			default:
+				return fail(fmt.Errorf("%w: layer %s: a %s that is neither a Filter nor a MultiLink", ErrBadStack, spec.Name, spec.Kind))
+			}
+		}
+	}
+	return d.DialContext(ctx, network, address)
+}
+
+// buildTransport chains the factories: each reaches its next hop through
+// the one below it, and the bottom one reaches the network itself.
+func buildTransport(layers []Layer) (ContextDialer, error) {
+	var forward ContextDialer
+	for i := len(layers) - 1; i >= 0; i-- {
+		spec, v, err := layers[i].build()
+		if err != nil {
+			return nil, err
+		}
+		f, ok := v.(Factory)
+		if !ok {
+			return nil, fmt.Errorf("layer %s: registered as a factory but is not one", spec.Name)
+		}
+		forward = &factoryDialer{f: f, forward: forward, stack: Stack{Layers: layers[i:]}.String()}
+	}
+	return forward, nil
+}
+
+type factoryDialer struct {
+	f       Factory
+	forward ContextDialer
+	stack   string // the factories from this one down, in text form
+}
+
+// String returns the text form of the factories this dialer goes
+// through, from its own down to the wire ("socks5:addr=p:1080+tcp"). A
+// factory that keeps state per path, such as ssh sharing one connection
+// per server and path, keys it on its forward dialer's String.
+func (d *factoryDialer) String() string { return d.stack }
+
+func (d *factoryDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	return d.f.DialContext(ctx, network, address, d.forward)
+}
+
+type filterDialer struct {
+	name string
+	f    Filter
+	next ContextDialer
+}
+
+func (d *filterDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := d.next.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	fc, err := d.f.Client(c)
+	if err != nil {
+		c.Close()
+		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
+			Err: fmt.Errorf("layer %s: %w", d.name, err)}
+	}
+	return fc, nil
+}
+
+// helloDialer dials the VLink peer (the destination, or the gateway) and
+// runs the handshake on the raw stream.
+type helloDialer struct {
+	next   ContextDialer
+	peer   string // where to connect: the destination or the gateway
+	target string // where the gateway forwards; empty for none
+	key    []byte
+	stack  string
+}
+
+func (d *helloDialer) DialContext(ctx context.Context, network, _ string) (net.Conn, error) {
+	c, err := d.next.DialContext(ctx, network, d.peer)
+	if err != nil {
+		return nil, err
+	}
+	if err := handshakeWithContext(ctx, c, d.stack, d.target, d.key); err != nil {
+		c.Close()
+		return nil, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
+	}
+	return c, nil
+}
+
+// handshakeWithContext runs the dialer's side of a hello on c, within the
+// context's deadline (or DefaultHandshakeTimeout) and interrupted by its
+// cancellation.
+func handshakeWithContext(ctx context.Context, c net.Conn, stack, target string, key []byte) error {
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	} else {
+		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	herr := clientHandshake(c, stack, target, key)
+	if !stop() && ctx.Err() != nil {
+		return fmt.Errorf("handshake: %w", ctx.Err())
+	}
+	if dl, ok := ctx.Deadline(); ok && herr != nil && isTimeout(herr) && !time.Now().Before(dl) {
+		// The context's deadline, enforced through the connection's.
+		return fmt.Errorf("handshake: %w (%w)", context.DeadlineExceeded, herr)
+	}
+	if herr != nil {
+		var re *RefusedError
+		if errors.As(herr, &re) {
+			return herr
+		}
+		return fmt.Errorf("handshake: %w", herr)
+	}
+	return c.SetDeadline(time.Time{})
+}

@@ -1,0 +1,109 @@
+package vlink
+
+import (
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Errors a program can test with errors.Is. Refusals from a peer come as a
+// *RefusedError, which matches ErrRefused and the sentinel of its code.
+var (
+	// ErrRefused is matched by every refusal from a VLink peer.
+	ErrRefused = errors.New("refused by peer")
+	// ErrAuth is matched when authentication is required, fails, or the
+	// peer cannot prove it holds the key.
+	ErrAuth = errors.New("authentication failed")
+	// ErrNotAllowed is matched when the peer's policy forbids a layer, a
+	// parameter value or a forwarding target.
+	ErrNotAllowed = errors.New("not allowed by policy")
+	// ErrUnreachable is matched when a forwarding peer could not reach the
+	// target.
+	ErrUnreachable = errors.New("target unreachable")
+	// ErrNotVLink is matched when the peer did not answer the hello as a
+	// VLink listener does (a plain server, or a proxy in the way).
+	ErrNotVLink = errors.New("peer is not a vlink listener")
+	// ErrDirectRefused is matched when the user's rules refuse a
+	// destination.
+	ErrDirectRefused = errors.New("destination refused by the routing rules")
+)
+
+// RefuseCode says why a listener refused a connection.
+type RefuseCode uint8
+
+const (
+	CodeMalformed    RefuseCode = 1  // the hello did not parse
+	CodeVersion      RefuseCode = 2  // unsupported protocol version
+	CodeAuthRequired RefuseCode = 3  // the listener requires a pre-shared key
+	CodeAuthFailed   RefuseCode = 4  // the proof did not match the key
+	CodeLayer        RefuseCode = 5  // a layer is unknown or not allowed
+	CodeParam        RefuseCode = 6  // a parameter is outside the policy's bounds
+	CodeTarget       RefuseCode = 7  // the forwarding target is not allowed
+	CodeUnreachable  RefuseCode = 8  // the forwarding target could not be reached
+	CodeBusy         RefuseCode = 9  // the listener is overloaded or shutting down
+	CodeRejected     RefuseCode = 10 // the application rejected the connection
+)
+
+var codeText = map[RefuseCode]string{
+	CodeMalformed:    "malformed hello",
+	CodeVersion:      "unsupported version",
+	CodeAuthRequired: "authentication required",
+	CodeAuthFailed:   "authentication failed",
+	CodeLayer:        "layer not allowed",
+	CodeParam:        "parameter not allowed",
+	CodeTarget:       "target not allowed",
+	CodeUnreachable:  "target unreachable",
+	CodeBusy:         "busy",
+	CodeRejected:     "rejected",
+}
+
+func (c RefuseCode) String() string {
+	if s, ok := codeText[c]; ok {
+		return s
+	}
+	return fmt.Sprintf("refusal %d", uint8(c))
+}
+
+func (c RefuseCode) sentinel() error {
+	switch c {
+	case CodeMalformed, CodeVersion:
+		return ErrBadHello
+	case CodeAuthRequired, CodeAuthFailed:
+		return ErrAuth
+	case CodeLayer, CodeParam, CodeTarget:
+		return ErrNotAllowed
+	case CodeUnreachable:
+		return ErrUnreachable
+	}
+	return nil
+}
+
+// A RefusedError is a refusal received from (or sent to) a peer.
+type RefusedError struct {
+	Code   RefuseCode
+	Reason string // the listener's explanation, for a person
+}
+
+func (e *RefusedError) Error() string {
+	if e.Reason == "" {
+		return fmt.Sprintf("%v: %v", ErrRefused, e.Code)
+	}
+	return fmt.Sprintf("%v: %v: %s", ErrRefused, e.Code, e.Reason)
+}
+
+// Is makes a refusal match ErrRefused and its code's sentinel.
+func (e *RefusedError) Is(target error) bool {
+	return target == ErrRefused || (target != nil && target == e.Code.sentinel())
+}
+
+func refuse(code RefuseCode, format string, args ...any) *RefusedError {
+	return &RefusedError{Code: code, Reason: fmt.Sprintf(format, args...)}
+}
+
+// addr is a net.Addr for an address we only have as a string.
+type addr struct{ net, s string }
+
+func (a addr) Network() string { return a.net }
+func (a addr) String() string  { return a.s }
+
+var _ net.Addr = addr{}

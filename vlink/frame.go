@@ -1,0 +1,260 @@
+package vlink
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"unicode/utf8"
+)
+
+// Wire format of the handshake. A VLink connection opens with the magic
+// followed by a hello frame; every later handshake message is one frame:
+//
+//	frame = version u8 | type u8 | length u16 | body
+//	body  = *( tag u8 | length u16 | value )
+//
+// Integers are big-endian. The magic starts with a byte above 0x7f and holds
+// CR LF, SUB and LF, like PNG's, so no text protocol opens with it and a
+// channel that mangles bytes is caught. A plain client's first bytes differ
+// from it at once, so sniffing costs a plain connection no waiting unless
+// it sends nothing at all.
+const (
+	magic        = "\x89VLK\r\n\x1a\n"
+	protoVersion = 1
+	headerSize   = 4
+	fieldHeader  = 3
+	// maxBody bounds every handshake frame, and so what a peer can make us
+	// read before it is authenticated.
+	maxBody = 4096
+
+	nonceSize     = 32
+	proofSize     = 32 // HMAC-SHA256
+	maxStackText  = 1024
+	maxTargetText = 262 // a 255-byte host name, ':' and a port, or a bracketed IPv6 address
+	maxReasonText = 1024
+)
+
+type msgType uint8
+
+const (
+	msgHello     msgType = 1 // dialer: the stack to mirror, the target, a nonce if it holds a key
+	msgChallenge msgType = 2 // listener: its nonce, when it requires a key
+	msgAuth      msgType = 3 // dialer: proof that it holds the key
+	msgAccept    msgType = 4 // listener: go ahead (with its own proof if authenticated)
+	msgRefuse    msgType = 5 // listener: a code and a reason
+)
+
+func (t msgType) String() string {
+	switch t {
+	case msgHello:
+		return "hello"
+	case msgChallenge:
+		return "challenge"
+	case msgAuth:
+		return "auth"
+	case msgAccept:
+		return "accept"
+	case msgRefuse:
+		return "refuse"
+	}
+	return fmt.Sprintf("message type %d", uint8(t))
+}
+
+type fieldTag uint8
+
+const (
+	tagStack  fieldTag = 1 // text form of the mirrored layers
+	tagTarget fieldTag = 2 // host:port the listener should forward to
+	tagNonce  fieldTag = 3
+	tagProof  fieldTag = 4
+	tagCode   fieldTag = 5 // RefuseCode, one byte
+	tagReason fieldTag = 6 // UTF-8 text for a person
+)
+
+// allowed lists the fields each message may carry.
+var allowed = map[msgType][]fieldTag{
+	msgHello:     {tagStack, tagTarget, tagNonce},
+	msgChallenge: {tagNonce},
+	msgAuth:      {tagProof},
+	msgAccept:    {tagProof},
+	msgRefuse:    {tagCode, tagReason},
+}
+
+// header is a frame header.
+type header [headerSize]byte
+
+func (h header) Version() uint8 { return h[0] }
+func (h header) Type() msgType  { return msgType(h[1]) }
+func (h header) Len() int       { return int(binary.BigEndian.Uint16(h[2:])) }
+
+// message is a decoded handshake frame.
+type message struct {
+	typ    msgType
+	stack  string
+	target string
+	nonce  []byte
+	proof  []byte
+	code   RefuseCode
+	reason string
+}
+
+// ErrBadHello is matched by errors about a malformed handshake: wrong magic
+// or version, oversized or truncated frames, unknown or repeated fields.
+var ErrBadHello = errors.New("malformed handshake")
+
+// appendFrame appends m's frame to b.
+func (m *message) appendFrame(b []byte) []byte {
+	start := len(b)
+	b = append(b, protoVersion, byte(m.typ), 0, 0)
+	field := func(t fieldTag, v []byte) {
+		if v != nil {
+			b = append(b, byte(t), 0, 0)
+			binary.BigEndian.PutUint16(b[len(b)-2:], uint16(len(v)))
+			b = append(b, v...)
+		}
+	}
+	str := func(t fieldTag, s string) {
+		if s != "" {
+			field(t, []byte(s))
+		}
+	}
+	str(tagStack, m.stack)
+	str(tagTarget, m.target)
+	field(tagNonce, m.nonce)
+	field(tagProof, m.proof)
+	if m.code != 0 {
+		field(tagCode, []byte{byte(m.code)})
+	}
+	str(tagReason, m.reason)
+	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
+	return b
+}
+
+// decodeBody parses a frame body of type t.
+func decodeBody(t msgType, body []byte) (*message, error) {
+	ok, known := allowed[t]
+	if !known {
+		return nil, fmt.Errorf("%w: unknown message type %d", ErrBadHello, uint8(t))
+	}
+	m := &message{typ: t}
+	var seen uint64
+	for len(body) > 0 {
+		if len(body) < fieldHeader {
+			return nil, fmt.Errorf("%w: %s: truncated field header", ErrBadHello, t)
+		}
+		tag, n := fieldTag(body[0]), int(binary.BigEndian.Uint16(body[1:3]))
+		body = body[fieldHeader:]
+		if n > len(body) {
+			return nil, fmt.Errorf("%w: %s: field %d claims %d bytes, %d left", ErrBadHello, t, tag, n, len(body))
+		}
+		v := body[:n]
+		body = body[n:]
+		if !tagIn(tag, ok) {
+			return nil, fmt.Errorf("%w: %s: unexpected field %d", ErrBadHello, t, tag)
+		}
+		if seen&(1<<tag) != 0 {
+			return nil, fmt.Errorf("%w: %s: field %d repeated", ErrBadHello, t, tag)
+		}
+		seen |= 1 << tag
+		var err error
+		switch tag {
+		case tagStack:
+			m.stack, err = text(v, maxStackText, "stack")
+		case tagTarget:
+			m.target, err = text(v, maxTargetText, "target")
+		case tagReason:
+			m.reason, err = text(v, maxReasonText, "reason")
+		case tagNonce:
+			m.nonce, err = fixed(v, nonceSize, "nonce")
+		case tagProof:
+			m.proof, err = fixed(v, proofSize, "proof")
+		case tagCode:
+			if len(v) != 1 || v[0] == 0 {
+				err = errors.New("refusal code must be one non-zero byte")
+			}
+			if len(v) == 1 {
+				m.code = RefuseCode(v[0])
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrBadHello, t, err)
+		}
+	}
+	return m, nil
+}
+
+func tagIn(t fieldTag, set []fieldTag) bool {
+	for _, s := range set {
+		if s == t {
+			return true
+		}
+	}
+	return false
+}
+
+func text(v []byte, max int, what string) (string, error) {
+	if len(v) == 0 || len(v) > max {
+		return "", fmt.Errorf("%s is %d bytes, want 1..%d", what, len(v), max)
+	}
+	if !utf8.Valid(v) {
+		return "", fmt.Errorf("%s is not UTF-8", what)
+	}
+	for _, c := range v {
+		if c < ' ' && what != "reason" {
+			return "", fmt.Errorf("%s holds a control character", what)
+		}
+	}
+	return string(v), nil
+}
+
+func fixed(v []byte, n int, what string) ([]byte, error) {
+	if len(v) != n {
+		return nil, fmt.Errorf("%s is %d bytes, want %d", what, len(v), n)
+	}
+	return append([]byte(nil), v...), nil
+}
+
+// readFrame reads exactly one frame, never more, so whatever follows the
+// handshake stays in the connection for the layers above. want lists the
+// types acceptable at this point. It returns the raw body too, for proofs.
+func readFrame(r io.Reader, want ...msgType) (*message, []byte, error) {
+	var h header
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return nil, nil, err
+	}
+	if h.Version() != protoVersion {
+		return nil, nil, &versionError{got: h.Version()}
+	}
+	if !tagTypeIn(h.Type(), want) {
+		return nil, nil, fmt.Errorf("%w: got %s, want %v", ErrBadHello, h.Type(), want)
+	}
+	if h.Len() > maxBody {
+		return nil, nil, fmt.Errorf("%w: %s of %d bytes exceeds %d", ErrBadHello, h.Type(), h.Len(), maxBody)
+	}
+	body := make([]byte, h.Len())
+	if _, err := io.ReadFull(r, body); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, nil, err
+	}
+	m, err := decodeBody(h.Type(), body)
+	return m, body, err
+}
+
+func tagTypeIn(t msgType, set []msgType) bool {
+	for _, s := range set {
+		if s == t {
+			return true
+		}
+	}
+	return false
+}
+
+type versionError struct{ got uint8 }
+
+func (e *versionError) Error() string {
+	return fmt.Sprintf("%v: protocol version %d, this side speaks %d", ErrBadHello, e.got, protoVersion)
+}
+func (e *versionError) Unwrap() error { return ErrBadHello }

@@ -1,0 +1,104 @@
+package vlink
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	msgs := []*message{
+		{typ: msgHello, stack: "zstd:level=3", target: "db.internal:5432", nonce: bytes.Repeat([]byte{7}, nonceSize)},
+		{typ: msgHello},
+		{typ: msgChallenge, nonce: bytes.Repeat([]byte{1}, nonceSize)},
+		{typ: msgAuth, proof: bytes.Repeat([]byte{2}, proofSize)},
+		{typ: msgAccept},
+		{typ: msgRefuse, code: CodeParam, reason: "zstd level 22 is outside [1, 9]\nsecond line"},
+	}
+	for _, m := range msgs {
+		t.Run(m.typ.String(), func(t *testing.T) {
+			b := m.appendFrame(nil)
+			got, _, err := readFrame(bytes.NewReader(b), m.typ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.stack != m.stack || got.target != m.target || !bytes.Equal(got.nonce, m.nonce) ||
+				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason {
+				t.Fatalf("got %+v, want %+v", got, m)
+			}
+		})
+	}
+}
+
+func TestFrameErrors(t *testing.T) {
+	hello := func(body []byte) []byte {
+		b := []byte{protoVersion, byte(msgHello), 0, 0}
+		binary.BigEndian.PutUint16(b[2:], uint16(len(body)))
+		return append(b, body...)
+	}
+	field := func(tag fieldTag, v []byte) []byte {
+		b := []byte{byte(tag), 0, 0}
+		binary.BigEndian.PutUint16(b[1:], uint16(len(v)))
+		return append(b, v...)
+	}
+	tests := []struct {
+		name    string
+		in      []byte
+		is      error
+		mention string
+	}{
+		{"version", []byte{2, 1, 0, 0}, ErrBadHello, "version 2"},
+		{"wrong type", []byte{1, byte(msgAccept), 0, 0}, ErrBadHello, "got accept"},
+		{"oversized", []byte{1, 1, 0xff, 0xff}, ErrBadHello, "exceeds"},
+		{"truncated body", []byte{1, 1, 0, 10, 1}, io.ErrUnexpectedEOF, ""},
+		{"truncated field", hello([]byte{1, 0}), ErrBadHello, "truncated field"},
+		{"field too long", hello([]byte{1, 0, 9, 'a'}), ErrBadHello, "claims 9 bytes"},
+		{"unknown field", hello(field(99, []byte("x"))), ErrBadHello, "unexpected field 99"},
+		{"field not for hello", hello(field(tagProof, make([]byte, proofSize))), ErrBadHello, "unexpected field 4"},
+		{"repeated", hello(append(field(tagStack, []byte("a")), field(tagStack, []byte("b"))...)), ErrBadHello, "repeated"},
+		{"short nonce", hello(field(tagNonce, []byte{1})), ErrBadHello, "nonce is 1 bytes"},
+		{"empty stack", hello(field(tagStack, nil)), ErrBadHello, "stack is 0 bytes"},
+		{"long target", hello(field(tagTarget, bytes.Repeat([]byte{'a'}, 300))), ErrBadHello, "target is 300 bytes"},
+		{"not utf8", hello(field(tagTarget, []byte{0xff, ':', '1'})), ErrBadHello, "not UTF-8"},
+		{"control char", hello(field(tagStack, []byte("tcp\n"))), ErrBadHello, "control character"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := readFrame(bytes.NewReader(tt.in), msgHello)
+			if !errors.Is(err, tt.is) || !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("readFrame = %v, want %v mentioning %q", err, tt.is, tt.mention)
+			}
+		})
+	}
+}
+
+// FuzzReadFrame feeds arbitrary bytes to the handshake decoder: it must
+// never panic, never read past one frame, and anything it accepts must
+// encode back to the same frame.
+func FuzzReadFrame(f *testing.F) {
+	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:1", nonce: make([]byte, nonceSize)}).appendFrame(nil))
+	f.Add((&message{typ: msgRefuse, code: CodeAuthFailed, reason: "no"}).appendFrame(nil))
+	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
+	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r := bytes.NewReader(in)
+		m, body, err := readFrame(r, msgHello, msgChallenge, msgAuth, msgAccept, msgRefuse)
+		if err != nil {
+			return
+		}
+		consumed := len(in) - r.Len()
+		if consumed != headerSize+len(body) {
+			t.Fatalf("consumed %d bytes for a %d-byte body", consumed, len(body))
+		}
+		again, _, err := readFrame(bytes.NewReader(m.appendFrame(nil)), m.typ)
+		if err != nil {
+			t.Fatalf("re-encoded frame does not decode: %v", err)
+		}
+		if again.stack != m.stack || again.target != m.target || again.code != m.code || again.reason != m.reason {
+			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
+		}
+	})
+}

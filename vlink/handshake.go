@@ -1,0 +1,203 @@
+package vlink
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vlink-dev/vlink/selector"
+)
+
+// Labels keep a dialer's proof from ever being valid as a listener's.
+const (
+	labelClient = "vlink-v1 client proof\x00"
+	labelServer = "vlink-v1 server proof\x00"
+)
+
+// proof binds the key to this hello and this challenge.
+func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(label))
+	m.Write(helloBody)
+	m.Write(serverNonce)
+	return m.Sum(nil)
+}
+
+// clientHandshake sends the hello on c and waits for the listener's answer.
+// The caller sets c's deadline.
+func clientHandshake(c net.Conn, stack, target string, key []byte) error {
+	buf := helloBytes(stack, target, key)
+	helloBody := buf[len(magic)+headerSize:]
+	if _, err := c.Write(buf); err != nil {
+		return fmt.Errorf("sending hello: %w", err)
+	}
+	m, _, err := readFrame(c, msgChallenge, msgAccept, msgRefuse)
+	if err != nil {
+		return answerError(err)
+	}
+	if m.typ == msgChallenge {
+		if key == nil {
+			return &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key; give one (--key-file, key_file in the config)"}
+		}
+		if m.nonce == nil {
+			return fmt.Errorf("%w: challenge without a nonce", ErrBadHello)
+		}
+		auth := &message{typ: msgAuth, proof: proof(key, labelClient, helloBody, m.nonce)}
+		if _, err := c.Write(auth.appendFrame(nil)); err != nil {
+			return fmt.Errorf("sending proof: %w", err)
+		}
+		serverNonce := m.nonce
+		if m, _, err = readFrame(c, msgAccept, msgRefuse); err != nil {
+			return answerError(err)
+		}
+		if m.typ == msgAccept && !hmac.Equal(m.proof, proof(key, labelServer, helloBody, serverNonce)) {
+			return fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
+		}
+	} else if m.typ == msgAccept && key != nil {
+		return fmt.Errorf("%w: the listener accepted without checking the key, so it cannot prove who it is; refusing", ErrAuth)
+	}
+	if m.typ == msgRefuse {
+		return &RefusedError{Code: m.code, Reason: m.reason}
+	}
+	return nil
+}
+
+// helloBytes is the magic and a hello frame, with a fresh nonce if the
+// dialer holds a key.
+func helloBytes(stack, target string, key []byte) []byte {
+	hello := &message{typ: msgHello, stack: stack, target: target}
+	if key != nil {
+		hello.nonce = make([]byte, nonceSize)
+		rand.Read(hello.nonce)
+	}
+	buf := append(make([]byte, 0, len(magic)+headerSize+64+len(stack)+len(target)), magic...)
+	return hello.appendFrame(buf)
+}
+
+// answerError explains a failure to read the listener's answer.
+func answerError(err error) error {
+	var ve *versionError
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		return fmt.Errorf("%w: it closed the connection without answering the hello (%w)", ErrNotVLink, err)
+	case errors.As(err, &ve), errors.Is(err, ErrBadHello):
+		return fmt.Errorf("%w: it answered the hello with something else (%v)", ErrNotVLink, err)
+	}
+	return fmt.Errorf("waiting for the answer to the hello: %w", err)
+}
+
+// serverHandshake runs the listener's side after the magic has been read:
+// it reads the hello, authenticates and checks it against the policy. On
+// refusal it sends the refusal and returns it.
+//
+// A nested hello (j non-nil) arrives on a connection a multi-link layer
+// built out of connections whose hellos were checked: it inherits their
+// authentication and needs no challenge of its own.
+func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
+	p := &l.cfg.Policy
+	m, helloBody, err := readFrame(c, msgHello)
+	if err != nil {
+		var ve *versionError
+		switch {
+		case errors.As(err, &ve):
+			return nil, sendRefusal(c, refuse(CodeVersion, "this listener speaks protocol version %d; upgrade the older side", protoVersion))
+		case errors.Is(err, ErrBadHello):
+			return nil, sendRefusal(c, refuse(CodeMalformed, "%v", err))
+		}
+		return nil, fmt.Errorf("reading hello: %w", err)
+	}
+	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr()}
+	if j != nil {
+		h.RemoteAddr = j.remote
+		h.Authenticated = j.authenticated
+	}
+	if p.Key != nil && j != nil && !j.authenticated {
+		return nil, sendRefusal(c, refuse(CodeAuthRequired, "this listener requires a pre-shared key"))
+	}
+	if p.Key != nil && j != nil && m.nonce != nil {
+		return nil, sendRefusal(c, refuse(CodeMalformed, "a nested hello carries no nonce: its connection is already authenticated"))
+	}
+	if p.Key != nil && j == nil {
+		if m.nonce == nil {
+			return nil, sendRefusal(c, refuse(CodeAuthRequired, "this listener requires a pre-shared key"))
+		}
+		nonce := make([]byte, nonceSize)
+		rand.Read(nonce)
+		if _, err := c.Write((&message{typ: msgChallenge, nonce: nonce}).appendFrame(nil)); err != nil {
+			return nil, fmt.Errorf("sending challenge: %w", err)
+		}
+		a, _, err := readFrame(c, msgAuth)
+		if err != nil {
+			if errors.Is(err, ErrBadHello) {
+				return nil, sendRefusal(c, refuse(CodeMalformed, "%v", err))
+			}
+			return nil, fmt.Errorf("reading proof: %w", err)
+		}
+		if !hmac.Equal(a.proof, proof(p.Key, labelClient, helloBody, nonce)) {
+			return nil, sendRefusal(c, refuse(CodeAuthFailed, "the proof does not match this listener's key"))
+		}
+		h.Authenticated = true
+		h.serverProof = proof(p.Key, labelServer, helloBody, nonce)
+	}
+	stack, rerr := p.checkStack(m.stack)
+	if rerr != nil {
+		return nil, sendRefusal(c, rerr)
+	}
+	h.Stack = stack
+	if h.Target != "" {
+		if err := checkTarget(h.Target); err != nil {
+			return nil, sendRefusal(c, refuse(CodeMalformed, "target %q: %v", h.Target, err))
+		}
+		if l.targets == nil {
+			return nil, sendRefusal(c, refuse(CodeTarget, "this listener does not forward"))
+		}
+		if r, err := l.targets.Match(h.Target); err != nil || r.Action == selector.Refuse {
+			return nil, sendRefusal(c, refuse(CodeTarget, "forwarding to %s is not allowed here", h.Target))
+		}
+	}
+	return h, nil
+}
+
+// accept sends the accept for h.
+func accept(c net.Conn, h *Hello) error {
+	_, err := c.Write((&message{typ: msgAccept, proof: h.serverProof}).appendFrame(nil))
+	return err
+}
+
+// sendRefusal tells the dialer why and returns the refusal as the error.
+func sendRefusal(c net.Conn, r *RefusedError) error {
+	if len(r.Reason) > maxReasonText {
+		r.Reason = strings.ToValidUTF8(r.Reason[:maxReasonText], "")
+	}
+	c.Write((&message{typ: msgRefuse, code: r.Code, reason: r.Reason}).appendFrame(nil))
+	return r
+}
+
+// isTimeout reports whether err is a deadline expiry.
+func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// checkTarget accepts host:port with a numeric port only: the target comes
+// from the network, and a service name would make the listener consult
+// its services database on a stranger's behalf.
+func checkTarget(target string) error {
+	host, port, err := net.SplitHostPort(target)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return errors.New("empty host")
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return fmt.Errorf("port %q is not a number in 1..65535", port)
+	}
+	return nil
+}

@@ -1,0 +1,568 @@
+package vlink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/selector"
+)
+
+// Defaults for a zero ListenConfig.
+const (
+	DefaultSniffTimeout  = 200 * time.Millisecond
+	DefaultMaxHandshakes = 256
+)
+
+// A ListenConfig configures a VLink listener. Its zero value listens with
+// plain TCP and the zero Policy.
+type ListenConfig struct {
+	// Stack holds the factories to listen with. Zero means tcp. Only its
+	// top factory is used to listen; mirrored layers come from each
+	// dialer's hello, checked against Policy.
+	Stack Stack
+	// Policy decides what dialers may ask for.
+	Policy Policy
+	// HandshakeTimeout bounds each connection's handshake, from accept to
+	// ready. Zero means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// SniffTimeout is how long a connection may stay silent before it is
+	// taken as plain. Clients of protocols where the server speaks first
+	// (SSH, SMTP) wait this long for the banner. Zero means
+	// DefaultSniffTimeout; negative means plain connections are taken at
+	// once only when their first bytes arrive, never by silence.
+	SniffTimeout time.Duration
+	// MaxHandshakes bounds the handshakes in progress at once, and so the
+	// memory slow or hostile dialers can hold. Zero means
+	// DefaultMaxHandshakes.
+	MaxHandshakes int
+	// Admit, if set, is called for each VLink connection whose hello
+	// passed the policy, before the accept is sent: an error refuses the
+	// connection (a *RefusedError is sent as is, any other error as
+	// CodeRejected with its text). Its result is kept in Conn.Admitted.
+	// vlink serve uses it to reach the forwarding target first, so an
+	// unreachable target is reported to the dialer.
+	Admit func(ctx context.Context, h *Hello) (any, error)
+	// Logger receives one record per refused or failed handshake, at
+	// level Info, and per accepted connection at Debug. Nil: no logs.
+	Logger *slog.Logger
+}
+
+// Hello is what a VLink dialer asked for, as accepted by the listener.
+type Hello struct {
+	// Stack holds the mirrored layers, from the application side down.
+	Stack Stack
+	// Target is where the dialer asked to be forwarded; empty for the
+	// listener itself.
+	Target string
+	// Authenticated reports that the dialer proved it holds the key.
+	Authenticated bool
+	RemoteAddr    net.Addr
+
+	serverProof []byte
+}
+
+// Conn is a connection accepted by a Listener.
+type Conn struct {
+	net.Conn
+	hello    *Hello
+	admitted any
+}
+
+var (
+	_ net.Conn      = (*Conn)(nil)
+	_ io.ReaderFrom = (*Conn)(nil)
+	_ io.WriterTo   = (*Conn)(nil)
+
+	_ netconn.Unwrapper = (*Conn)(nil)
+)
+
+// Hello returns what the dialer asked for, or nil for a plain connection.
+func (c *Conn) Hello() *Hello { return c.hello }
+
+// Admitted returns what ListenConfig.Admit returned for this connection.
+func (c *Conn) Admitted() any { return c.admitted }
+
+// NetConn returns the connection below: the top layer's.
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// UnwrapConn tells netconn.Relay that Conn adds nothing to the bytes of
+// the connection below.
+func (c *Conn) UnwrapConn() net.Conn { return c.Conn }
+
+// CloseWrite shuts down the writing side, if the layers below can.
+func (c *Conn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
+
+// ReadFrom lets io.Copy use the layer below's fast path (splice for TCP).
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) { return io.Copy(c.Conn, r) }
+
+// WriteTo lets io.Copy use the layer below's fast path.
+func (c *Conn) WriteTo(w io.Writer) (int64, error) { return io.Copy(w, c.Conn) }
+
+// A Listener accepts VLink and plain connections on one port. Handshakes
+// run in their own goroutines, bounded by MaxHandshakes, so a slow or
+// hostile dialer never holds up Accept; a failed handshake only costs its
+// own connection.
+type Listener struct {
+	inner   net.Listener
+	cfg     ListenConfig
+	targets *selector.Selector
+	log     *slog.Logger
+
+	ready  chan *Conn
+	sem    chan struct{}
+	done   chan struct{}
+	ctx    context.Context // cancelled by Close, for Admit
+	cancel context.CancelFunc
+
+	mu         sync.Mutex
+	err        error                 // why the accept loop stopped
+	pending    map[net.Conn]struct{} // connections in handshake, closed by Close
+	layerState map[string]any        // multi-link layers' state, see Junction.State
+
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listen listens on address with the zero ListenConfig.
+func Listen(network, address string) (net.Listener, error) {
+	var lc ListenConfig
+	return lc.Listen(context.Background(), network, address)
+}
+
+// Listen announces on the local network address with the config's top
+// factory and returns a VLink listener on it.
+func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (*Listener, error) {
+	if err := lc.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	stack := lc.Stack
+	if len(stack.Layers) == 0 {
+		var err error
+		if stack, err = Parse(""); err != nil {
+			return nil, err
+		}
+	}
+	if !stack.IsPlain() {
+		return nil, fmt.Errorf("vlink: listen: stack %s has mirrored layers; a listener takes those from each dialer's hello", stack)
+	}
+	inner, err := ListenStack(ctx, stack, network, address)
+	if err != nil {
+		return nil, err
+	}
+	l, err := lc.NewListener(inner)
+	if err != nil {
+		inner.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// ListenStack listens on address with the top factory of a plain stack,
+// which reaches its next hop through the factories below it, and returns
+// that factory's own listener: no hello, no sniffing. With
+// "ssh:host=bastion" it listens on the SSH server's side, as ssh -R does;
+// vlink tunnel uses it for plain clients. A zero stack listens with tcp.
+func ListenStack(ctx context.Context, stack Stack, network, address string) (net.Listener, error) {
+	if len(stack.Layers) == 0 {
+		var err error
+		if stack, err = Parse(""); err != nil {
+			return nil, err
+		}
+	}
+	if !stack.IsPlain() {
+		return nil, fmt.Errorf("vlink: listen: stack %s has mirrored layers; only factories can listen", stack)
+	}
+	spec, v, err := stack.Layers[0].build()
+	if err != nil {
+		return nil, err
+	}
+	lf, ok := v.(ListenFactory)
+	if !ok {
+		return nil, fmt.Errorf("vlink: listen: factory %s cannot listen", spec.Name)
+	}
+	// The factories below the listening one carry its connection to its
+	// next hop, as they do for a dial.
+	var forward ContextDialer
+	if len(stack.Layers) > 1 {
+		if forward, err = buildTransport(stack.Layers[1:]); err != nil {
+			return nil, err
+		}
+	}
+	return lf.Listen(ctx, network, address, forward)
+}
+
+// NewListener serves VLink on an existing listener, which the returned
+// Listener owns.
+func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
+	if err := lc.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Listener{
+		inner:   inner,
+		cfg:     *lc,
+		log:     lc.Logger,
+		ready:   make(chan *Conn),
+		done:    make(chan struct{}),
+		pending: map[net.Conn]struct{}{},
+	}
+	l.targets, _ = lc.Policy.targets() // checked by Validate
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.cfg.HandshakeTimeout <= 0 {
+		l.cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if l.cfg.SniffTimeout == 0 {
+		l.cfg.SniffTimeout = DefaultSniffTimeout
+	}
+	if l.cfg.MaxHandshakes <= 0 {
+		l.cfg.MaxHandshakes = DefaultMaxHandshakes
+	}
+	l.sem = make(chan struct{}, l.cfg.MaxHandshakes)
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Accept waits for the next connection whose handshake succeeded.
+func (l *Listener) Accept() (net.Conn, error) { return l.AcceptVLink() }
+
+// AcceptVLink is Accept returning the concrete type.
+func (l *Listener) AcceptVLink() (*Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		l.mu.Lock()
+		err := l.err
+		l.mu.Unlock()
+		if err == nil {
+			err = net.ErrClosed
+		}
+		return nil, &net.OpError{Op: "accept", Net: "vlink", Addr: l.inner.Addr(), Err: err}
+	}
+}
+
+// Addr returns the listener's network address.
+func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
+
+// Close stops listening, closes connections still in their handshake or
+// not yet accepted, and waits for the listener's goroutines to end.
+func (l *Listener) Close() error {
+	err := net.ErrClosed
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.cancel()
+		err = l.inner.Close()
+		l.mu.Lock()
+		for c := range l.pending {
+			c.Close()
+		}
+		l.mu.Unlock()
+	})
+	l.wg.Wait()
+	return err
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := l.inner.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+				// Out of descriptors and the like: wait, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				l.log.Warn("vlink: accept", "err", err, "retry_in", backoff)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-l.done:
+					return
+				}
+			}
+			l.mu.Lock()
+			l.err = err
+			l.mu.Unlock()
+			l.closeOnce.Do(func() { close(l.done); l.cancel(); l.inner.Close() })
+			return
+		}
+		backoff = 0
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			c.Close()
+			return
+		}
+		if !l.track(c) {
+			<-l.sem
+			c.Close()
+			return
+		}
+		l.wg.Add(1)
+		go l.serve(c)
+	}
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// track registers a connection in handshake so Close can interrupt it.
+func (l *Listener) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.done:
+		return false
+	default:
+	}
+	l.pending[c] = struct{}{}
+	return true
+}
+
+func (l *Listener) untrack(c net.Conn) {
+	l.mu.Lock()
+	delete(l.pending, c)
+	l.mu.Unlock()
+}
+
+// serve runs one connection's handshake and hands the result to Accept.
+func (l *Listener) serve(raw net.Conn) {
+	defer l.wg.Done()
+	c, err := l.handshake(raw)
+	l.untrack(raw)
+	<-l.sem
+	if err != nil {
+		raw.Close()
+		l.logFailure(raw.RemoteAddr(), err)
+		return
+	}
+	l.queue(c)
+}
+
+// queue hands a connection to Accept, or closes it if the listener closes
+// first. A nil c was taken over by a multi-link layer.
+func (l *Listener) queue(c *Conn) {
+	if c == nil {
+		return
+	}
+	select {
+	case l.ready <- c:
+	case <-l.done:
+		c.Close()
+		if a, ok := c.admitted.(io.Closer); ok {
+			a.Close()
+		}
+	}
+}
+
+// serveNested runs the nested hello on a connection a multi-link layer
+// built, as serve does for an accepted one. The connection must open
+// with a hello: a dialer always sends one there.
+func (l *Listener) serveNested(c net.Conn, j *junction) {
+	defer l.wg.Done()
+	var conn *Conn
+	err := func() error {
+		defer func() { <-l.sem }() // taken by Deliver
+		deadline := time.Now().Add(l.cfg.HandshakeTimeout)
+		if err := c.SetDeadline(deadline); err != nil {
+			return err
+		}
+		var m [len(magic)]byte
+		if _, err := io.ReadFull(c, m[:]); err != nil {
+			return fmt.Errorf("reading nested hello: %w", err)
+		}
+		if string(m[:]) != magic {
+			return sendRefusal(c, refuse(CodeMalformed, "a connection built by a multi-link layer must open with a hello"))
+		}
+		h, err := l.serverHandshake(c, j)
+		if err != nil {
+			return err
+		}
+		conn, err = l.finish(c, h, deadline, j.depth)
+		return err
+	}()
+	l.untrack(c)
+	if err != nil {
+		c.Close()
+		l.logFailure(j.remote, err)
+		return
+	}
+	l.queue(conn)
+}
+
+func (l *Listener) logFailure(remote net.Addr, err error) {
+	var re *RefusedError
+	if errors.As(err, &re) {
+		l.log.Info("vlink: refused", "remote", remote.String(), "code", re.Code.String(), "reason", re.Reason)
+	} else {
+		l.log.Info("vlink: handshake failed", "remote", remote.String(), "err", err)
+	}
+}
+
+func (l *Listener) handshake(raw net.Conn) (*Conn, error) {
+	start := time.Now()
+	deadline := start.Add(l.cfg.HandshakeTimeout)
+	isVLink, prefix, err := l.sniff(raw, deadline)
+	if err != nil {
+		return nil, err
+	}
+	if !isVLink {
+		if !l.cfg.Policy.plainAllowed() {
+			return nil, errors.New("plain connection refused by policy")
+		}
+		if err := raw.SetDeadline(time.Time{}); err != nil {
+			return nil, err
+		}
+		l.log.Debug("vlink: accepted plain", "remote", raw.RemoteAddr().String())
+		return &Conn{Conn: netconn.Prefixed(raw, prefix)}, nil
+	}
+	h, err := l.serverHandshake(raw, nil)
+	if err != nil {
+		return nil, err
+	}
+	return l.finish(raw, h, deadline, 0)
+}
+
+// finish completes a handshake whose hello passed the policy: it admits
+// the connection, accepts it and builds the mirrored layers on it. When
+// the hello's top layer is a multi-link layer, that layer takes the
+// connection over and finish returns a nil *Conn: what the layer builds
+// comes back through its Junction.
+func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int) (*Conn, error) {
+	start := time.Now()
+	mirrored := h.Stack.Layers
+	var ml MultiLink
+	if len(mirrored) > 0 {
+		_, v, err := mirrored[0].build()
+		if err != nil {
+			return nil, err
+		}
+		if ml, _ = v.(MultiLink); ml != nil {
+			// The layers above come with the nested hello, and the
+			// target too; the multi-link layer is admitted there.
+			if depth >= maxNesting {
+				return nil, sendRefusal(raw, refuse(CodeLayer, "multi-link layers nested more than %d deep", maxNesting))
+			}
+			if h.Target != "" {
+				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
+			}
+		}
+	}
+	var admitted any
+	if l.cfg.Admit != nil && ml == nil {
+		ctx, cancel := context.WithDeadline(l.ctx, deadline)
+		var err error
+		admitted, err = l.cfg.Admit(ctx, h)
+		cancel()
+		if err != nil {
+			var re *RefusedError
+			if !errors.As(err, &re) {
+				re = refuse(CodeRejected, "%v", err)
+			}
+			return nil, sendRefusal(raw, re)
+		}
+	}
+	fail := func(err error) (*Conn, error) {
+		if c, ok := admitted.(io.Closer); ok {
+			c.Close()
+		}
+		return nil, err
+	}
+	if err := accept(raw, h); err != nil {
+		return fail(fmt.Errorf("sending accept: %w", err))
+	}
+	var c net.Conn = raw
+	bottom := 0
+	if ml != nil {
+		bottom = 1
+	}
+	for i := len(mirrored) - 1; i >= bottom; i-- {
+		spec, v, err := mirrored[i].build()
+		if err != nil {
+			return fail(err)
+		}
+		f, ok := v.(Filter)
+		if !ok {
+			return fail(fmt.Errorf("layer %s: a %s below a multi-link layer's hello", spec.Name, spec.Kind))
+		}
+		if c, err = f.Server(c); err != nil {
+			return fail(fmt.Errorf("layer %s: %w", spec.Name, err))
+		}
+	}
+	if err := raw.SetDeadline(time.Time{}); err != nil {
+		return fail(err)
+	}
+	if ml != nil {
+		l.log.Debug("vlink: multi-link member", "remote", h.RemoteAddr.String(), "stack", h.Stack.String(), "took", time.Since(start))
+		j := &junction{l: l, authenticated: h.Authenticated, depth: depth + 1, remote: h.RemoteAddr}
+		// The layer owns raw from here on, and watches j.Done() itself:
+		// the listener's Close must not close a member of a session it
+		// has already accepted.
+		l.untrack(raw)
+		if err := ml.Accept(c, j); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("layer %s: %w", mirrored[0].Name, err)
+		}
+		return nil, nil
+	}
+	l.log.Debug("vlink: accepted", "remote", h.RemoteAddr.String(), "stack", h.Stack.String(),
+		"target", h.Target, "took", time.Since(start))
+	return &Conn{Conn: c, hello: h, admitted: admitted}, nil
+}
+
+// sniff reads exactly as many bytes as it takes to tell the magic from a
+// plain client's first bytes, which it returns so they are not lost.
+func (l *Listener) sniff(c net.Conn, deadline time.Time) (vlink bool, prefix []byte, err error) {
+	sniffBy := deadline
+	if l.cfg.SniffTimeout > 0 {
+		sniffBy = time.Now().Add(l.cfg.SniffTimeout)
+	}
+	if err := c.SetReadDeadline(sniffBy); err != nil {
+		return false, nil, err
+	}
+	var buf [len(magic)]byte
+	n := 0
+	for n < len(magic) {
+		m, err := c.Read(buf[n : n+1])
+		n += m
+		if m > 0 && buf[n-1] != magic[n-1] {
+			return false, buf[:n], nil
+		}
+		if err != nil {
+			if isTimeout(err) && l.cfg.SniffTimeout > 0 && time.Now().Before(deadline) {
+				return false, buf[:n], nil // silent: a server-speaks-first client
+			}
+			if errors.Is(err, io.EOF) && n == 0 {
+				return false, nil, nil // plain client that only half-closed
+			}
+			return false, nil, fmt.Errorf("sniffing: %w", err)
+		}
+		if n == 1 {
+			// The first byte matched: from here on this is a hello,
+			// bounded by the handshake deadline, not the sniff timeout.
+			if err := c.SetReadDeadline(deadline); err != nil {
+				return false, nil, err
+			}
+		}
+	}
+	return true, nil, c.SetDeadline(deadline)
+}

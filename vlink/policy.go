@@ -1,0 +1,188 @@
+package vlink
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/vlink-dev/vlink/selector"
+)
+
+// MinKeySize is the shortest pre-shared key accepted.
+const MinKeySize = 16
+
+// PlainMode says whether a listener accepts connections that send no hello.
+type PlainMode uint8
+
+const (
+	// PlainDefault accepts plain connections unless the policy has a Key:
+	// a listener that requires authentication does not let plain clients
+	// bypass it.
+	PlainDefault PlainMode = iota
+	// PlainAllow accepts plain connections even with a Key.
+	PlainAllow
+	// PlainRefuse closes connections that send no hello.
+	PlainRefuse
+)
+
+// Range bounds a numeric parameter, inclusive.
+type Range struct{ Min, Max int64 }
+
+// Policy decides what a listener accepts from a dialer's hello. The zero
+// Policy accepts every registered filter within its schema bounds, no
+// authentication, plain connections, and no forwarding.
+type Policy struct {
+	// Layers are the layer names a dialer may ask the listener to mirror.
+	// Nil allows every registered filter and multi-link layer; an empty
+	// non-nil slice allows none.
+	Layers []string
+	// Limits narrow numeric parameters beyond their schema, keyed
+	// "layer.param" (for example "zstd.level": {1, 9}), because the
+	// listener runs the mirrored layer too: a compression level costs it
+	// CPU.
+	Limits map[string]Range
+	// MaxLayers bounds how many layers a hello may ask for. Zero means 8.
+	MaxLayers int
+	// Key, when set, is a pre-shared key every VLink dialer must prove it
+	// holds, by answering a fresh challenge (a captured hello cannot be
+	// replayed). The listener proves it holds the key in return.
+	Key []byte
+	// Plain says whether connections without a hello are accepted.
+	Plain PlainMode
+	// Targets are the forwarding targets a dialer may name, as selector
+	// rules (host glob, IP or CIDR, ports); the action of the first match
+	// decides (Refuse forbids). Nil forbids all forwarding: never an open
+	// proxy by default.
+	Targets []selector.Rule
+}
+
+// Validate reports whether the policy is usable.
+func (p *Policy) Validate() error {
+	if p.Key != nil && len(p.Key) < MinKeySize {
+		return fmt.Errorf("vlink: policy: key is %d bytes, want at least %d", len(p.Key), MinKeySize)
+	}
+	for _, name := range p.Layers {
+		s := lookup(name)
+		if s == nil {
+			return fmt.Errorf("vlink: policy: %w %q", ErrUnknownLayer, name)
+		}
+		if !s.Kind.mirrored() {
+			return fmt.Errorf("vlink: policy: %s is a %s; only filters and multi-link layers are mirrored", name, s.Kind)
+		}
+	}
+	for k, r := range p.Limits {
+		name, param, ok := strings.Cut(k, ".")
+		s := lookup(name)
+		if !ok || s == nil || s.param(param) == nil {
+			return fmt.Errorf("vlink: policy: limit %q names no registered layer parameter", k)
+		}
+		if r.Min > r.Max {
+			return fmt.Errorf("vlink: policy: limit %q: min %d > max %d", k, r.Min, r.Max)
+		}
+	}
+	if p.MaxLayers < 0 {
+		return errors.New("vlink: policy: MaxLayers is negative")
+	}
+	if _, err := p.targets(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (p *Policy) targets() (*selector.Selector, error) {
+	if p.Targets == nil {
+		return nil, nil
+	}
+	s, err := selector.New(p.Targets, selector.Rule{Action: selector.Refuse})
+	if err != nil {
+		return nil, fmt.Errorf("vlink: policy: targets: %w", err)
+	}
+	return s, nil
+}
+
+func (p *Policy) maxLayers() int {
+	if p.MaxLayers == 0 {
+		return 8
+	}
+	return p.MaxLayers
+}
+
+func (p *Policy) plainAllowed() bool {
+	switch p.Plain {
+	case PlainAllow:
+		return true
+	case PlainRefuse:
+		return false
+	}
+	return p.Key == nil
+}
+
+// checkStack parses the stack a hello asks for and checks it against the
+// registry and the policy. The result holds the mirrored layers only.
+func (p *Policy) checkStack(text string) (Stack, *RefusedError) {
+	var s Stack
+	if text != "" {
+		for i, part := range strings.Split(text, "+") {
+			l, err := parseLayer(part)
+			if err != nil {
+				return Stack{}, refuse(CodeMalformed, "layer %d: %v", i+1, err)
+			}
+			s.Layers = append(s.Layers, l)
+		}
+	}
+	if len(s.Layers) > p.maxLayers() {
+		return Stack{}, refuse(CodeLayer, "%d layers asked, at most %d allowed", len(s.Layers), p.maxLayers())
+	}
+	for i, l := range s.Layers {
+		spec := lookup(l.Name)
+		if spec == nil || !spec.Kind.mirrored() || (p.Layers != nil && !contains(p.Layers, l.Name)) {
+			return Stack{}, refuse(CodeLayer, "layer %d (%s) is not allowed here (allowed: %s)", i+1, l.Name, strings.Join(p.allowedNames(), ", "))
+		}
+		if spec.Kind == KindMultiLink && i > 0 {
+			// Each multi-link layer has a hello of its own, below the
+			// nested hello of the layers above it.
+			return Stack{}, refuse(CodeMalformed, "layer %d (%s): a multi-link layer can only be first in a hello", i+1, l.Name)
+		}
+		if err := checkParams(spec, l.Params); err != nil {
+			return Stack{}, refuse(CodeParam, "layer %d (%s): %v", i+1, l.Name, err)
+		}
+		for _, prm := range spec.Params {
+			r, limited := p.Limits[l.Name+"."+prm.Name]
+			if !limited {
+				continue
+			}
+			v, given := l.Params[prm.Name]
+			if !given {
+				v = prm.Default
+			}
+			n, _ := prm.parse(v)
+			if n < r.Min || n > r.Max {
+				return Stack{}, refuse(CodeParam, "layer %d (%s): %s=%s is outside this listener's [%s, %s]",
+					i+1, l.Name, prm.Name, v, prm.format(r.Min), prm.format(r.Max))
+			}
+		}
+	}
+	return s, nil
+}
+
+func (p *Policy) allowedNames() []string {
+	if p.Layers != nil {
+		return p.Layers
+	}
+	var names []string
+	for _, s := range Specs() {
+		if s.Kind.mirrored() {
+			names = append(names, s.Name)
+		}
+	}
+	return names
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

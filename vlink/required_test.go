@@ -1,0 +1,61 @@
+package vlink
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+)
+
+func init() {
+	Register(Spec{
+		Name: "test-required", Kind: KindFactory, Summary: "a factory with a required parameter",
+		Params: []Param{{Name: "addr", Type: TypeString, Required: true, Doc: "the proxy"}},
+		New:    func(a Args) (any, error) { return pathFactory{}, nil },
+	})
+}
+
+// pathFactory dials nothing: it reports its forward dialer's String, the
+// path a factory keys shared state on.
+type pathFactory struct{}
+
+type pathError struct{ path string }
+
+func (e pathError) Error() string { return "path " + e.path }
+
+func (pathFactory) DialContext(ctx context.Context, network, address string, forward ContextDialer) (net.Conn, error) {
+	s, _ := forward.(interface{ String() string })
+	if s == nil {
+		return nil, pathError{"<no String>"}
+	}
+	return nil, pathError{s.String()}
+}
+
+func TestRequiredParam(t *testing.T) {
+	_, err := Parse("test-required")
+	if !errors.Is(err, ErrBadParam) || !strings.Contains(err.Error(), "missing required parameter addr (the proxy)") {
+		t.Fatalf("Parse without the required parameter: %v", err)
+	}
+	if _, err := Parse("test-required:addr=p:1"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("registering a required parameter with a default did not panic")
+		}
+	}()
+	Register(Spec{Name: "test-required-bad", Kind: KindFactory, New: func(Args) (any, error) { return nil, nil },
+		Params: []Param{{Name: "a", Type: TypeString, Required: true, Default: "x"}}})
+}
+
+// TestForwardString checks that a factory's forward dialer describes the
+// stack below it, so that ssh can key its shared connections on the path.
+func TestForwardString(t *testing.T) {
+	d := Dialer{Stack: MustParse("test-required:addr=p:1+test-proxy:addr=q:2")}
+	_, err := d.Dial("tcp", "x:1")
+	var pe pathError
+	if !errors.As(err, &pe) || pe.path != "test-proxy:addr=q:2+tcp" {
+		t.Fatalf("dial = %v, want the path test-proxy:addr=q:2+tcp", err)
+	}
+}

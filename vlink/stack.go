@@ -1,0 +1,408 @@
+package vlink
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// A Stack is an ordered list of layers, from the application side down to
+// the wire. Its text form is
+//
+//	stack = layer *( "+" layer )
+//	layer = name [ ":" param *( "," param ) ]
+//	param = key [ "=" value ]
+//
+// for example "zstd:level=3+tcp:nodelay=false". A parameter without a value
+// is a true bool. Values may hold any byte; '%', '+', ',' and bytes outside
+// printable ASCII are written %XX. If the last layer is not a terminal
+// factory, "tcp" is implied below it, so "zstd" means "zstd+tcp" and ""
+// means plain "tcp". None of the grammar's characters need quoting in a
+// POSIX shell.
+type Stack struct {
+	Layers []Layer
+}
+
+// A Layer is one element of a stack: a registered name and its parameters.
+type Layer struct {
+	Name   string
+	Params map[string]string
+}
+
+// Errors matched by stack parsing and validation failures, wrapped in a
+// *StackError.
+var (
+	ErrSyntax       = errors.New("syntax error")
+	ErrUnknownLayer = errors.New("unknown layer")
+	ErrBadStack     = errors.New("invalid stack")
+)
+
+// A StackError reports a stack that does not parse or validate. It names
+// the offending layer and its position (1-based, counted from the
+// application side).
+type StackError struct {
+	Stack string // the text form, as given or formatted
+	Index int    // 1-based layer position; 0 for the whole stack
+	Layer string // the layer's name, if known
+	Err   error
+}
+
+func (e *StackError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "vlink: stack %q", e.Stack)
+	if e.Index > 0 {
+		fmt.Fprintf(&b, ": layer %d", e.Index)
+		if e.Layer != "" {
+			fmt.Fprintf(&b, " (%s)", e.Layer)
+		}
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
+}
+
+func (e *StackError) Unwrap() error { return e.Err }
+
+// Parse parses and validates a stack's text form against the registry.
+func Parse(text string) (Stack, error) {
+	var s Stack
+	if strings.TrimSpace(text) != text {
+		return s, &StackError{Stack: text, Err: fmt.Errorf("%w: leading or trailing space", ErrSyntax)}
+	}
+	if text != "" {
+		for i, part := range strings.Split(text, "+") {
+			l, err := parseLayer(part)
+			if err != nil {
+				return Stack{}, &StackError{Stack: text, Index: i + 1, Layer: l.Name, Err: err}
+			}
+			s.Layers = append(s.Layers, l)
+		}
+	}
+	if err := s.validate(text); err != nil {
+		return Stack{}, err
+	}
+	return s, nil
+}
+
+// MustParse is like Parse but panics on error. It is meant for stacks
+// written in programs and tests.
+func MustParse(text string) Stack {
+	s, err := Parse(text)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+func parseLayer(part string) (Layer, error) {
+	name, params, hasParams := strings.Cut(part, ":")
+	l := Layer{Name: name}
+	if name == "" {
+		return l, fmt.Errorf("%w: empty layer name", ErrSyntax)
+	}
+	if !nameRE.MatchString(name) {
+		return l, fmt.Errorf("%w: layer name %q: use lower-case letters, digits and '-'", ErrSyntax, name)
+	}
+	if !hasParams {
+		return l, nil
+	}
+	if params == "" {
+		return l, fmt.Errorf("%w: ':' with no parameters after it", ErrSyntax)
+	}
+	l.Params = map[string]string{}
+	for _, kv := range strings.Split(params, ",") {
+		k, v, hasValue := strings.Cut(kv, "=")
+		if !hasValue {
+			v = "true" // a bare key is a true bool
+		}
+		if !nameRE.MatchString(k) {
+			return l, fmt.Errorf("%w: parameter name %q: use lower-case letters, digits and '-'", ErrSyntax, k)
+		}
+		if _, dup := l.Params[k]; dup {
+			return l, fmt.Errorf("%w: parameter %q given twice", ErrSyntax, k)
+		}
+		uv, err := unescape(v)
+		if err != nil {
+			return l, fmt.Errorf("%w: parameter %s: %v", ErrSyntax, k, err)
+		}
+		l.Params[k] = uv
+	}
+	return l, nil
+}
+
+// validate checks every layer against the registry and the stack's shape:
+// mirrored layers (filters, multi-link) above factories, and a terminal
+// factory at the bottom (tcp is appended if missing).
+func (s *Stack) validate(text string) error {
+	if text == "" {
+		text = s.String()
+	}
+	seenFactory := false
+	for i := range s.Layers {
+		l := &s.Layers[i]
+		fail := func(err error) error { return &StackError{Stack: text, Index: i + 1, Layer: l.Name, Err: err} }
+		spec := lookup(l.Name)
+		if spec == nil {
+			return fail(fmt.Errorf("%w (known: %s)", ErrUnknownLayer, strings.Join(layerNames(), ", ")))
+		}
+		if err := checkParams(spec, l.Params); err != nil {
+			return fail(err)
+		}
+		switch {
+		case spec.Kind == KindFactory:
+			seenFactory = true
+			if spec.Terminal && i != len(s.Layers)-1 {
+				return fail(fmt.Errorf("%w: %s reaches the network itself and must be the last layer", ErrBadStack, l.Name))
+			}
+		case seenFactory:
+			return fail(fmt.Errorf("%w: a %s must sit above every factory", ErrBadStack, spec.Kind))
+		}
+	}
+	if n := len(s.Layers); n == 0 || !lookup(s.Layers[n-1].Name).Terminal {
+		if lookup("tcp") == nil {
+			return &StackError{Stack: text, Err: fmt.Errorf("%w: stack needs a terminal factory and tcp is not registered", ErrBadStack)}
+		}
+		s.Layers = append(s.Layers, Layer{Name: "tcp"})
+	}
+	return nil
+}
+
+func checkParams(spec *Spec, params map[string]string) error {
+	for k, v := range params {
+		p := spec.param(k)
+		if p == nil {
+			known := make([]string, len(spec.Params))
+			for i := range spec.Params {
+				known[i] = spec.Params[i].Name
+			}
+			if len(known) == 0 {
+				return fmt.Errorf("%w: unknown parameter %q (%s takes none)", ErrBadParam, k, spec.Name)
+			}
+			return fmt.Errorf("%w: unknown parameter %q (known: %s)", ErrBadParam, k, strings.Join(known, ", "))
+		}
+		if err := p.check(v); err != nil {
+			return err
+		}
+	}
+	for i := range spec.Params {
+		if p := &spec.Params[i]; p.Required {
+			if _, ok := params[p.Name]; !ok {
+				return fmt.Errorf("%w: missing required parameter %s (%s)", ErrBadParam, p.Name, p.Doc)
+			}
+		}
+	}
+	return nil
+}
+
+// String returns the stack's canonical text form: parameters sorted by
+// name, values escaped. Parse(s.String()) gives back an equal stack.
+func (s Stack) String() string {
+	var b strings.Builder
+	for i, l := range s.Layers {
+		if i > 0 {
+			b.WriteByte('+')
+		}
+		l.format(&b)
+	}
+	return b.String()
+}
+
+func (l Layer) String() string {
+	var b strings.Builder
+	l.format(&b)
+	return b.String()
+}
+
+func (l Layer) format(b *strings.Builder) {
+	b.WriteString(l.Name)
+	keys := make([]string, 0, len(l.Params))
+	for k := range l.Params {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for j, k := range keys {
+		if j == 0 {
+			b.WriteByte(':')
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		escape(b, l.Params[k])
+	}
+}
+
+// IsPlain reports whether the stack has nothing for a peer to mirror, so a
+// connection made with it is byte-for-byte the factory's stream.
+func (s Stack) IsPlain() bool { return len(s.mirrored()) == 0 }
+
+// mirrored returns the layers above the topmost factory: the ones the peer
+// rebuilds from the hello.
+func (s Stack) mirrored() []Layer {
+	for i, l := range s.Layers {
+		if spec := lookup(l.Name); spec != nil && spec.Kind == KindFactory {
+			return s.Layers[:i]
+		}
+	}
+	return s.Layers
+}
+
+// factories returns the factory layers, top first.
+func (s Stack) factories() []Layer { return s.Layers[len(s.mirrored()):] }
+
+// MarshalText implements encoding.TextMarshaler with the text form.
+func (s Stack) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler with Parse.
+func (s *Stack) UnmarshalText(b []byte) error {
+	p, err := Parse(string(b))
+	if err != nil {
+		return err
+	}
+	*s = p
+	return nil
+}
+
+// LayerConfig is the structured form of one layer, for config files:
+// {"layer": "zstd", "params": {"level": 3}}. Parameter values may be
+// strings, numbers or bools.
+type LayerConfig struct {
+	Layer  string         `json:"layer" toml:"layer"`
+	Params map[string]any `json:"params,omitempty" toml:"params,omitempty"`
+}
+
+// FromConfig builds and validates a stack from its structured form.
+func FromConfig(layers []LayerConfig) (Stack, error) {
+	var s Stack
+	for i, lc := range layers {
+		l := Layer{Name: lc.Layer}
+		if len(lc.Params) > 0 {
+			l.Params = make(map[string]string, len(lc.Params))
+		}
+		for k, v := range lc.Params {
+			switch v := v.(type) {
+			case string:
+				l.Params[k] = v
+			case bool, int, int64, uint64, float64:
+				l.Params[k] = fmt.Sprint(v)
+			default:
+				return Stack{}, &StackError{Stack: fmt.Sprint(layers), Index: i + 1, Layer: lc.Layer,
+					Err: fmt.Errorf("%w: parameter %s: unsupported value type %T", ErrBadParam, k, v)}
+			}
+		}
+		s.Layers = append(s.Layers, l)
+	}
+	for i := range s.Layers {
+		if !nameRE.MatchString(s.Layers[i].Name) {
+			return Stack{}, &StackError{Stack: s.String(), Index: i + 1, Layer: s.Layers[i].Name,
+				Err: fmt.Errorf("%w: layer name %q", ErrSyntax, s.Layers[i].Name)}
+		}
+	}
+	if err := s.validate(""); err != nil {
+		return Stack{}, err
+	}
+	return s, nil
+}
+
+// Config returns the structured form of the stack.
+func (s Stack) Config() []LayerConfig {
+	out := make([]LayerConfig, len(s.Layers))
+	for i, l := range s.Layers {
+		out[i].Layer = l.Name
+		if len(l.Params) > 0 {
+			out[i].Params = make(map[string]any, len(l.Params))
+			for k, v := range l.Params {
+				out[i].Params[k] = v
+			}
+		}
+	}
+	return out
+}
+
+// MarshalJSON writes the structured form.
+func (s Stack) MarshalJSON() ([]byte, error) { return json.Marshal(s.Config()) }
+
+// UnmarshalJSON accepts either the text form (a JSON string) or the
+// structured form (an array of LayerConfig).
+func (s *Stack) UnmarshalJSON(b []byte) error {
+	var text string
+	if json.Unmarshal(b, &text) == nil {
+		return s.UnmarshalText([]byte(text))
+	}
+	var lcs []LayerConfig
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&lcs); err != nil {
+		return fmt.Errorf("vlink: stack: %w", err)
+	}
+	p, err := FromConfig(lcs)
+	if err != nil {
+		return err
+	}
+	*s = p
+	return nil
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func needsEscape(c byte) bool {
+	return c <= ' ' || c >= 0x7f || c == '%' || c == '+' || c == ',' || c == '"' || c == '\'' || c == '\\'
+}
+
+func escape(b *strings.Builder, v string) {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if needsEscape(c) {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		} else {
+			b.WriteByte(c)
+		}
+	}
+}
+
+func unescape(v string) (string, error) {
+	if !strings.ContainsRune(v, '%') {
+		return v, nil
+	}
+	out := make([]byte, 0, len(v))
+	for i := 0; i < len(v); i++ {
+		if v[i] != '%' {
+			out = append(out, v[i])
+			continue
+		}
+		if i+2 >= len(v) || unhex(v[i+1]) < 0 || unhex(v[i+2]) < 0 {
+			return "", fmt.Errorf("bad escape at %q: write %%XX with two hex digits", v[i:])
+		}
+		out = append(out, byte(unhex(v[i+1])<<4|unhex(v[i+2])))
+		i += 2
+	}
+	return string(out), nil
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c - 'a' + 10)
+	case 'A' <= c && c <= 'F':
+		return int(c - 'A' + 10)
+	}
+	return -1
+}
+
+// build instantiates a layer.
+func (l Layer) build() (*Spec, any, error) {
+	spec := lookup(l.Name)
+	if spec == nil {
+		return nil, nil, fmt.Errorf("%w %q", ErrUnknownLayer, l.Name)
+	}
+	v, err := spec.New(Args{spec: spec, vals: l.Params})
+	if err != nil {
+		return spec, nil, fmt.Errorf("vlink: layer %s: %w", l.Name, err)
+	}
+	return spec, v, nil
+}

@@ -1,0 +1,194 @@
+package vlink
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+)
+
+// Test-only layers. "tcp" itself comes from factories/tcp, which the
+// external tests of this package import.
+func init() {
+	Register(Spec{
+		Name: "test-filter", Kind: KindFilter, Summary: "parameters of every type",
+		Params: []Param{
+			{Name: "level", Type: TypeInt, Default: "3", Min: 1, Max: 9},
+			{Name: "name", Type: TypeString},
+			{Name: "flag", Type: TypeBool},
+			{Name: "wait", Type: TypeDuration, Default: "1s", Min: 0, Max: int64(1e12)},
+			{Name: "window", Type: TypeSize, Default: "64K", Min: 1 << 10, Max: 1 << 20},
+		},
+		New: func(a Args) (any, error) { return xorFilter{key: byte(a.Int("level"))}, nil },
+	})
+	Register(Spec{
+		Name: "test-xor", Kind: KindFilter, Summary: "xor every byte with key, so a missing mirror garbles data",
+		Params: []Param{{Name: "key", Type: TypeInt, Default: "90", Min: 1, Max: 255}},
+		New:    func(a Args) (any, error) { return xorFilter{key: byte(a.Int("key"))}, nil },
+	})
+	Register(Spec{
+		Name: "test-proxy", Kind: KindFactory, Summary: "a non-terminal factory that dials through forward",
+		Params: []Param{{Name: "addr", Type: TypeString}},
+		New:    func(a Args) (any, error) { return proxyFactory{}, nil },
+	})
+}
+
+type xorFilter struct{ key byte }
+
+func (f xorFilter) Client(c net.Conn) (net.Conn, error) { return &xorConn{Conn: c, key: f.key}, nil }
+func (f xorFilter) Server(c net.Conn) (net.Conn, error) { return &xorConn{Conn: c, key: f.key}, nil }
+
+type xorConn struct {
+	net.Conn
+	key byte
+}
+
+func (c *xorConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	for i := range p[:n] {
+		p[i] ^= c.key
+	}
+	return n, err
+}
+
+func (c *xorConn) Write(p []byte) (int, error) {
+	q := make([]byte, len(p))
+	for i := range p {
+		q[i] = p[i] ^ c.key
+	}
+	return c.Conn.Write(q)
+}
+
+func (c *xorConn) CloseWrite() error { return c.Conn.(interface{ CloseWrite() error }).CloseWrite() }
+
+type proxyFactory struct{}
+
+func (proxyFactory) DialContext(ctx context.Context, network, address string, forward ContextDialer) (net.Conn, error) {
+	return forward.DialContext(ctx, network, address)
+}
+
+func TestParseFormat(t *testing.T) {
+	tests := []struct {
+		in, want string
+	}{
+		{"", "tcp"},
+		{"tcp", "tcp"},
+		{"test-xor", "test-xor+tcp"},
+		{"test-xor:key=7+tcp", "test-xor:key=7+tcp"},
+		{"test-filter:name=a,level=2,flag", "test-filter:flag=true,level=2,name=a+tcp"},
+		{"test-filter:name=a%2Cb%2Bc%25d%20e", "test-filter:name=a%2Cb%2Bc%25d%20e+tcp"},
+		{"test-filter:name=user@host:22/path=x", "test-filter:name=user@host:22/path=x+tcp"},
+		{"test-filter:window=1M,wait=90s", "test-filter:wait=90s,window=1M+tcp"},
+		{"test-xor+test-filter+test-proxy:addr=p:1080", "test-xor+test-filter+test-proxy:addr=p:1080+tcp"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			s, err := Parse(tt.in)
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", tt.in, err)
+			}
+			if got := s.String(); got != tt.want {
+				t.Fatalf("Parse(%q).String() = %q, want %q", tt.in, got, tt.want)
+			}
+			again, err := Parse(s.String())
+			if err != nil || again.String() != tt.want {
+				t.Fatalf("round trip of %q: %v, %q", tt.want, err, again.String())
+			}
+			fromCfg, err := FromConfig(s.Config())
+			if err != nil || fromCfg.String() != tt.want {
+				t.Fatalf("structured round trip of %q: %v, %q", tt.want, err, fromCfg.String())
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		in      string
+		is      error
+		index   int
+		mention string
+	}{
+		{"nope", ErrUnknownLayer, 1, "known: "},
+		{"test-xor+nope", ErrUnknownLayer, 2, "layer 2 (nope)"},
+		{"test-xor:key=300", ErrBadParam, 1, "outside [1, 255]"},
+		{"test-xor:key=x", ErrBadParam, 1, "not an integer"},
+		{"test-xor:kee=1", ErrBadParam, 1, "known: key"},
+		{"tcp:nodelay=1,nodelay=0", ErrSyntax, 1, "given twice"},
+		{"test-xor++tcp", ErrSyntax, 2, "empty layer name"},
+		{"test-xor:", ErrSyntax, 1, "no parameters"},
+		{"Zstd", ErrSyntax, 1, "lower-case"},
+		{"test-filter:name=%zz", ErrSyntax, 1, "bad escape"},
+		{"test-filter:window=2G", ErrBadParam, 1, "outside"},
+		{"test-filter:wait=soon", ErrBadParam, 1, "duration"},
+		{"tcp+test-xor", ErrBadStack, 1, "must be the last layer"},
+		{"test-proxy+test-xor", ErrBadStack, 2, "above every factory"},
+		{" tcp", ErrSyntax, 0, "space"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			_, err := Parse(tt.in)
+			if !errors.Is(err, tt.is) {
+				t.Fatalf("Parse(%q) = %v, want %v", tt.in, err, tt.is)
+			}
+			var se *StackError
+			if !errors.As(err, &se) || se.Index != tt.index {
+				t.Fatalf("Parse(%q): error %#v, want a *StackError at layer %d", tt.in, err, tt.index)
+			}
+			if !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("Parse(%q) = %q, want it to mention %q", tt.in, err, tt.mention)
+			}
+		})
+	}
+}
+
+func TestArgsDefaults(t *testing.T) {
+	s := MustParse("test-filter:flag")
+	spec := lookup("test-filter")
+	a := Args{spec: spec, vals: s.Layers[0].Params}
+	if a.Int("level") != 3 || !a.Bool("flag") || a.Size("window") != 64<<10 || a.Duration("wait").Seconds() != 1 || a.String("name") != "" {
+		t.Fatalf("defaults not applied: level=%d flag=%v window=%d wait=%v", a.Int("level"), a.Bool("flag"), a.Size("window"), a.Duration("wait"))
+	}
+	a = Args{spec: spec}
+	if a.Bool("flag") {
+		t.Fatal("absent bool with no default should be false")
+	}
+}
+
+func TestMirroredSplit(t *testing.T) {
+	s := MustParse("test-xor+test-filter+test-proxy:addr=p:1")
+	if got := (Stack{Layers: s.mirrored()}).String(); got != "test-xor+test-filter" {
+		t.Fatalf("mirrored = %q", got)
+	}
+	if len(s.factories()) != 2 || s.IsPlain() {
+		t.Fatalf("factories = %v, plain = %v", s.factories(), s.IsPlain())
+	}
+	if !MustParse("test-proxy+tcp").IsPlain() {
+		t.Fatal("a stack of factories is plain")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"", "tcp", "test-xor:key=7", "test-filter:name=a%2Cb,flag+test-proxy:addr=x:1+tcp", "a+:b", "x:y=%"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		s, err := Parse(in)
+		if err != nil {
+			var se *StackError
+			if !errors.As(err, &se) {
+				t.Fatalf("Parse(%q) error is not a *StackError: %v", in, err)
+			}
+			return
+		}
+		out := s.String()
+		again, err := Parse(out)
+		if err != nil {
+			t.Fatalf("Parse(%q) ok, but its String %q does not parse: %v", in, out, err)
+		}
+		if again.String() != out {
+			t.Fatalf("not canonical: %q -> %q -> %q", in, out, again.String())
+		}
+	})
+}

@@ -1,0 +1,500 @@
+package vlink_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	_ "github.com/vlink-dev/vlink/factories/tcp"
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var key = []byte("0123456789abcdef-test-key")
+
+// listen starts a VLink listener on loopback and an echo-or-sink server on
+// it: every accepted connection gets its bytes back, so tests check what
+// the far side saw.
+func listen(t *testing.T, lc vlink.ListenConfig) *vlink.Listener {
+	t.Helper()
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	return l
+}
+
+// roundTrip sends n random bytes, half-closes, and checks the echo's hash.
+func roundTrip(t *testing.T, c net.Conn, n int) {
+	t.Helper()
+	data := make([]byte, n)
+	rand.Read(data)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading echo: %v", err)
+	}
+	if werr := <-errc; werr != nil {
+		t.Fatalf("writing: %v", werr)
+	}
+	if sha256.Sum256(got) != sha256.Sum256(data) {
+		t.Fatalf("echo of %d bytes came back as %d different bytes", n, len(got))
+	}
+}
+
+func TestDialListenMirrors(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{})
+	for _, stack := range []string{"tcp", "test-xor", "test-xor:key=3+test-filter:level=7", "test-xor+test-proxy"} {
+		t.Run(stack, func(t *testing.T) {
+			d := vlink.Dialer{Stack: vlink.MustParse(stack)}
+			c, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			roundTrip(t, c, 1<<20+7)
+		})
+	}
+}
+
+// A plain stack sends no hello: an ordinary TCP server sees exactly the
+// application's bytes.
+func TestPlainStackSendsNoHello(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan []byte, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		got <- b
+	}()
+	d := vlink.Dialer{Stack: vlink.MustParse("tcp")}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		t.Errorf("plain stack returned %T, want the *net.TCPConn itself", c)
+	}
+	c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	c.Close()
+	if b := <-got; string(b) != "GET / HTTP/1.0\r\n\r\n" {
+		t.Fatalf("server saw %q", b)
+	}
+}
+
+// Plain clients reach a VLink listener too, including silent ones whose
+// protocol has the server speak first.
+func TestListenerAcceptsPlain(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{SniffTimeout: 50 * time.Millisecond})
+	for _, first := range []string{"hello", "\x89PNG not vlink", "\x89VLK\r\nX"} {
+		t.Run(first, func(t *testing.T) {
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write([]byte(first))
+			c.(*net.TCPConn).CloseWrite()
+			b, err := io.ReadAll(c)
+			if err != nil || string(b) != first {
+				t.Fatalf("echo = %q, %v; want %q", b, err, first)
+			}
+		})
+	}
+	t.Run("silent", func(t *testing.T) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		time.Sleep(100 * time.Millisecond) // past the sniff timeout, as an SSH client waiting for a banner
+		c.Write([]byte("late"))
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "late" {
+			t.Fatalf("echo = %q, %v", buf, err)
+		}
+	})
+}
+
+func TestRefusals(t *testing.T) {
+	tests := []struct {
+		name    string
+		policy  vlink.Policy
+		stack   string
+		via     bool
+		key     []byte
+		is      error
+		code    vlink.RefuseCode
+		mention string
+	}{
+		{"layer not allowed", vlink.Policy{Layers: []string{"test-filter"}}, "test-xor", false, nil, vlink.ErrNotAllowed, vlink.CodeLayer, "test-xor"},
+		{"param above limit", vlink.Policy{Limits: map[string]vlink.Range{"test-xor.key": {1, 10}}}, "test-xor:key=200", false, nil, vlink.ErrNotAllowed, vlink.CodeParam, "outside this listener's [1, 10]"},
+		{"default above limit", vlink.Policy{Limits: map[string]vlink.Range{"test-xor.key": {1, 10}}}, "test-xor", false, nil, vlink.ErrNotAllowed, vlink.CodeParam, "key=90"},
+		{"too many layers", vlink.Policy{MaxLayers: 1}, "test-xor+test-xor", false, nil, vlink.ErrNotAllowed, vlink.CodeLayer, "at most 1"},
+		{"key required", vlink.Policy{Key: key}, "test-xor", false, nil, vlink.ErrAuth, vlink.CodeAuthRequired, "pre-shared key"},
+		{"wrong key", vlink.Policy{Key: key}, "test-xor", false, []byte("another key of 16+ bytes"), vlink.ErrAuth, vlink.CodeAuthFailed, "does not match"},
+		{"no forwarding", vlink.Policy{}, "test-xor", true, nil, vlink.ErrNotAllowed, vlink.CodeTarget, "does not forward"},
+		{"target not allowed", vlink.Policy{Targets: []selector.Rule{{Host: "db.internal", Ports: "5432"}}}, "test-xor", true, nil, vlink.ErrNotAllowed, vlink.CodeTarget, "not allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := listen(t, vlink.ListenConfig{Policy: tt.policy})
+			d := vlink.Dialer{Stack: vlink.MustParse(tt.stack), Key: tt.key}
+			target := l.Addr().String()
+			if tt.via {
+				d.Via, target = l.Addr().String(), "example.com:80"
+			}
+			c, err := d.Dial("tcp", target)
+			if err == nil {
+				c.Close()
+				t.Fatal("dial succeeded")
+			}
+			var re *vlink.RefusedError
+			if !errors.Is(err, tt.is) || !errors.Is(err, vlink.ErrRefused) || !errors.As(err, &re) || re.Code != tt.code {
+				t.Fatalf("err = %v, want a refusal %v matching %v", err, tt.code, tt.is)
+			}
+			var oe *net.OpError
+			if !errors.As(err, &oe) || oe.Op != "dial" {
+				t.Fatalf("err = %#v, want a *net.OpError", err)
+			}
+			if !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("err = %q, want it to mention %q", err, tt.mention)
+			}
+			// The listener keeps serving after a refusal.
+			ok := vlink.Dialer{Stack: vlink.MustParse("tcp")}
+			c, err = ok.Dial("tcp", l.Addr().String())
+			if tt.policy.Key != nil {
+				ok = vlink.Dialer{Stack: vlink.MustParse("test-filter"), Key: key}
+				c, err = ok.Dial("tcp", l.Addr().String())
+			}
+			if err != nil {
+				t.Fatalf("listener stopped serving: %v", err)
+			}
+			roundTrip(t, c, 1000)
+			c.Close()
+		})
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{Policy: vlink.Policy{Key: key}})
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor"), Key: key}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, c, 100)
+	c.Close()
+
+	// A plain client cannot bypass the key: the listener closes it.
+	pc, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	pc.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := pc.Read(make([]byte, 10)); n != 0 || err == nil || errors.Is(err, net.ErrClosed) {
+		t.Fatalf("plain client against a keyed listener read %d bytes, err %v; want the connection closed", n, err)
+	}
+
+	// A dialer with a key refuses a listener that cannot prove it.
+	open := listen(t, vlink.ListenConfig{})
+	if _, err := d.Dial("tcp", open.Addr().String()); !errors.Is(err, vlink.ErrAuth) {
+		t.Fatalf("dial to a listener without the key = %v, want ErrAuth", err)
+	}
+}
+
+// A captured hello and proof replayed on a new connection fail, because
+// the challenge is fresh.
+func TestReplayFails(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{Policy: vlink.Policy{Key: key}})
+	// Record what an honest dialer sends through a recording proxy.
+	rec := &recorder{}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Close()
+	go func() {
+		c, err := pl.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		s, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		go io.Copy(c, s)
+		io.Copy(io.MultiWriter(s, rec), c)
+	}()
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor"), Key: key}
+	c, err := d.Dial("tcp", pl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	time.Sleep(50 * time.Millisecond)
+	captured := rec.bytes()
+
+	// Replay it byte for byte.
+	r, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Write(captured)
+	r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answer, _ := io.ReadAll(r)
+	// challenge frame, then a refusal with CodeAuthFailed.
+	if !bytes.Contains(answer, []byte("does not match")) {
+		t.Fatalf("replayed handshake got %q, want an authentication failure", answer)
+	}
+}
+
+type recorder struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	r.b = append(r.b, p...)
+	r.mu.Unlock()
+	return len(p), nil
+}
+
+func (r *recorder) bytes() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]byte(nil), r.b...)
+}
+
+// Malformed hellos get a refusal for that connection only; the listener
+// keeps serving others, including while a slow dialer holds a handshake.
+func TestMalformedHellos(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{HandshakeTimeout: 300 * time.Millisecond})
+	magic := "\x89VLK\r\n\x1a\n"
+	tests := []struct {
+		name, in, want string
+	}{
+		{"version", magic + "\x07\x01\x00\x00", "version"},
+		{"oversized", magic + "\x01\x01\xff\xff", "exceeds"},
+		{"garbage fields", magic + "\x01\x01\x00\x03\x63\x00\x00", "unexpected field"},
+		{"unknown layer", magic + "\x01\x01\x00\x07\x01\x00\x04nope", "not allowed"},
+		{"factory asked", magic + "\x01\x01\x00\x06\x01\x00\x03tcp", "not allowed"},
+		{"bad param", magic + "\x01\x01\x00\x0f\x01\x00\x0ctest-xor:k=1", "unknown parameter"},
+	}
+	slow, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	slow.Write([]byte(magic[:5])) // and never more
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write([]byte(tt.in))
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			answer, _ := io.ReadAll(c)
+			if !strings.Contains(string(answer), tt.want) {
+				t.Fatalf("answer %q, want a refusal mentioning %q", answer, tt.want)
+			}
+			good := vlink.Dialer{Stack: vlink.MustParse("test-xor")}
+			gc, err := good.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatalf("listener stopped serving: %v", err)
+			}
+			roundTrip(t, gc, 10)
+			gc.Close()
+		})
+	}
+	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := slow.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a stalled handshake was not closed after the handshake timeout")
+	}
+}
+
+func TestDialNotVLink(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if i == 0 {
+				c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			}
+			c.Close()
+		}
+	}()
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor")}
+	for i := 0; i < 2; i++ {
+		if _, err := d.Dial("tcp", ln.Addr().String()); !errors.Is(err, vlink.ErrNotVLink) {
+			t.Fatalf("dial %d to a plain server = %v, want ErrNotVLink", i, err)
+		}
+	}
+	<-done
+}
+
+func TestDialContextCancelled(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor")}
+	start := time.Now()
+	_, err = d.DialContext(ctx, "tcp", ln.Addr().String())
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatal("cancel did not interrupt the handshake")
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err = d.DialContext(ctx, "tcp", ln.Addr().String()); !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, errTimeout) {
+		t.Fatalf("err = %v, want a deadline error", err)
+	}
+}
+
+var errTimeout = context.DeadlineExceeded
+
+func TestAdmitAndForwardTarget(t *testing.T) {
+	lc := vlink.ListenConfig{
+		Policy: vlink.Policy{Targets: []selector.Rule{{Host: "*.allowed", Ports: "1-65535"}}},
+		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
+			if strings.HasPrefix(h.Target, "down.") {
+				return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: "connection refused"}
+			}
+			return h.Target, nil
+		},
+	}
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := l.AcceptVLink()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- c.Hello().Target + " " + c.Admitted().(string) + " " + c.Hello().Stack.String()
+		c.Close()
+	}()
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor:key=5"), Via: l.Addr().String()}
+	if _, err := d.Dial("tcp", "down.allowed:80"); !errors.Is(err, vlink.ErrUnreachable) {
+		t.Fatalf("dial to an unreachable target = %v, want ErrUnreachable", err)
+	}
+	c, err := d.Dial("tcp", "up.allowed:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if s := <-got; s != "up.allowed:80 up.allowed:80 test-xor:key=5" {
+		t.Fatalf("listener saw %q", s)
+	}
+}
+
+func TestListenerClose(t *testing.T) {
+	var lc vlink.ListenConfig
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A connection stuck in its handshake is closed by Close.
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("\x89VLK"))
+	errc := make(chan error, 1)
+	go func() { _, err := l.Accept(); errc <- err }()
+	time.Sleep(20 * time.Millisecond)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Close = %v, want net.ErrClosed", err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("connection in handshake survived Close")
+	}
+}
+
+func TestForwardTargetMustBeNumeric(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{Policy: vlink.Policy{Targets: []selector.Rule{{Host: "*"}}}})
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor"), Via: l.Addr().String()}
+	for _, target := range []string{"example.com:https", "example.com:0", ":80"} {
+		if _, err := d.Dial("tcp", target); !errors.Is(err, vlink.ErrBadHello) {
+			t.Errorf("target %q: err = %v, want a malformed-hello refusal", target, err)
+		}
+	}
+}
