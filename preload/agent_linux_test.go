@@ -568,13 +568,22 @@ func TestOtherUserRefused(t *testing.T) {
 // closedPort returns a loopback port nothing listens on.
 func closedPort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// A socket bound to the port and not listening keeps it refusing for
+	// the whole test: without SO_REUSEADDR, no other test's listener can
+	// take it meanwhile, as one could a port merely closed.
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return port
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
 
 func TestAgentClose(t *testing.T) {
