@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // sinkServer accepts connections and, for each, reads to EOF and answers
@@ -234,32 +236,17 @@ func startEcho(tb testing.TB) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	testnet.Serve(tb, l, func(c net.Conn) {
+		// Not io.Copy(c, c): splicing would hold a pipe, two more
+		// descriptors, per idle connection.
+		buf := make([]byte, 512)
 		for {
-			c, err := l.Accept()
-			if err != nil {
+			n, err := c.Read(buf)
+			if _, werr := c.Write(buf[:n]); err != nil || werr != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				// Not io.Copy(c, c): splicing would hold a pipe, two
-				// more descriptors, per idle connection.
-				buf := make([]byte, 512)
-				for {
-					n, err := c.Read(buf)
-					if _, werr := c.Write(buf[:n]); err != nil || werr != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	tb.Cleanup(func() { l.Close(); wg.Wait() })
+	})
 	return l.Addr().String()
 }
 

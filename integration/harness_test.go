@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // Timeouts of the harness; generous, since CI machines are shared.
@@ -49,30 +51,12 @@ func needPrograms(tb testing.TB, names ...string) {
 	tb.Skip(msg)
 }
 
-// logBuffer collects a process's output for the test to search.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A proc is a program started for a test, in its own process group so
 // that cleanup reaches its children too (socat forks one per connection).
 type proc struct {
 	name  string
 	cmd   *exec.Cmd
-	out   *logBuffer // stdout and stderr
+	out   *testnet.Buffer // stdout and stderr
 	done  chan struct{}
 	err   error // from Wait, once done is closed
 	ports []int // listening ports that must be gone after stop
@@ -88,7 +72,7 @@ type proc struct {
 func startProc(tb testing.TB, name string, args ...string) *proc {
 	tb.Helper()
 	cmd := exec.Command(name, args...)
-	p := &proc{name: filepath.Base(name), cmd: cmd, out: &logBuffer{}, done: make(chan struct{})}
+	p := &proc{name: filepath.Base(name), cmd: cmd, out: &testnet.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	// A descendant that escaped the group must not hold Wait forever.
 	cmd.WaitDelay = stopTimeout

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 func sleepMillis(n int) { time.Sleep(time.Duration(n) * time.Millisecond) }
@@ -432,7 +434,7 @@ func TestExecExitCodes(t *testing.T) {
 func TestExecCleanup(t *testing.T) {
 	needPrograms(t, "sleep")
 	cmd := exec.Command(vlinkBin, "exec", "--log-level", "debug", "--", "sleep", "60")
-	var out logBuffer
+	var out testnet.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

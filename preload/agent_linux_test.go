@@ -21,6 +21,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
@@ -90,40 +91,26 @@ func needBuilds(t testing.TB) (shim, conntest string) {
 	return builds.shim, builds.conntest
 }
 
-// echoServer echoes each connection until the peer half-closes.
-func echoServer(t testing.TB, network, addr string) (string, func()) {
+// echoServer echoes each connection until the peer half-closes, for 30
+// seconds at most, until the test ends.
+func echoServer(t testing.TB, network, addr string) string {
 	t.Helper()
 	l, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	return l.Addr().String(), func() { l.Close(); wg.Wait() }
+	testnet.Serve(t, l, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		testnet.Echo(c)
+	})
+	return l.Addr().String()
 }
 
 // gateway is a VLink listener standing in for vlink serve: it forwards to
 // the target a dialer names, after mapping the lab's made-up addresses to
 // loopback: 127.0.0.2 and 127.0.0.3 to 127.0.0.1, fd00::1 to ::1, and
 // NAME.far.test and NAME.fdfar.test to 127.0.0.1, except nosuch.*.
-func gateway(t testing.TB) (addr string, stop func()) {
+func gateway(t testing.TB) string {
 	t.Helper()
 	mapTarget := func(target string) (string, error) {
 		host, port, err := net.SplitHostPort(target)
@@ -162,23 +149,10 @@ func gateway(t testing.TB) (addr string, stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.AcceptVLink()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				netconn.Relay(c, c.Admitted().(net.Conn))
-			}()
-		}
-	}()
-	return l.Addr().String(), func() { l.Close(); wg.Wait() }
+	testnet.Serve(t, l, func(c net.Conn) {
+		netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn))
+	})
+	return l.Addr().String()
 }
 
 // lab is an agent with rules covering every route, and its servers.
@@ -188,36 +162,18 @@ type lab struct {
 	echo4, echo6 string // host:port of the echo servers
 	port4, port6 string
 	gw           string
-	logs         *logBuffer
-}
-
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs         *testnet.Buffer
 }
 
 func newLab(t *testing.T) *lab {
 	t.Helper()
 	shim, prog := needBuilds(t)
-	lb := &lab{shim: shim, prog: prog, logs: &logBuffer{}}
-	var stop4, stop6, stopGW func()
-	lb.echo4, stop4 = echoServer(t, "tcp4", "127.0.0.1:0")
-	lb.echo6, stop6 = echoServer(t, "tcp6", "[::1]:0")
+	lb := &lab{shim: shim, prog: prog, logs: &testnet.Buffer{}}
+	lb.echo4 = echoServer(t, "tcp4", "127.0.0.1:0")
+	lb.echo6 = echoServer(t, "tcp6", "[::1]:0")
 	_, lb.port4, _ = net.SplitHostPort(lb.echo4)
 	_, lb.port6, _ = net.SplitHostPort(lb.echo6)
-	lb.gw, stopGW = gateway(t)
+	lb.gw = gateway(t)
 	rules := []selector.Rule{
 		{Host: "127.0.0.2", Stack: "zstd", Via: lb.gw},   // relayed: the stack transforms the bytes
 		{Host: "127.0.0.3", Stack: "tcp", Via: lb.gw},    // a descriptor: plain TCP after the hello
@@ -237,9 +193,6 @@ func newLab(t *testing.T) *lab {
 	}
 	t.Cleanup(func() {
 		lb.agent.Close()
-		stopGW()
-		stop4()
-		stop6()
 		if t.Failed() {
 			t.Logf("agent log:\n%s", lb.logs.String())
 		}

@@ -3,8 +3,6 @@ package vlink_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	"errors"
 	"io"
 	"net"
@@ -16,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -33,50 +32,8 @@ func listen(t *testing.T, lc vlink.ListenConfig) *vlink.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { l.Close(); wg.Wait() })
+	testnet.Serve(t, l, func(c net.Conn) { io.Copy(c, c) })
 	return l
-}
-
-// roundTrip sends n random bytes, half-closes, and checks the echo's hash.
-func roundTrip(t *testing.T, c net.Conn, n int) {
-	t.Helper()
-	data := make([]byte, n)
-	rand.Read(data)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(data)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		errc <- err
-	}()
-	got, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("reading echo: %v", err)
-	}
-	if werr := <-errc; werr != nil {
-		t.Fatalf("writing: %v", werr)
-	}
-	if sha256.Sum256(got) != sha256.Sum256(data) {
-		t.Fatalf("echo of %d bytes came back as %d different bytes", n, len(got))
-	}
 }
 
 func TestDialListenMirrors(t *testing.T) {
@@ -89,7 +46,7 @@ func TestDialListenMirrors(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			roundTrip(t, c, 1<<20+7)
+			testnet.RoundTrip(t, c, 1<<20+7)
 		})
 	}
 }
@@ -216,7 +173,7 @@ func TestRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatalf("listener stopped serving: %v", err)
 			}
-			roundTrip(t, c, 1000)
+			testnet.RoundTrip(t, c, 1000)
 			c.Close()
 		})
 	}
@@ -229,7 +186,7 @@ func TestAuthentication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roundTrip(t, c, 100)
+	testnet.RoundTrip(t, c, 100)
 	c.Close()
 
 	// A plain client cannot bypass the key: the listener closes it.
@@ -357,7 +314,7 @@ func TestMalformedHellos(t *testing.T) {
 			if err != nil {
 				t.Fatalf("listener stopped serving: %v", err)
 			}
-			roundTrip(t, gc, 10)
+			testnet.RoundTrip(t, gc, 10)
 			gc.Close()
 		})
 	}

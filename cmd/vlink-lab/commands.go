@@ -244,7 +244,7 @@ lab's namespaces are killed when the lab goes down.
 				if code < 0 {
 					code = 128 + exitSignal(xe)
 				}
-				return &errExit{code}
+				return &errExit{Code: code}
 			}
 			return err
 		}

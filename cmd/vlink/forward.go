@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -30,6 +32,55 @@ func newTracker() *tracker {
 	t := &tracker{conns: map[net.Conn]struct{}{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t
+}
+
+// acceptLoop passes every connection l accepts to accept, which spawns
+// its handler, until l fails or ctx ends (closing l). A temporary failure
+// (out of descriptors) is retried with backoff, as net/http does. Then l
+// is closed; on ctx's end the open connections get grace to finish before
+// they are cut, on a failure they are cut at once and it is returned.
+func (t *tracker) acceptLoop(ctx context.Context, log *slog.Logger, l net.Listener, grace time.Duration, accept func(net.Conn)) error {
+	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
+	defer stopOnCancel()
+	var backoff time.Duration
+	var acceptErr error
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() == nil && isTemporary(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				log.Warn("accept", "err", err, "retry_in", backoff)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-ctx.Done():
+				}
+			}
+			acceptErr = err
+			break
+		}
+		backoff = 0
+		accept(c)
+	}
+	l.Close()
+	if ctx.Err() == nil {
+		t.shutdown(0)
+		return fmt.Errorf("accepting: %w", acceptErr)
+	}
+	log.Info("shutting down", "active", t.active(), "grace", grace)
+	if n := t.shutdown(grace); n > 0 {
+		log.Info("closed connections still open after the grace period", "count", n)
+	}
+	return nil
+}
+
+func isTemporary(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
 }
 
 // spawn runs a connection handler that shutdown waits for.

@@ -133,9 +133,6 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
-	defer stopOnCancel()
-
 	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
 		e.log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
 			"addr", l.Addr().String())
@@ -143,25 +140,11 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 	e.log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
 		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil)
 
-	var acceptErr error
-	for {
-		c, err := l.AcceptVLink()
-		if err != nil {
-			acceptErr = err
-			break
-		}
-		s.t.spawn(func() { s.handle(c) })
-	}
-	l.Close()
-	if ctx.Err() == nil {
-		s.t.shutdown(0)
-		return fmt.Errorf("accepting: %w", acceptErr)
-	}
-	e.log.Info("shutting down", "active", s.t.active(), "grace", o.grace)
-	if n := s.t.shutdown(o.grace); n > 0 {
-		e.log.Info("closed connections still open after the grace period", "count", n)
-	}
-	return nil
+	// The listener retries its own temporary accept failures, and
+	// accepts only *vlink.Conn.
+	return s.t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
+		s.t.spawn(func() { s.handle(c.(*vlink.Conn)) })
+	})
 }
 
 // policy builds the listener's policy from the flags.

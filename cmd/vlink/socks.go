@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -174,8 +173,6 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
-	defer stopOnCancel()
 	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && len(allow) == 0 {
 		e.log.Warn("listening beyond loopback with no --allow-from: only loopback clients will be served", "addr", l.Addr().String())
 	}
@@ -187,48 +184,21 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 
 	t := newTracker()
 	sem := make(chan struct{}, maxSOCKSHandshakes)
-	var backoff time.Duration
-	var acceptErr error
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() == nil && isTemporary(err) {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				e.log.Warn("accept", "err", err, "retry_in", backoff)
-				select {
-				case <-time.After(backoff):
-					continue
-				case <-ctx.Done():
-				}
-			}
-			acceptErr = err
-			break
-		}
-		backoff = 0
+	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
 		if !clientAllowed(c.RemoteAddr(), allow) {
 			e.log.Info("refused client: not loopback and not in --allow-from", "remote", c.RemoteAddr().String())
 			c.Close()
-			continue
+			return
 		}
 		select {
 		case sem <- struct{}{}:
 		default:
 			e.log.Warn("too many SOCKS handshakes in progress: client closed", "remote", c.RemoteAddr().String(), "max", maxSOCKSHandshakes)
 			c.Close()
-			continue
+			return
 		}
 		t.spawn(func() { o.handle(e, t, srv, sem, c) })
-	}
-	l.Close()
-	if ctx.Err() == nil {
-		t.shutdown(0)
-		return fmt.Errorf("accepting: %w", acceptErr)
-	}
-	e.log.Info("shutting down", "active", t.active(), "grace", o.grace)
-	if n := t.shutdown(o.grace); n > 0 {
-		e.log.Info("closed connections still open after the grace period", "count", n)
-	}
-	return nil
+	})
 }
 
 // clientAllowed: loopback clients always, others if a prefix holds them.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"time"
 
@@ -135,8 +134,6 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
-	defer stopOnCancel()
 	stack := o.stack
 	if stack == "" {
 		stack = "from the configuration"
@@ -147,37 +144,9 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	e.log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
 
 	t := newTracker()
-	var backoff time.Duration
-	var acceptErr error
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() == nil && isTemporary(err) {
-				// Out of descriptors and the like: wait, as net/http does.
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				e.log.Warn("accept", "err", err, "retry_in", backoff)
-				select {
-				case <-time.After(backoff):
-					continue
-				case <-ctx.Done():
-				}
-			}
-			acceptErr = err
-			break
-		}
-		backoff = 0
+	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
 		t.spawn(func() { o.handle(e, t, d, c) })
-	}
-	l.Close()
-	if ctx.Err() == nil {
-		t.shutdown(0)
-		return fmt.Errorf("accepting: %w", acceptErr)
-	}
-	e.log.Info("shutting down", "active", t.active(), "grace", o.grace)
-	if n := t.shutdown(o.grace); n > 0 {
-		e.log.Info("closed connections still open after the grace period", "count", n)
-	}
-	return nil
+	})
 }
 
 // handle carries one local connection to --to.
@@ -207,13 +176,4 @@ func listenOn(ctx context.Context, stack, addr string) (net.Listener, error) {
 		return nil, usagef("--listen-stack: %v", err)
 	}
 	return vlink.ListenStack(ctx, s, "tcp", addr)
-}
-
-func isTemporary(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return true
-	}
-	var t interface{ Temporary() bool }
-	return errors.As(err, &t) && t.Temporary()
 }

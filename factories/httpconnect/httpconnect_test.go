@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/vlink-dev/vlink/factories/httpconnect"
 	_ "github.com/vlink-dev/vlink/factories/tcp"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -33,30 +33,10 @@ func dial(t testing.TB, stack, addr string) (net.Conn, error) {
 // fakeProxy answers each connection with script.
 func fakeProxy(t *testing.T, script func(c net.Conn, br *bufio.Reader)) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				script(c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	return l.Addr().String()
+	return testnet.Listen(t, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		script(c, bufio.NewReader(c))
+	})
 }
 
 // readRequest reads the CONNECT request header.

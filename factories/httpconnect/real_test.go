@@ -10,12 +10,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/httpconnect"
 	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -24,36 +24,15 @@ import (
 // SHA-256, wrong or missing credentials are ErrAuth, a port the rules do
 // not allow is a 403 refusal.
 func TestTinyproxy(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer func() { l.Close(); wg.Wait() }()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() { // echo
-				defer wg.Done()
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	port := l.Addr().(*net.TCPAddr).Port
+	echo := testnet.EchoServer(t)
+	_, ps, _ := net.SplitHostPort(echo)
+	port, _ := strconv.Atoi(ps)
 	_, proxy := realserver.StartTinyproxy(t, realserver.TinyproxyOptions{User: "bob", Password: "s3cret", ConnectPorts: []int{port}})
 	t.Setenv("VLINK_TEST_HTTP_PW", "s3cret")
 	t.Setenv("VLINK_TEST_HTTP_BAD", "wrong")
 	good := "http:addr=" + proxy + ",user=bob,password-env=VLINK_TEST_HTTP_PW"
 
-	for _, dest := range []string{l.Addr().String(), "localhost:" + strconv.Itoa(port)} {
+	for _, dest := range []string{echo, "localhost:" + strconv.Itoa(port)} {
 		c, err := dial(t, good, dest)
 		if err != nil {
 			t.Fatalf("%s: %v", dest, err)
@@ -75,11 +54,11 @@ func TestTinyproxy(t *testing.T) {
 		}
 	}
 
-	_, err = dial(t, "http:addr="+proxy+",user=bob,password-env=VLINK_TEST_HTTP_BAD", l.Addr().String())
+	_, err := dial(t, "http:addr="+proxy+",user=bob,password-env=VLINK_TEST_HTTP_BAD", echo)
 	if !errors.Is(err, httpconnect.ErrAuth) || !strings.Contains(err.Error(), proxy) || strings.Contains(err.Error(), "wrong") {
 		t.Errorf("wrong password: %v, want ErrAuth naming %s and not the password", err, proxy)
 	}
-	_, err = dial(t, "http:addr="+proxy, l.Addr().String())
+	_, err = dial(t, "http:addr="+proxy, echo)
 	if !errors.Is(err, vlink.ErrAuth) {
 		t.Errorf("no credentials: %v, want ErrAuth", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vlink-dev/vlink/factories/socks"
 	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestOpenSSHDynamic(t *testing.T) {
 	sshd := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
 	proxy := sshd.StartDynamic(t)
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	_, port, _ := net.SplitHostPort(echo)
 	for _, tc := range []struct{ layer, dest string }{
 		{"socks4", echo},
@@ -47,7 +48,7 @@ func TestOpenSSHDynamic(t *testing.T) {
 			if _, ok := c.(*net.TCPConn); !ok {
 				t.Errorf("connection is a %T, want the proxy's *net.TCPConn unwrapped", c)
 			}
-			roundTrip(t, c, 1<<20+3)
+			testnet.RoundTrip(t, c, 1<<20+3)
 		})
 	}
 	// A destination sshd cannot reach: ssh -D sends no failure reply, it
@@ -66,7 +67,7 @@ func TestOpenSSHDynamic(t *testing.T) {
 // block, and remote name resolution.
 func TestDante(t *testing.T) {
 	d := realserver.StartDante(t, true)
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	_, port, _ := net.SplitHostPort(echo)
 	t.Setenv("VLINK_TEST_DANTE_PW", d.Password)
 	t.Setenv("VLINK_TEST_DANTE_BAD", d.Password+"x")
@@ -77,7 +78,7 @@ func TestDante(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", dest, err)
 		}
-		roundTrip(t, c, 3<<20)
+		testnet.RoundTrip(t, c, 3<<20)
 		c.Close()
 	}
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/socks"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -39,44 +40,25 @@ func (d *recordingDialer) DialContext(ctx context.Context, network, address stri
 // startServer serves srv on a loopback port until the test ends.
 func startServer(t testing.TB, srv *socks.Server) (string, chan error) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	errs := make(chan error, 100)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
+	addr := testnet.Listen(t, func(c net.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		out, _, err := srv.Handshake(ctx, c)
+		cancel()
+		if err != nil {
+			select {
+			case errs <- err:
+			default:
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				out, _, err := srv.Handshake(ctx, c)
-				cancel()
-				if err != nil {
-					c.Close()
-					select {
-					case errs <- err:
-					default:
-					}
-					return
-				}
-				netconn.Relay(c, out)
-			}()
+			return
 		}
-	}()
-	return l.Addr().String(), errs
+		netconn.Relay(c, out)
+	})
+	return addr, errs
 }
 
 func TestServer(t *testing.T) {
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	_, port, _ := net.SplitHostPort(echo)
 	rd := &recordingDialer{}
 	addr, _ := startServer(t, &socks.Server{Dialer: rd})
@@ -99,7 +81,7 @@ func TestServer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				roundTrip(t, c, 200<<10)
+				testnet.RoundTrip(t, c, 200<<10)
 				c.Close()
 			}
 			rd.mu.Lock()
@@ -113,7 +95,7 @@ func TestServer(t *testing.T) {
 }
 
 func TestServerAuth(t *testing.T) {
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	addr, errs := startServer(t, &socks.Server{Dialer: &recordingDialer{}, User: "alice", Password: "pw"})
 	t.Setenv("VLINK_TEST_SRV_PW", "pw")
 	t.Setenv("VLINK_TEST_SRV_BAD", "pW")
@@ -121,7 +103,7 @@ func TestServerAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roundTrip(t, c, 1000)
+	testnet.RoundTrip(t, c, 1000)
 	c.Close()
 	for _, tc := range []struct{ stack, says string }{
 		{"socks5:user=alice,password-env=VLINK_TEST_SRV_BAD,addr=" + addr, "wrong user name or password"},

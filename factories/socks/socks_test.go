@@ -3,15 +3,12 @@ package socks_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,70 +17,11 @@ import (
 
 	"github.com/vlink-dev/vlink/factories/socks"
 	_ "github.com/vlink-dev/vlink/factories/tcp"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// echoServer echoes every connection until the client half-closes, then
-// half-closes back.
-func echoServer(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
-
-// roundTrip sends size bytes through c to the echo server, half-closes,
-// and checks that the same bytes come back.
-func roundTrip(t testing.TB, c net.Conn, size int) {
-	t.Helper()
-	data := make([]byte, size)
-	rng := rand.New(rand.NewPCG(uint64(size), 7))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(data)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		errc <- err
-	}()
-	c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	got, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("reading the echo: %v", err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatalf("writing: %v", err)
-	}
-	if sha256.Sum256(got) != sha256.Sum256(data) {
-		t.Fatalf("echo of %d bytes came back as %d different bytes", size, len(got))
-	}
-}
 
 func dial(t testing.TB, stack, addr string) (net.Conn, error) {
 	t.Helper()
@@ -149,34 +87,14 @@ func TestRedacted(t *testing.T) {
 	}
 }
 
-// fakeProxy accepts one connection at a time and answers it with script,
+// fakeProxy answers each connection with script,
 // which reads what the client sent and writes whatever it likes.
 func fakeProxy(t *testing.T, script func(c net.Conn)) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				script(c)
-			}()
-		}
-	}()
-	return l.Addr().String()
+	return testnet.Listen(t, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		script(c)
+	})
 }
 
 func readN(c net.Conn, n int) []byte {

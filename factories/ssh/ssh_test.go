@@ -4,11 +4,9 @@ package ssh_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -24,6 +22,7 @@ import (
 	"github.com/vlink-dev/vlink/factories/ssh"
 	_ "github.com/vlink-dev/vlink/factories/tcp"
 	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -53,64 +52,6 @@ func dial(t testing.TB, stack, addr string) (net.Conn, error) {
 	return d.Dial("tcp", addr)
 }
 
-// echoServer echoes every connection until the client half-closes.
-func echoServer(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
-
-// roundTrip sends size bytes, half-closes, and checks the echo.
-func roundTrip(t testing.TB, c net.Conn, size int) {
-	t.Helper()
-	data := make([]byte, size)
-	rng := rand.New(rand.NewPCG(uint64(size), 3))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(data)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		errc <- err
-	}()
-	c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	got, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("reading the echo: %v", err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatalf("writing: %v", err)
-	}
-	if sha256.Sum256(got) != sha256.Sum256(data) {
-		t.Fatalf("echo of %d bytes came back as %d different bytes", size, len(got))
-	}
-}
-
 func logins(s *realserver.SSHD) int {
 	return strings.Count(s.Output(), "Accepted publickey")
 }
@@ -121,14 +62,14 @@ func logins(s *realserver.SSHD) int {
 func TestDirect(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	_, port, _ := net.SplitHostPort(echo)
 	for i, dest := range []string{echo, "localhost:" + port, echo} {
 		c, err := dial(t, layer(s), dest)
 		if err != nil {
 			t.Fatal(err)
 		}
-		roundTrip(t, c, 1<<20+i)
+		testnet.RoundTrip(t, c, 1<<20+i)
 		c.Close()
 	}
 	// Concurrent tunnels.
@@ -143,7 +84,7 @@ func TestDirect(t *testing.T) {
 				return
 			}
 			defer c.Close()
-			roundTrip(t, c, 256<<10)
+			testnet.RoundTrip(t, c, 256<<10)
 		}()
 	}
 	wg.Wait()
@@ -159,7 +100,7 @@ func TestDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roundTrip(t, c, 1000)
+	testnet.RoundTrip(t, c, 1000)
 	c.Close()
 	if n := logins(s); n != 2 {
 		t.Fatalf("share=false: %d logins, want 2", n)
@@ -181,7 +122,7 @@ func TestNetcat(t *testing.T) {
 	closeAll(t)
 	realserver.Need(t, "nc")
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 
 	_, err := dial(t, layer(s), echo)
 	if !errors.Is(err, ssh.ErrOpenRefused) || !errors.Is(err, vlink.ErrNotAllowed) {
@@ -192,7 +133,7 @@ func TestNetcat(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		roundTrip(t, c, 2<<20+i)
+		testnet.RoundTrip(t, c, 2<<20+i)
 		c.Close()
 	}
 	closed := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
@@ -242,7 +183,7 @@ func TestReverse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		roundTrip(t, c, 1<<20+i)
+		testnet.RoundTrip(t, c, 1<<20+i)
 		c.Close()
 	}
 
@@ -320,7 +261,7 @@ func factory(t *testing.T, s *realserver.SSHD, o ssh.Options) *ssh.Factory {
 func TestReconnect(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	fw := &droppable{}
 	f := factory(t, s, ssh.Options{})
 	ctx := context.Background()
@@ -349,7 +290,7 @@ func TestReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial after the drop: %v", err)
 	}
-	roundTrip(t, c2, 100<<10)
+	testnet.RoundTrip(t, c2, 100<<10)
 	c2.Close()
 
 	// The listener comes back on the same port.
@@ -379,7 +320,7 @@ func TestReconnect(t *testing.T) {
 func TestHostKeys(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	dir := t.TempDir()
 	empty := filepath.Join(dir, "known_hosts")
 
@@ -446,7 +387,7 @@ func fingerprint(s *realserver.SSHD) string {
 func TestAuth(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	dir := t.TempDir()
 
 	stranger := realserver.NewKey(t, dir, "stranger", "")
@@ -478,7 +419,7 @@ func TestAuth(t *testing.T) {
 	if err != nil || asked != 1 {
 		t.Fatalf("encrypted key with a prompt: %v, asked %d times", err, asked)
 	}
-	roundTrip(t, c, 1000)
+	testnet.RoundTrip(t, c, 1000)
 	c.Close()
 
 	// No terminal to ask on (go test has none): the error says what to do.
@@ -520,7 +461,7 @@ func TestAuth(t *testing.T) {
 	if err != nil {
 		t.Fatalf("with the agent: %v", err)
 	}
-	roundTrip(t, c, 1000)
+	testnet.RoundTrip(t, c, 1000)
 	c.Close()
 }
 
@@ -553,20 +494,20 @@ Host inner
 Host *
   User nobody-by-default
 `, jump.Host, jump.Port, jump.User, target.UserKey.Private, target.Host, target.Port, target.User, target.UserKey.Private)), 0o600)
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 
 	c, err := dial(t, "ssh:host=bastion,agent=false,known-hosts="+kh+",config="+cfg, echo)
 	if err != nil {
 		t.Fatalf("through the alias: %v", err)
 	}
-	roundTrip(t, c, 1000)
+	testnet.RoundTrip(t, c, 1000)
 	c.Close()
 	before := strings.Count(jump.Output(), "direct-tcpip")
 	c, err = dial(t, "ssh:host=inner,agent=false,known-hosts="+kh+",config="+cfg, echo)
 	if err != nil {
 		t.Fatalf("through ProxyJump: %v", err)
 	}
-	roundTrip(t, c, 1000)
+	testnet.RoundTrip(t, c, 1000)
 	c.Close()
 	if after := strings.Count(jump.Output(), "direct-tcpip"); after <= before {
 		t.Fatalf("the jump host logged no direct-tcpip request for ProxyJump")
@@ -584,7 +525,7 @@ Host *
 	if err != nil {
 		t.Fatalf("ssh over ssh: %v", err)
 	}
-	roundTrip(t, c, 1<<20)
+	testnet.RoundTrip(t, c, 1<<20)
 	c.Close()
 	if after := strings.Count(jump.Output(), "direct-tcpip"); after <= before {
 		t.Fatalf("the jump host logged no direct-tcpip request for the stacked jump")
@@ -596,7 +537,7 @@ Host *
 	if err != nil {
 		t.Fatalf("ssh over socks5: %v", err)
 	}
-	roundTrip(t, c, 1<<20)
+	testnet.RoundTrip(t, c, 1<<20)
 	c.Close()
 }
 
@@ -621,35 +562,16 @@ func TestBadServers(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var wg sync.WaitGroup
-			defer func() { l.Close(); wg.Wait() }()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						defer c.Close()
-						c.SetDeadline(time.Now().Add(5 * time.Second))
-						tc.script(c)
-					}()
-				}
-			}()
-			host, port, _ := net.SplitHostPort(l.Addr().String())
+			addr := testnet.Listen(t, func(c net.Conn) {
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				tc.script(c)
+			})
+			host, port, _ := net.SplitHostPort(addr)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			d := vlink.Dialer{Stack: vlink.MustParse(fmt.Sprintf("ssh:host=%s,port=%s,user=u,agent=false,config=none,known-hosts=/nonexistent,identity=/nonexistent", host, port))}
 			start := time.Now()
-			_, err = d.DialContext(ctx, "tcp", "127.0.0.1:80")
+			_, err := d.DialContext(ctx, "tcp", "127.0.0.1:80")
 			if err == nil {
 				t.Fatal("dial succeeded")
 			}
@@ -657,8 +579,8 @@ func TestBadServers(t *testing.T) {
 				t.Fatalf("took %v", took)
 			}
 			var oe *net.OpError
-			if !errors.As(err, &oe) || oe.Net != "ssh" || oe.Addr.String() != l.Addr().String() {
-				t.Fatalf("error %v does not name the server %s", err, l.Addr())
+			if !errors.As(err, &oe) || oe.Net != "ssh" || oe.Addr.String() != addr {
+				t.Fatalf("error %v does not name the server %s", err, addr)
 			}
 		})
 	}
@@ -730,7 +652,7 @@ func (c *frozenConn) Close() error {
 func TestKeepAlive(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	fz := newFreezer()
 	f := factory(t, s, ssh.Options{KeepAlive: 200 * time.Millisecond})
 	c, err := f.DialContext(context.Background(), "tcp", echo, fz)
@@ -752,7 +674,7 @@ func TestKeepAlive(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial after the keepalives gave up: %v", err)
 	}
-	roundTrip(t, c2, 1000)
+	testnet.RoundTrip(t, c2, 1000)
 	c2.Close()
 }
 
@@ -762,13 +684,13 @@ func TestKeepAlive(t *testing.T) {
 func TestGCMFramed(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	for _, cipher := range []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"} {
 		c, err := dial(t, layer(s, "cipher="+cipher), echo)
 		if err != nil {
 			t.Fatalf("%s: %v", cipher, err)
 		}
-		roundTrip(t, c, 8<<20+7)
+		testnet.RoundTrip(t, c, 8<<20+7)
 		c.Close()
 	}
 }
@@ -779,7 +701,7 @@ func TestGCMFramed(t *testing.T) {
 func TestConcurrentFirstDials(t *testing.T) {
 	closeAll(t)
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
-	echo := echoServer(t)
+	echo := testnet.EchoServer(t)
 	f := factory(t, s, ssh.Options{})
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -803,7 +725,7 @@ func TestConcurrentFirstDials(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			roundTrip(t, c, 10000)
+			testnet.RoundTrip(t, c, 10000)
 			c.Close()
 		}()
 	}

@@ -13,7 +13,6 @@
 package realserver
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
@@ -32,6 +31,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // Timeouts, generous since CI machines are shared.
@@ -85,30 +86,12 @@ func NeedRoot(tb testing.TB) {
 	}
 }
 
-// buffer collects a process's output.
-type buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // A Proc is a server process started for a test, in its own process
 // group so that cleanup reaches the children it forks.
 type Proc struct {
 	Name string
 	cmd  *exec.Cmd
-	out  *buffer
+	out  *testnet.Buffer
 	done chan struct{}
 	err  error
 	once sync.Once
@@ -122,7 +105,7 @@ func (p *Proc) Output() string { return p.out.String() }
 func Start(tb testing.TB, name string, args ...string) *Proc {
 	tb.Helper()
 	cmd := exec.Command(name, args...)
-	p := &Proc{Name: filepath.Base(name), cmd: cmd, out: &buffer{}, done: make(chan struct{})}
+	p := &Proc{Name: filepath.Base(name), cmd: cmd, out: &testnet.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.WaitDelay = stopTimeout
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -1,0 +1,120 @@
+// Package testnet holds the loopback servers and checks the project's
+// tests share: an accept loop that a test's cleanup stops and waits for,
+// an echo server, and a SHA-256-checked echo round trip. It is imported
+// by tests only.
+package testnet
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Serve runs handle on every connection l accepts, each in its own
+// goroutine, closing the connection when handle returns. The test's
+// cleanup closes l and waits for every handler, so a test that ends
+// leaves nothing running.
+func Serve(tb testing.TB, l net.Listener, handle func(net.Conn)) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+}
+
+// Listen returns a TCP listener on a free loopback port, served by
+// handle (see Serve), and its address.
+func Listen(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	Serve(tb, l, handle)
+	return l.Addr().String()
+}
+
+// Echo sends back what c sends until c half-closes, then half-closes
+// back.
+func Echo(c net.Conn) {
+	io.Copy(c, c)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+// EchoServer starts an echo server (see Echo) on loopback and returns its
+// address.
+func EchoServer(tb testing.TB) string {
+	tb.Helper()
+	return Listen(tb, Echo)
+}
+
+// RoundTrip sends size pseudo-random bytes through c to an echo, half-
+// closes, and checks that the same bytes come back (by SHA-256), within
+// 30 seconds.
+func RoundTrip(tb testing.TB, c net.Conn, size int) {
+	tb.Helper()
+	data := make([]byte, size)
+	rng := rand.New(rand.NewPCG(uint64(size), 7))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		errc <- err
+	}()
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		tb.Fatalf("reading the echo: %v", err)
+	}
+	if err := <-errc; err != nil {
+		tb.Fatalf("writing: %v", err)
+	}
+	if sha256.Sum256(got) != sha256.Sum256(data) {
+		tb.Fatalf("echo of %d bytes came back as %d different bytes", size, len(got))
+	}
+}
+
+// A Buffer collects a process's or a logger's output, written from any
+// goroutine, for the test to search.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
