@@ -330,15 +330,20 @@ func TestRTT(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	start := time.Now()
-	c, err := l.DialContext(context.Background(), "a", "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+	// The fastest of a few: one connect can lose its CPU to another job
+	// of the shared machine for longer than the slack.
+	took := time.Hour
+	for range 5 {
+		start := time.Now()
+		c, err := l.DialContext(context.Background(), "a", "tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		took = min(took, time.Since(start))
+		c.Close()
 	}
-	took := time.Since(start)
-	c.Close()
 	if took < 15*time.Millisecond || took > 15*time.Millisecond+slack {
-		t.Errorf("TCP connect took %v, want about 15ms", took)
+		t.Errorf("TCP connect took %v at best of 5, want about 15ms", took)
 	}
 
 	// Order: a burst across the jittery line arrives in sequence.
