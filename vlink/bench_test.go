@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -29,18 +30,7 @@ func benchServer(b *testing.B, handle func(net.Conn)) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); handle(c) }()
-		}
-	}()
-	b.Cleanup(func() { l.Close(); <-done })
+	testnet.Serve(b, l, handle)
 	return l.Addr().String()
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -21,18 +22,7 @@ func BenchmarkStreamPaired(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(io.Discard, c) }()
-		}
-	}()
-	defer func() { l.Close(); <-done }()
+	testnet.Serve(b, l, func(c net.Conn) { io.Copy(io.Discard, c) })
 
 	var cs [2]net.Conn
 	for i, s := range []string{"tcp", "mux"} {
