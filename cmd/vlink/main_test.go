@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -753,5 +754,47 @@ func TestTunnelShutdownLetsConnectionsFinish(t *testing.T) {
 	}
 	if s := tun.stderr.String(); strings.Contains(s, "closed connections") {
 		t.Errorf("a connection that finished in time was cut:\n%s", s)
+	}
+}
+
+// TestTunnelSharesMuxSession: a tunnel whose stack has mux carries every
+// connection it accepts over one session, hence one TCP connection to
+// serve; without mux, each gets its own.
+func TestTunnelSharesMuxSession(t *testing.T) {
+	echo := testnet.EchoServer(t)
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--target", echo)
+	serveAddr := srv.addr(t)
+	for _, tc := range []struct {
+		stack string
+		want  int32 // TCP connections reaching serve for 5 tunnelled ones
+	}{{"mux", 1}, {"zstd+mux", 1}, {"zstd", 5}} {
+		t.Run(tc.stack, func(t *testing.T) {
+			var conns atomic.Int32
+			counter := testnet.Listen(t, func(c net.Conn) {
+				conns.Add(1)
+				out, err := net.Dial("tcp", serveAddr)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				netconn.Relay(c, out)
+			})
+			tun := start(t, "tunnel", "--listen", "127.0.0.1:0", "--to", counter, "--stack", tc.stack)
+			tunAddr := tun.addr(t)
+			for i := range 5 {
+				c, err := net.Dial("tcp", tunAddr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				testnet.RoundTrip(t, c, 100<<10+i)
+				c.Close()
+			}
+			if got := conns.Load(); got != tc.want {
+				t.Errorf("%d TCP connections reached serve for 5 through the tunnel, want %d", got, tc.want)
+			}
+			if code := tun.stop(t); code != exitOK {
+				t.Errorf("tunnel exit code %d", code)
+			}
+		})
 	}
 }
