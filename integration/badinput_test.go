@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // The VLink handshake as it is on the wire (vlink/frame.go): the magic,
@@ -55,7 +57,7 @@ func randomBytes(n int, seed uint64) []byte {
 // closed within its bound and logged, the download must arrive intact,
 // and serve must go on serving.
 func TestBadInputDuringTransfer(t *testing.T) {
-	needPrograms(t, "curl", "python3", "socat")
+	testenv.Programs(t, "curl", "python3", "socat")
 	const (
 		// Generous bounds: CI machines are shared and loaded. prompt is
 		// what bad input that can be judged at once may take; the

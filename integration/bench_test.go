@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
@@ -127,7 +128,7 @@ func BenchmarkForward(b *testing.B) {
 		}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			needPrograms(b, tc.needs...)
+			testenv.Programs(b, tc.needs...)
 			addr := tc.setup(b)
 			push(b, addr, data[:1<<20]) // warm up
 			push(b, sink, data[:1<<20])

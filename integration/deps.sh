@@ -5,7 +5,8 @@
 # git, python3) and the lab's tools (iproute2, nftables, iptables).
 # Idempotent and quiet: installed packages are left alone, and the package
 # lists are refreshed only when something is missing. CI runs it as root;
-# elsewhere it uses sudo if it has to install anything.
+# elsewhere it uses sudo if it has to install anything. With --list, it
+# prints the packages it would install, one per line, and installs nothing.
 set -euo pipefail
 
 # package:command pairs; a package counts as present when its command is on
@@ -18,6 +19,11 @@ packages=(
   iproute2:ip nftables:nft iptables:iptables
   gcc:gcc libc6-dev:
 )
+
+if [ "${1:-}" = --list ]; then
+  for pair in "${packages[@]}"; do echo "${pair%%:*}"; done
+  exit 0
+fi
 
 missing=()
 for pair in "${packages[@]}"; do

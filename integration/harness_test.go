@@ -31,26 +31,6 @@ const (
 	stopTimeout  = 5 * time.Second  // a process exits after SIGTERM
 )
 
-// needPrograms skips the test when a program is missing, or fails it in
-// CI, where deps.sh must have installed everything.
-func needPrograms(tb testing.TB, names ...string) {
-	tb.Helper()
-	var missing []string
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	msg := fmt.Sprintf("needs %s on PATH (integration/deps.sh installs it)", strings.Join(missing, ", "))
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
-}
-
 // A proc is a program started for a test, in its own process group so
 // that cleanup reaches its children too (socat forks one per connection).
 type proc struct {

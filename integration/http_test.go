@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // TestCurlDownload downloads a 50 MiB file from python3's http.server with
@@ -15,7 +17,7 @@ import (
 // vlink serve, and over the plain stack straight to the server. What curl
 // saves must be the file, byte for byte.
 func TestCurlDownload(t *testing.T) {
-	needPrograms(t, "curl", "python3")
+	testenv.Programs(t, "curl", "python3")
 	size := 50 << 20
 	if testing.Short() {
 		size = 8 << 20

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // iperfResult is the part of iperf3's --json report the tests read.
@@ -47,7 +49,7 @@ func runIperf3(tb testing.TB, addr string, args ...string) iperfResult {
 // in both directions: the control and the data connections go through
 // the VLink stack.
 func TestIperf3(t *testing.T) {
-	needPrograms(t, "iperf3")
+	testenv.Programs(t, "iperf3")
 	_, srv := startIperf3Server(t)
 	_, serve := startVLink(t, "serve", "--target", srv)
 	_, tun := startVLink(t, "tunnel", "--to", serve, "--stack", "zstd")

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // A farSite is a network namespace standing for a remote site that the
@@ -46,18 +48,6 @@ const nsPrefix = "vlpre"
 var siteCount struct {
 	sync.Mutex
 	n int
-}
-
-// needRoot skips a test that needs root, or fails it in CI.
-func needRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Getuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatal("needs root for network namespaces, and CI runs as root")
-	}
-	tb.Skip("needs root for network namespaces")
 }
 
 func sh(tb testing.TB, args ...string) {
@@ -102,8 +92,7 @@ func removeStaleSites() {
 // newFarSite builds a far site and registers its removal.
 func newFarSite(tb testing.TB) *farSite {
 	tb.Helper()
-	needRoot(tb)
-	needPrograms(tb, "ip", "nft")
+	testenv.Netns(tb, "nft", "ss")
 	removeStaleSites()
 	siteCount.Lock()
 	n := siteCount.n

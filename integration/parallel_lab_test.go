@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // seeded is a reproducible byte stream, so a receiver can check what it
@@ -98,6 +99,7 @@ func TestParallelFaultsInLab(t *testing.T) {
 		resetAtSink bool
 	}{
 		{"firewall drops one substream", func(t *testing.T, _ *proc) {
+			testenv.Programs(t, "nft", "ss")
 			port := substreamPort(t, l, server+":7000")
 			ruleset := fmt.Sprintf(`table inet vcut {
 	chain out { type filter hook output priority 0; tcp sport %d drop; }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
@@ -48,7 +49,7 @@ const (
 
 func newPreloadLab(t *testing.T) *preloadLab {
 	t.Helper()
-	needPrograms(t, "python3", "socat", "git")
+	testenv.Programs(t, "python3", "socat", "git", "cc") // cc: vlink exec builds its shim
 	lab := &preloadLab{site: newFarSite(t), dir: t.TempDir()}
 	s := lab.site
 	lab.data = genData(8<<20, 11)
@@ -123,7 +124,7 @@ func (lab *preloadLab) url(path string) string {
 // TestPreloadPrograms runs unmodified programs from Debian's packages
 // under vlink exec against servers they can reach only through the stack.
 func TestPreloadPrograms(t *testing.T) {
-	needPrograms(t, "curl")
+	testenv.Programs(t, "curl")
 	lab := newPreloadLab(t)
 	s := lab.site
 	want := sum(lab.data)
@@ -183,7 +184,7 @@ func TestPreloadPrograms(t *testing.T) {
 	})
 
 	t.Run("wget", func(t *testing.T) {
-		needPrograms(t, "wget")
+		testenv.Programs(t, "wget")
 		out := filepath.Join(t.TempDir(), "got")
 		lab.mustExec(t, "wget", "-q", "-O", out, lab.url("data.bin"))
 		if got, n := fileSum(t, out); got != want {
@@ -193,7 +194,7 @@ func TestPreloadPrograms(t *testing.T) {
 
 	echoTarget := fmt.Sprintf("%s:%d", FarName, farEcho)
 	t.Run("netcat", func(t *testing.T) {
-		needPrograms(t, "nc")
+		testenv.Programs(t, "nc")
 		data := genData(1<<20, 12)
 		full := []string{"exec", "--stack", "zstd", "--via", s.gateway(), "--", "nc", "-N", FarName, strconv.Itoa(farEcho)}
 		got, stderr, err := run(time.Minute, strings.NewReader(string(data)), vlinkBin, full...)
@@ -244,7 +245,7 @@ func TestPreloadPrograms(t *testing.T) {
 	})
 
 	t.Run("redis", func(t *testing.T) {
-		needPrograms(t, "redis-server", "redis-cli", "redis-benchmark")
+		testenv.Programs(t, "redis-server", "redis-cli", "redis-benchmark")
 		srv := s.start(t, "redis-server", "--port", strconv.Itoa(farRedis), "--bind", "* -::*", "--protected-mode", "no",
 			"--save", "", "--appendonly", "no")
 		s.waitListening(t, srv, farRedis)
@@ -271,7 +272,7 @@ func TestPreloadPrograms(t *testing.T) {
 	})
 
 	t.Run("iperf3", func(t *testing.T) {
-		needPrograms(t, "iperf3")
+		testenv.Programs(t, "iperf3")
 		srv := s.start(t, "iperf3", "-s", "-p", strconv.Itoa(farIperf))
 		s.waitListening(t, srv, farIperf)
 		for _, extra := range [][]string{{"-P", "4"}, {"-R"}} {
@@ -299,7 +300,7 @@ func TestPreloadPrograms(t *testing.T) {
 	})
 
 	t.Run("ssh", func(t *testing.T) {
-		needPrograms(t, "ssh", "ssh-keygen")
+		testenv.Programs(t, "ssh", "ssh-keygen")
 		sshd := lab.startSSHD(t)
 		dir := lab.sshDir
 		out := lab.mustExec(t, "ssh", "-F", "/dev/null", "-i", filepath.Join(dir, "id"), "-o", "IdentitiesOnly=yes",
@@ -345,13 +346,8 @@ func TestPreloadPrograms(t *testing.T) {
 // startSSHD runs OpenSSH's sshd in the site with fresh keys.
 func (lab *preloadLab) startSSHD(t *testing.T) *proc {
 	t.Helper()
-	sshd, err := exec.LookPath("sshd")
-	if err != nil {
-		sshd = "/usr/sbin/sshd"
-	}
-	if _, err := os.Stat(sshd); err != nil {
-		needPrograms(t, "sshd")
-	}
+	progs := testenv.Programs(t, "sshd", "ssh-keygen")
+	sshd := progs[0]
 	dir := t.TempDir()
 	lab.sshDir = dir
 	for _, k := range []string{"id", "host"} {
@@ -383,7 +379,7 @@ PidFile none
 // TestExecExitCodes checks what vlink exec returns, and that it refuses
 // the programs the shim cannot reach.
 func TestExecExitCodes(t *testing.T) {
-	needPrograms(t, "sh", "cc")
+	testenv.Programs(t, "sh", "cc")
 	dir := t.TempDir()
 	static := filepath.Join(dir, "static")
 	src := filepath.Join(dir, "static.c")
@@ -432,7 +428,7 @@ func TestExecExitCodes(t *testing.T) {
 // TestExecCleanup kills the program under vlink exec: vlink exec must
 // report it and leave no agent, socket or process behind.
 func TestExecCleanup(t *testing.T) {
-	needPrograms(t, "sleep")
+	testenv.Programs(t, "sleep", "cc") // cc: vlink exec builds its shim
 	cmd := exec.Command(vlinkBin, "exec", "--log-level", "debug", "--", "sleep", "60")
 	var out testnet.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // sshLayer is the ssh layer's text for a test sshd, with extra parameters.
@@ -25,7 +26,7 @@ func sshLayer(s *realserver.SSHD, extra ...string) string {
 // the server's address and the file's SHA-256.
 func webFile(t *testing.T, size int) (addr, want string) {
 	t.Helper()
-	needPrograms(t, "curl", "python3")
+	testenv.Programs(t, "curl", "python3")
 	dir := t.TempDir()
 	data := genData(size, 4)
 	if err := os.WriteFile(filepath.Join(dir, "data.bin"), data, 0o644); err != nil {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // TestRefusedTarget asks vlink serve, through vlink tunnel --via, for a
@@ -16,7 +18,7 @@ import (
 // connection end without a byte, serve must log the refusal and never
 // reach the target, and a permitted connection must work afterwards.
 func TestRefusedTarget(t *testing.T) {
-	needPrograms(t, "socat")
+	testenv.Programs(t, "socat")
 	_, echo := startSocatEcho(t)
 
 	// The forbidden target: a listener that counts who reaches it.

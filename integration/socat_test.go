@@ -7,13 +7,15 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // TestSocatPlainClient connects socat, a program that knows nothing of
 // VLink, straight to the port of vlink serve: serve must recognize the
 // plain connection and forward it to its target, a socat echo server.
 func TestSocatPlainClient(t *testing.T) {
-	needPrograms(t, "socat")
+	testenv.Programs(t, "socat")
 	_, echo := startSocatEcho(t)
 	serve, addr := startVLink(t, "serve", "--target", echo, "--log-level", "debug")
 

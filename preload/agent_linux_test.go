@@ -21,6 +21,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
@@ -56,10 +57,7 @@ func needBuilds(t testing.TB) (shim, conntest string) {
 	t.Helper()
 	cc, err := compiler()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip("needs a C compiler:", err)
+		testenv.Missing(t, "needs a C compiler: %v (Debian: gcc; %s installs it)", err, testenv.Install)
 	}
 	builds.once.Do(func() {
 		if builds.dir, builds.err = os.MkdirTemp("", "vlink-preload-test-"); builds.err != nil {
@@ -488,9 +486,7 @@ func TestFailClosed(t *testing.T) {
 
 // A shim channel from another user is refused.
 func TestOtherUserRefused(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run a process as another user")
-	}
+	testenv.Root(t, "to run a process as another user")
 	lb := newLab(t)
 	// Copies the user nobody can read and run.
 	dir, err := os.MkdirTemp("", "vlink-nobody-")

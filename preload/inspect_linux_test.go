@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 func TestInspect(t *testing.T) {
@@ -17,14 +19,8 @@ func TestInspect(t *testing.T) {
 		}
 		return p
 	}
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("no sh")
-	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command:", err)
-	}
+	progs := testenv.Programs(t, "sh", "go")
+	sh, goTool := progs[0], progs[1]
 	cases := []struct {
 		name string
 		path string
@@ -50,7 +46,7 @@ func TestInspect(t *testing.T) {
 			t.Logf("no static C library, skipping the static case: %v\n%s", err, out)
 		}
 	}
-	if os.Getuid() == 0 {
+	if testenv.IsRoot() {
 		b, err := os.ReadFile(sh)
 		if err != nil {
 			t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -167,10 +166,11 @@ var labIDRE = regexp.MustCompile(`(?m)^lab (\d+-\d+): `)
 // exec (exit statuses pass through), down; then a holder that is
 // SIGKILLed, whose lab "down" removes as stale.
 func TestLifecycle(t *testing.T) {
-	lab.Require(t)
-	if runtime.GOOS != "linux" {
-		t.Skip("Linux only")
+	topo, err := lab.Profile("lan")
+	if err != nil {
+		t.Fatal(err)
 	}
+	lab.Require(t, topo.Programs()...)
 	bin := buildBinary(t)
 	code, out, errOut := runBin(t, bin, "up", "--detach", "lan")
 	m := labIDRE.FindStringSubmatch(out)

@@ -1,10 +1,11 @@
 package main
 
 import (
-	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 func TestExecUsageErrors(t *testing.T) {
@@ -38,9 +39,7 @@ func TestExecExitCode(t *testing.T) {
 		}
 		return
 	}
-	if _, err := exec.LookPath("cc"); err != nil {
-		t.Skip("the shim needs a C compiler")
-	}
+	testenv.Programs(t, "cc") // vlink exec builds the shim
 	// Not VLINK_CONFIG: vlink.DefaultConfig reads it once per process.
 	code, _, stderr := runSync("exec", "--config", "/nonexistent/vlink.toml", "--", "sh", "-c", "exit 3")
 	if code != exitExecFailed || !strings.Contains(stderr, "/nonexistent/vlink.toml") {

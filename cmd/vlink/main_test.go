@@ -23,6 +23,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
@@ -601,10 +602,7 @@ func TestBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command:", err)
-	}
+	goTool := testenv.Programs(t, "go")[0]
 	bin := filepath.Join(t.TempDir(), "vlink")
 	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

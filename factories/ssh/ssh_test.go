@@ -22,6 +22,7 @@ import (
 	"github.com/vlink-dev/vlink/factories/ssh"
 	_ "github.com/vlink-dev/vlink/factories/tcp"
 	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -120,7 +121,7 @@ func TestDirect(t *testing.T) {
 // an error with its message.
 func TestNetcat(t *testing.T) {
 	closeAll(t)
-	realserver.Need(t, "nc")
+	testenv.Programs(t, "nc")
 	s := realserver.StartSSHD(t, realserver.SSHDOptions{})
 	echo := testnet.EchoServer(t)
 
@@ -438,7 +439,7 @@ func TestAuth(t *testing.T) {
 	}
 
 	// The agent: ssh-agent holding the user key, no key file given.
-	realserver.Need(t, "ssh-agent", "ssh-add")
+	testenv.Programs(t, "ssh-agent", "ssh-add")
 	sock := filepath.Join(dir, "agent.sock")
 	realserver.Start(t, "ssh-agent", "-D", "-a", sock)
 	for i := 0; ; i++ {

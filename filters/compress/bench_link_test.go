@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vlink-dev/vlink/filters/identity"
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -143,9 +144,7 @@ func cmpOr(a, b string) string {
 // tcp_info shows the queue.
 func shapedPair(b *testing.B, rate string) (net.Conn, net.Conn) {
 	b.Helper()
-	if os.Geteuid() != 0 {
-		b.Skip("needs root to make a network namespace shaped with tc")
-	}
+	testenv.Netns(b, "tc")
 	ns := fmt.Sprintf("vlink-bench-%d", os.Getpid())
 	if _, err := os.Stat("/run/netns/" + ns); err != nil {
 		for _, args := range [][]string{
@@ -157,7 +156,7 @@ func shapedPair(b *testing.B, rate string) (net.Conn, net.Conn) {
 		} {
 			if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 				exec.Command("ip", "netns", "del", ns).Run()
-				b.Skipf("%s: %v: %s", strings.Join(args, " "), err, out)
+				b.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
 			}
 		}
 		b.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })

@@ -115,9 +115,9 @@ func processGone(pid int) bool {
 // a firewall, routing through the middle host) and checks that Close
 // leaves no namespace, device, descriptor, state file or process behind.
 func TestUpDown(t *testing.T) {
-	Require(t)
-	linksBefore, fdsBefore := rootLinks(t), openFDs(t)
 	topo, _ := Profile("firewall")
+	Require(t, topo.Programs()...)
+	linksBefore, fdsBefore := rootLinks(t), openFDs(t)
 	l, err := Up(context.Background(), topo)
 	if err != nil {
 		t.Fatal(err)

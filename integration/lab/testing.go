@@ -2,37 +2,21 @@ package lab
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // Require skips tb unless labs can be brought up here (Linux, root,
-// /dev/net/tun, iproute2) and the programs are on PATH; in CI
-// (CI=true), where they must be, it fails tb instead.
+// /dev/net/tun, iproute2) with the programs, or fails it where nothing may
+// be skipped (package testenv decides).
 func Require(tb testing.TB, programs ...string) {
 	tb.Helper()
-	err := Supported()
-	if err == nil {
-		var missing []string
-		for _, p := range programs {
-			if _, lerr := exec.LookPath(p); lerr != nil {
-				missing = append(missing, p)
-			}
-		}
-		if len(missing) > 0 {
-			err = fmt.Errorf("needs %s on PATH (integration/deps.sh installs it)", strings.Join(missing, ", "))
-		}
+	testenv.Root(tb, "for the lab's network namespaces and devices")
+	testenv.Programs(tb, append([]string{"ip"}, programs...)...)
+	if err := Supported(); err != nil {
+		testenv.Missing(tb, "%v", err)
 	}
-	if err == nil {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(err)
-	}
-	tb.Skip(err)
 }
 
 // New brings topo up for a test or benchmark and tears it down when tb

@@ -7,9 +7,8 @@
 // proxy. Each listens on a free loopback port, with its configuration and
 // generated keys in a temporary folder, and is stopped by t.Cleanup.
 //
-// It is for tests only. A missing program skips the test, except under
-// CI=true, where integration/deps.sh must have installed it and the test
-// fails instead.
+// It is for tests only. A missing program or privilege skips the test,
+// or fails it where nothing may be skipped (package testenv decides).
 package realserver
 
 import (
@@ -32,6 +31,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
@@ -40,51 +40,6 @@ const (
 	startTimeout = 15 * time.Second
 	stopTimeout  = 5 * time.Second
 )
-
-// InCI reports whether the tests run in CI, where nothing may be skipped.
-func InCI() bool { return os.Getenv("CI") == "true" }
-
-// skip skips the test, or fails it in CI.
-func skip(tb testing.TB, msg string) {
-	tb.Helper()
-	if InCI() {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
-}
-
-// Need skips the test when a program is missing (fails it in CI) and
-// returns the programs' paths. Programs in /usr/sbin are found even when
-// it is not on PATH.
-func Need(tb testing.TB, programs ...string) []string {
-	tb.Helper()
-	var paths, missing []string
-	for _, p := range programs {
-		path, err := exec.LookPath(p)
-		if err != nil {
-			if _, serr := os.Stat("/usr/sbin/" + p); serr == nil {
-				path, err = "/usr/sbin/"+p, nil
-			}
-		}
-		if err != nil {
-			missing = append(missing, p)
-			continue
-		}
-		paths = append(paths, path)
-	}
-	if len(missing) > 0 {
-		skip(tb, fmt.Sprintf("needs %s (integration/deps.sh installs it)", strings.Join(missing, ", ")))
-	}
-	return paths
-}
-
-// NeedRoot skips the test unless it runs as root (fails it in CI).
-func NeedRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		skip(tb, "needs root (sshd logs users in, dante checks system passwords)")
-	}
-}
 
 // A Proc is a server process started for a test, in its own process
 // group so that cleanup reaches the children it forks.
@@ -286,8 +241,8 @@ type SSHDOptions struct {
 // sshd's privilege separation wants it, and CI runs as root.
 func StartSSHD(tb testing.TB, o SSHDOptions) *SSHD {
 	tb.Helper()
-	NeedRoot(tb)
-	paths := Need(tb, "sshd")
+	testenv.Root(tb, "for sshd (privilege separation, logging users in)")
+	paths := testenv.Programs(tb, "sshd")
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // privilege separation; the package makes it at boot
 		tb.Fatalf("sshd privilege separation folder: %v", err)
 	}
@@ -368,7 +323,7 @@ func (s *SSHD) SSHArgs() []string {
 // SOCKS5 server (no authentication) on a free loopback port, returned.
 func (s *SSHD) StartDynamic(tb testing.TB) string {
 	tb.Helper()
-	paths := Need(tb, "ssh")
+	paths := testenv.Programs(tb, "ssh")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
 	args := append(s.SSHArgs(), "-N", "-D", addr, s.Host)
 	p := Start(tb, paths[0], args...)
@@ -380,7 +335,7 @@ func (s *SSHD) StartDynamic(tb testing.TB) string {
 // the server dials; it returns the local address.
 func (s *SSHD) StartLocalForward(tb testing.TB, to string, extra ...string) (*Proc, string) {
 	tb.Helper()
-	paths := Need(tb, "ssh")
+	paths := testenv.Programs(tb, "ssh")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
 	args := append(append(s.SSHArgs(), extra...), "-N", "-L", addr+":"+to, s.Host)
 	p := Start(tb, paths[0], args...)
@@ -405,12 +360,12 @@ type Dante struct {
 // chpasswd) and removed at cleanup. That needs root.
 func StartDante(tb testing.TB, auth bool) *Dante {
 	tb.Helper()
-	paths := Need(tb, "danted")
+	paths := testenv.Programs(tb, "danted")
 	method := "none"
 	d := &Dante{BlockedPort: 9}
 	if auth {
-		NeedRoot(tb)
-		Need(tb, "useradd", "chpasswd", "userdel")
+		testenv.Root(tb, "for dante's password check (a throwaway system user)")
+		testenv.Programs(tb, "useradd", "chpasswd", "userdel")
 		d.User, d.Password = addUser(tb)
 		method = "username"
 	}
@@ -516,7 +471,7 @@ type TinyproxyOptions struct {
 // loopback port and returns its address.
 func StartTinyproxy(tb testing.TB, o TinyproxyOptions) (*Proc, string) {
 	tb.Helper()
-	paths := Need(tb, "tinyproxy")
+	paths := testenv.Programs(tb, "tinyproxy")
 	dir := tb.TempDir()
 	port := FreePort(tb)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
