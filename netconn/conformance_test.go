@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
@@ -37,13 +39,13 @@ var fixtures = map[string]fixture{}
 // test fails until it has one.
 func stacks(t *testing.T) map[string]vlink.Stack {
 	out := map[string]vlink.Stack{}
-	for _, spec := range vlink.Specs() {
+	for _, spec := range layer.Specs() {
 		switch fx, ok := fixtures[spec.Name]; {
 		case ok:
 			out[spec.Name] = fx(t)
-		case spec.Kind == vlink.KindFilter, spec.Kind == vlink.KindMultiLink:
+		case spec.Kind == layer.KindFilter, spec.Kind == layer.KindMultiLink:
 			out[spec.Name] = vlink.MustParse(spec.Name)
-		case spec.Kind == vlink.KindFactory && spec.Terminal:
+		case spec.Kind == layer.KindFactory && spec.Terminal:
 			out[spec.Name] = vlink.MustParse(spec.Name)
 		default:
 			t.Errorf("layer %s (%s) has no conformance fixture: add one to netconn (conformance_%s_test.go)", spec.Name, spec.Kind, spec.Name)
@@ -51,10 +53,10 @@ func stacks(t *testing.T) map[string]vlink.Stack {
 	}
 	// Deeper stacks, so layering itself is covered.
 	out["zstd+identity+lz4"] = vlink.MustParse("zstd+identity+lz4")
-	if _, ok := vlink.Lookup("parallel"); ok {
+	if _, ok := layer.Lookup("parallel"); ok {
 		out["lz4+parallel:streams=3+zstd"] = vlink.MustParse("lz4+parallel:streams=3+zstd")
 	}
-	if _, ok := vlink.Lookup("mux"); ok {
+	if _, ok := layer.Lookup("mux"); ok {
 		out["zstd+mux+parallel:streams=2"] = vlink.MustParse("zstd+mux+parallel:streams=2")
 	}
 	return out

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -27,7 +29,7 @@ type grower struct {
 	layer   *Layer
 	network string
 	address string
-	lower   vlink.Lower
+	lower   layer.Lower
 	id      sessionID
 }
 

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"go.uber.org/goleak"
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
@@ -37,20 +39,20 @@ var recorded = struct {
 }{conns: map[string][]net.Conn{}, attempts: map[string]int{}}
 
 func init() {
-	vlink.Register(vlink.Spec{
-		Name: "rec", Kind: vlink.KindFactory, Terminal: true,
+	layer.Register(layer.Spec{
+		Name: "rec", Kind: layer.KindFactory, Terminal: true,
 		Summary: "test: TCP that records its connections",
-		Params: []vlink.Param{
-			{Name: "id", Type: vlink.TypeString},
-			{Name: "hang-after", Type: vlink.TypeInt, Min: 0, Max: 1000},
+		Params: []layer.Param{
+			{Name: "id", Type: layer.TypeString},
+			{Name: "hang-after", Type: layer.TypeInt, Min: 0, Max: 1000},
 		},
-		New: func(a vlink.Args) (any, error) {
+		New: func(a layer.Args) (any, error) {
 			return &recorder{id: a.String("id"), hangAfter: a.Int("hang-after")}, nil
 		},
 	})
 }
 
-func (r *recorder) DialContext(ctx context.Context, network, address string, _ vlink.ContextDialer) (net.Conn, error) {
+func (r *recorder) DialContext(ctx context.Context, network, address string, _ layer.ContextDialer) (net.Conn, error) {
 	recorded.Lock()
 	n := recorded.attempts[r.id]
 	recorded.attempts[r.id]++

@@ -14,7 +14,7 @@
 // over compression) and opens with its own hello and a join header naming
 // the session; the listener groups substreams into the session with a
 // timeout and a cap on what it holds, then treats the session as a new
-// connection (see [vlink.MultiLink]).
+// connection (see [layer.MultiLink]).
 //
 // Writes are cut into numbered blocks that go out on whichever substream
 // is free, the receiver restores their order in a window of bounded size,
@@ -33,7 +33,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Defaults of the layer's parameters.
@@ -44,22 +44,22 @@ const (
 )
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:    "parallel",
-		Kind:    vlink.KindMultiLink,
+		Kind:    layer.KindMultiLink,
 		Summary: "stripe one connection over several connections of the layers below (parallel streams)",
-		Params: []vlink.Param{
-			{Name: "streams", Type: vlink.TypeInt, Default: fmt.Sprint(DefaultStreams), Min: 1, Max: MaxStreams,
+		Params: []layer.Param{
+			{Name: "streams", Type: layer.TypeInt, Default: fmt.Sprint(DefaultStreams), Min: 1, Max: MaxStreams,
 				Doc: "number of substreams; with auto, the most it grows to"},
-			{Name: "auto", Type: vlink.TypeBool, Default: "false",
+			{Name: "auto", Type: layer.TypeBool, Default: "false",
 				Doc: "start with 2 substreams and add more while throughput keeps improving, up to streams"},
-			{Name: "window", Type: vlink.TypeSize, Default: "32M", Min: 256 << 10, Max: 256 << 20,
+			{Name: "window", Type: layer.TypeSize, Default: "32M", Min: 256 << 10, Max: 256 << 20,
 				Doc: "receive window: how far the writer may get ahead of the reader, per direction, and the most the receiver buffers; about 3 times the link's bandwidth-delay product, as a lost packet holds the other substreams' blocks for a round trip or more (32M suits 1 Gbit/s at 80 ms)"},
-			{Name: "stall-timeout", Type: vlink.TypeDuration, Default: DefaultStallTimeout.String(),
+			{Name: "stall-timeout", Type: layer.TypeDuration, Default: DefaultStallTimeout.String(),
 				Min: int64(time.Second), Max: int64(time.Hour), Local: true,
 				Doc: "fail the connection when a substream accepts no data for this long (a silently cut path)"},
 		},
-		New: func(a vlink.Args) (any, error) {
+		New: func(a layer.Args) (any, error) {
 			return &Layer{
 				Streams:      a.Int("streams"),
 				Auto:         a.Bool("auto"),
@@ -71,7 +71,7 @@ func init() {
 }
 
 // A Layer is the parallel layer with its parameters. It implements
-// vlink.MultiLink.
+// layer.MultiLink.
 type Layer struct {
 	Streams      int           // substreams, or the most with Auto
 	Auto         bool          // grow from 2 while throughput improves
@@ -79,7 +79,7 @@ type Layer struct {
 	StallTimeout time.Duration // a substream's write may block this long
 }
 
-var _ vlink.MultiLink = (*Layer)(nil)
+var _ layer.MultiLink = (*Layer)(nil)
 
 // ErrIncomplete is matched by the error of a dial whose session the
 // listener did not complete, and logged by a listener that gave up on a
@@ -95,7 +95,7 @@ func (l *Layer) initial() int {
 
 // Dial opens the substreams through lower, all at once, and joins them in
 // one session.
-func (l *Layer) Dial(ctx context.Context, network, address string, lower vlink.Lower) (net.Conn, error) {
+func (l *Layer) Dial(ctx context.Context, network, address string, lower layer.Lower) (net.Conn, error) {
 	var id sessionID
 	rand.Read(id[:])
 	n := l.initial()
@@ -128,7 +128,7 @@ func (l *Layer) Dial(ctx context.Context, network, address string, lower vlink.L
 }
 
 // dialSubstream dials one substream and sends its join header.
-func (l *Layer) dialSubstream(ctx context.Context, network, address string, lower vlink.Lower, j join) (net.Conn, error) {
+func (l *Layer) dialSubstream(ctx context.Context, network, address string, lower layer.Lower, j join) (net.Conn, error) {
 	c, err := lower.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, fmt.Errorf("substream %d: %w", j.index, err)
@@ -147,7 +147,7 @@ func (l *Layer) dialSubstream(ctx context.Context, network, address string, lowe
 
 // Accept reads a substream's join header and files it with its session,
 // which goes to j.Deliver once complete.
-func (l *Layer) Accept(c net.Conn, j vlink.Junction) error {
+func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
 	t := j.State("parallel", func() any { return newTable(j) }).(*table)
 	if !t.reserve(j.MaxPending()) {
 		c.Close()

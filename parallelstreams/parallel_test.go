@@ -22,7 +22,7 @@ import (
 func session(t testing.TB, c net.Conn) *Session {
 	t.Helper()
 	if vc, ok := c.(*vlink.Conn); ok {
-		c = vc.NetConn()
+		c = vc.UnwrapConn()
 	}
 	s, ok := c.(*Session)
 	if !ok {

@@ -8,13 +8,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // A table is a listener's record of parallel sessions: those still
 // waiting for members, and those in auto mode, which may grow.
 type table struct {
-	j vlink.Junction
+	j layer.Junction
 
 	mu      sync.Mutex
 	held    int // substreams reading their join header or waiting in pending
@@ -36,7 +36,7 @@ type liveSession struct {
 	layer *Layer
 }
 
-func newTable(j vlink.Junction) *table {
+func newTable(j layer.Junction) *table {
 	t := &table{j: j, pending: map[sessionID]*pendingSession{}, live: map[sessionID]*liveSession{}}
 	// The listener's end drops every session still waiting. This
 	// goroutine ends with the listener.
@@ -78,7 +78,7 @@ func (p *pendingSession) closeAll() {
 }
 
 // admit reads c's join header and files c with its session.
-func (t *table) admit(c net.Conn, l *Layer, j vlink.Junction) {
+func (t *table) admit(c net.Conn, l *Layer, j layer.Junction) {
 	jh, err := readJoin(c, j)
 	if err == nil {
 		err = checkJoin(jh, l)
@@ -93,7 +93,7 @@ func (t *table) admit(c net.Conn, l *Layer, j vlink.Junction) {
 
 // readJoin reads a join header within the listener's handshake timeout,
 // or until the listener closes.
-func readJoin(c net.Conn, j vlink.Junction) (join, error) {
+func readJoin(c net.Conn, j layer.Junction) (join, error) {
 	c.SetReadDeadline(time.Now().Add(j.Timeout()))
 	// The watcher may run only after the read is over and the listener
 	// has closed since: reading tells it whether the deadline is still

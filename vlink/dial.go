@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // DefaultHandshakeTimeout bounds a handshake when neither the context nor
@@ -147,7 +149,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 	// factory's stream, each one above on what a multi-link layer built.
 	// Only the top hello names the target.
 	segs := segments(mirrored)
-	var d ContextDialer
+	var d layer.ContextDialer
 	early := false
 	below := len(mirrored) // index in mirrored of the bottom segment's first layer
 	for i := len(segs) - 1; i >= 0; i-- {
@@ -170,17 +172,17 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 				return fail(err)
 			}
 			switch f := v.(type) {
-			case Filter:
+			case layer.Filter:
 				d = &filterDialer{name: spec.Name, f: f, next: d}
-			case MultiLink:
+			case layer.MultiLink:
 				lowerStack := Stack{Layers: r.stack.Layers[below+j:]}
 				path := pathOf(network, peer, lowerStack, r.key)
-				ml, err := cache.get(seg[j].String()+" over "+path, func() (MultiLink, error) { return f, nil })
+				ml, err := cache.get(seg[j].String()+" over "+path, func() (layer.MultiLink, error) { return f, nil })
 				if err != nil {
 					return fail(err)
 				}
 				d = &multiLinkDialer{ml: ml, lower: &lowerDialer{ContextDialer: d, path: path}}
-				if e, ok := ml.(EarlyDataLayer); ok && e.EarlyData() {
+				if e, ok := ml.(layer.EarlyDataLayer); ok && e.EarlyData() {
 					early = true // for the nested hello of the segment above
 				}
 			default:
@@ -193,14 +195,14 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 
 // buildTransport chains the factories: each reaches its next hop through
 // the one below it, and the bottom one reaches the network itself.
-func buildTransport(layers []Layer) (ContextDialer, error) {
-	var forward ContextDialer
+func buildTransport(layers []Layer) (layer.ContextDialer, error) {
+	var forward layer.ContextDialer
 	for i := len(layers) - 1; i >= 0; i-- {
 		spec, v, err := layers[i].build()
 		if err != nil {
 			return nil, err
 		}
-		f, ok := v.(Factory)
+		f, ok := v.(layer.Factory)
 		if !ok {
 			return nil, fmt.Errorf("layer %s: registered as a factory but is not one", spec.Name)
 		}
@@ -210,8 +212,8 @@ func buildTransport(layers []Layer) (ContextDialer, error) {
 }
 
 type factoryDialer struct {
-	f       Factory
-	forward ContextDialer
+	f       layer.Factory
+	forward layer.ContextDialer
 	stack   string // the factories from this one down, in text form
 }
 
@@ -227,8 +229,8 @@ func (d *factoryDialer) DialContext(ctx context.Context, network, address string
 
 type filterDialer struct {
 	name string
-	f    Filter
-	next ContextDialer
+	f    layer.Filter
+	next layer.ContextDialer
 }
 
 func (d *filterDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -248,7 +250,7 @@ func (d *filterDialer) DialContext(ctx context.Context, network, address string)
 // helloDialer dials the VLink peer (the destination, or the gateway) and
 // runs the handshake on the raw stream.
 type helloDialer struct {
-	next   ContextDialer
+	next   layer.ContextDialer
 	peer   string // where to connect: the destination or the gateway
 	target string // where the gateway forwards; empty for none
 	key    []byte

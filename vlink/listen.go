@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 )
@@ -89,9 +91,6 @@ func (c *Conn) Hello() *Hello { return c.hello }
 // Admitted returns what ListenConfig.Admit returned for this connection.
 func (c *Conn) Admitted() any { return c.admitted }
 
-// NetConn returns the connection below: the top layer's.
-func (c *Conn) NetConn() net.Conn { return c.Conn }
-
 // UnwrapConn tells netconn.Relay that Conn adds nothing to the bytes of
 // the connection below.
 func (c *Conn) UnwrapConn() net.Conn { return c.Conn }
@@ -124,7 +123,7 @@ type Listener struct {
 	mu         sync.Mutex
 	err        error                 // why the accept loop stopped
 	pending    map[net.Conn]struct{} // connections in handshake, closed by Close
-	layerState map[string]any        // multi-link layers' state, see Junction.State
+	layerState map[string]any        // multi-link layers' state, see layer.Junction.State
 
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -185,13 +184,13 @@ func ListenStack(ctx context.Context, stack Stack, network, address string) (net
 	if err != nil {
 		return nil, err
 	}
-	lf, ok := v.(ListenFactory)
+	lf, ok := v.(layer.ListenFactory)
 	if !ok {
 		return nil, fmt.Errorf("vlink: listen: factory %s cannot listen", spec.Name)
 	}
 	// The factories below the listening one carry its connection to its
 	// next hop, as they do for a dial.
-	var forward ContextDialer
+	var forward layer.ContextDialer
 	if len(stack.Layers) > 1 {
 		if forward, err = buildTransport(stack.Layers[1:]); err != nil {
 			return nil, err
@@ -450,13 +449,13 @@ func (l *Listener) handshake(raw net.Conn) (*Conn, error) {
 func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int) (*Conn, error) {
 	start := time.Now()
 	mirrored := h.Stack.Layers
-	var ml MultiLink
+	var ml layer.MultiLink
 	if len(mirrored) > 0 {
 		_, v, err := mirrored[0].build()
 		if err != nil {
 			return nil, err
 		}
-		if ml, _ = v.(MultiLink); ml != nil {
+		if ml, _ = v.(layer.MultiLink); ml != nil {
 			// The layers above come with the nested hello, and the
 			// target too; the multi-link layer is admitted there.
 			if depth >= maxNesting {
@@ -500,7 +499,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 		if err != nil {
 			return fail(err)
 		}
-		f, ok := v.(Filter)
+		f, ok := v.(layer.Filter)
 		if !ok {
 			return fail(fmt.Errorf("layer %s: a %s below a multi-link layer's hello", spec.Name, spec.Kind))
 		}

@@ -10,86 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/netconn"
 )
 
-// A MultiLink layer builds connections out of connections of the layers
-// below it: one out of several (parallel streams), or many over one (a
-// multiplexer). It splits a stack in two: the layers below it are
-// negotiated by the hello of each connection it dials, the layers above
-// by a second hello that the dialer sends on each connection it builds
-// (the nested hello, which also carries the forwarding target). So a
-// listener treats what a multi-link layer builds exactly as a connection
-// it has just accepted, and stacks such as "zstd+parallel:streams=4+tcp"
-// or "lz4+mux+parallel+tcp" need nothing special.
-//
-// A Dialer builds one MultiLink per distinct path and keeps it for later
-// dials along the same path, so a layer can share what it has built (a
-// multiplexed session) between dials; a MultiLink that holds connections
-// between dials implements io.Closer, called by [Dialer.Close].
-type MultiLink interface {
-	// Dial builds one connection out of connections dialed through
-	// lower, each of which reaches the peer's listener, which hands it to
-	// Accept of the same layer.
-	Dial(ctx context.Context, network, address string, lower Lower) (net.Conn, error)
-	// Accept takes a connection that reached a listener through this
-	// layer (the layers below it already applied) and gives every
-	// connection it builds to j.Deliver. It owns c and must not block:
-	// work that waits (for sibling connections, for streams) runs in
-	// goroutines that end when their connections close or j.Done is
-	// closed.
-	Accept(c net.Conn, j Junction) error
-}
-
-// An EarlyDataLayer is a MultiLink whose connections may carry data
-// before the listener has answered their nested hello. Its Dial returns
-// as soon as the hello is sent, without waiting a round trip; the answer
-// is read with the first Read, and a refusal comes back from that Read
-// (as a *RefusedError inside a *net.OpError) instead of from Dial. The
-// mux layer opts in: its streams exist to make short connections cheap.
-type EarlyDataLayer interface {
-	MultiLink
-	EarlyData() bool
-}
-
-// A Lower is what a multi-link layer dials through: the rest of the stack
-// down to the peer's listener.
-type Lower interface {
-	ContextDialer
-	// Path identifies where connections dialed through Lower go and how:
-	// the stack below, the peer, the credentials' fingerprint. Dials with
-	// the same Path may share connections.
-	Path() string
-}
-
-// A Junction is a listener's side of a multi-link layer: where the layer
-// delivers what it builds, and the bounds it keeps. Its methods are safe
-// for concurrent use.
-type Junction interface {
-	// Deliver hands a built connection to the listener, which runs the
-	// nested hello on it and queues it for Accept. It blocks while the
-	// listener has MaxHandshakes handshakes in progress. If the listener
-	// is closed, Deliver closes c and returns net.ErrClosed.
-	Deliver(c net.Conn) error
-	// State returns the listener's state for the named layer, made by
-	// newState the first time. Layers keep what spans connections there
-	// (sessions waiting for their members), so two listeners never mix
-	// them.
-	State(layer string, newState func() any) any
-	// Done is closed when the listener closes.
-	Done() <-chan struct{}
-	// Timeout bounds how long a layer may wait for the connections that
-	// make up one of its own (the listener's HandshakeTimeout).
-	Timeout() time.Duration
-	// MaxPending bounds the connections a layer may hold while they wait
-	// for their siblings (the listener's MaxHandshakes).
-	MaxPending() int
-	// RemoteAddr is the address of the dialer, as the listener saw it.
-	RemoteAddr() net.Addr
-}
-
-// maxNesting bounds how deep multi-link layers may nest in one connection
-// (mux over parallel over mux...), so a dialer cannot make a listener
 // recurse without end.
 const maxNesting = 4
 
@@ -101,7 +26,7 @@ func segments(mirrored []Layer) [][]Layer {
 	var segs [][]Layer
 	start := 0
 	for i, l := range mirrored {
-		if spec := lookup(l.Name); spec != nil && spec.Kind == KindMultiLink {
+		if spec := lookup(l.Name); spec != nil && spec.Kind == layer.KindMultiLink {
 			segs = append(segs, mirrored[start:i])
 			start = i
 		}
@@ -111,7 +36,7 @@ func segments(mirrored []Layer) [][]Layer {
 
 // multiLinkDialer dials through a MultiLink layer.
 type multiLinkDialer struct {
-	ml    MultiLink
+	ml    layer.MultiLink
 	lower *lowerDialer
 }
 
@@ -120,7 +45,7 @@ func (d *multiLinkDialer) DialContext(ctx context.Context, network, address stri
 }
 
 type lowerDialer struct {
-	ContextDialer
+	layer.ContextDialer
 	path string
 }
 
@@ -142,10 +67,10 @@ func pathOf(network, peer string, below Stack, key []byte) string {
 // the connections below, which authenticated it when the listener wants
 // a key.
 type nestedHelloDialer struct {
-	next   ContextDialer
+	next   layer.ContextDialer
 	stack  string
 	target string
-	early  bool // send the hello and go on: see EarlyDataLayer
+	early  bool // send the hello and go on: see layer.EarlyDataLayer
 }
 
 func (d *nestedHelloDialer) DialContext(ctx context.Context, network, address string) (_ net.Conn, err error) {
@@ -232,11 +157,11 @@ func (c *earlyConn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
 // layerCache keeps the multi-link layers a Dialer has built, one per path.
 type layerCache struct {
 	mu     sync.Mutex
-	m      map[string]MultiLink
+	m      map[string]layer.MultiLink
 	closed bool
 }
 
-func (lc *layerCache) get(key string, build func() (MultiLink, error)) (MultiLink, error) {
+func (lc *layerCache) get(key string, build func() (layer.MultiLink, error)) (layer.MultiLink, error) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	if ml, ok := lc.m[key]; ok {
@@ -251,7 +176,7 @@ func (lc *layerCache) get(key string, build func() (MultiLink, error)) (MultiLin
 		return ml, nil
 	}
 	if lc.m == nil {
-		lc.m = map[string]MultiLink{}
+		lc.m = map[string]layer.MultiLink{}
 	}
 	lc.m[key] = ml
 	return ml, nil
@@ -281,7 +206,7 @@ type junction struct {
 	remote        net.Addr
 }
 
-var _ Junction = (*junction)(nil)
+var _ layer.Junction = (*junction)(nil)
 
 func (j *junction) Deliver(c net.Conn) error {
 	// A handshake slot first: a layer that builds connections faster

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/selector"
 )
 
@@ -66,14 +68,17 @@ func (p *Policy) Validate() error {
 		if s == nil {
 			return fmt.Errorf("vlink: policy: %w %q", ErrUnknownLayer, name)
 		}
-		if !s.Kind.mirrored() {
+		if !s.Kind.Mirrored() {
 			return fmt.Errorf("vlink: policy: %s is a %s; only filters and multi-link layers are mirrored", name, s.Kind)
 		}
 	}
 	for k, r := range p.Limits {
 		name, param, ok := strings.Cut(k, ".")
 		s := lookup(name)
-		if !ok || s == nil || s.param(param) == nil {
+		if !ok || s == nil {
+			return fmt.Errorf("vlink: policy: limit %q names no registered layer parameter", k)
+		}
+		if _, has := s.Param(param); !has {
 			return fmt.Errorf("vlink: policy: limit %q names no registered layer parameter", k)
 		}
 		if r.Min > r.Max {
@@ -135,15 +140,15 @@ func (p *Policy) checkStack(text string) (Stack, *RefusedError) {
 	}
 	for i, l := range s.Layers {
 		spec := lookup(l.Name)
-		if spec == nil || !spec.Kind.mirrored() || (p.Layers != nil && !contains(p.Layers, l.Name)) {
+		if spec == nil || !spec.Kind.Mirrored() || (p.Layers != nil && !contains(p.Layers, l.Name)) {
 			return Stack{}, refuse(CodeLayer, "layer %d (%s) is not allowed here (allowed: %s)", i+1, l.Name, strings.Join(p.allowedNames(), ", "))
 		}
-		if spec.Kind == KindMultiLink && i > 0 {
+		if spec.Kind == layer.KindMultiLink && i > 0 {
 			// Each multi-link layer has a hello of its own, below the
 			// nested hello of the layers above it.
 			return Stack{}, refuse(CodeMalformed, "layer %d (%s): a multi-link layer can only be first in a hello", i+1, l.Name)
 		}
-		if err := checkParams(spec, l.Params); err != nil {
+		if err := spec.Check(l.Params); err != nil {
 			return Stack{}, refuse(CodeParam, "layer %d (%s): %v", i+1, l.Name, err)
 		}
 		for _, prm := range spec.Params {
@@ -155,10 +160,10 @@ func (p *Policy) checkStack(text string) (Stack, *RefusedError) {
 			if !given {
 				v = prm.Default
 			}
-			n, _ := prm.parse(v)
+			n, _ := prm.Value(v)
 			if n < r.Min || n > r.Max {
 				return Stack{}, refuse(CodeParam, "layer %d (%s): %s=%s is outside this listener's [%s, %s]",
-					i+1, l.Name, prm.Name, v, prm.format(r.Min), prm.format(r.Max))
+					i+1, l.Name, prm.Name, v, prm.Format(r.Min), prm.Format(r.Max))
 			}
 		}
 	}
@@ -170,8 +175,8 @@ func (p *Policy) allowedNames() []string {
 		return p.Layers
 	}
 	var names []string
-	for _, s := range Specs() {
-		if s.Kind.mirrored() {
+	for _, s := range layer.Specs() {
+		if s.Kind.Mirrored() {
 			names = append(names, s.Name)
 		}
 	}

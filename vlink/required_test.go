@@ -6,13 +6,15 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func init() {
-	Register(Spec{
-		Name: "test-required", Kind: KindFactory, Summary: "a factory with a required parameter",
-		Params: []Param{{Name: "addr", Type: TypeString, Required: true, Doc: "the proxy"}},
-		New:    func(a Args) (any, error) { return pathFactory{}, nil },
+	layer.Register(layer.Spec{
+		Name: "test-required", Kind: layer.KindFactory, Summary: "a factory with a required parameter",
+		Params: []layer.Param{{Name: "addr", Type: layer.TypeString, Required: true, Doc: "the proxy"}},
+		New:    func(a layer.Args) (any, error) { return pathFactory{}, nil },
 	})
 }
 
@@ -24,7 +26,7 @@ type pathError struct{ path string }
 
 func (e pathError) Error() string { return "path " + e.path }
 
-func (pathFactory) DialContext(ctx context.Context, network, address string, forward ContextDialer) (net.Conn, error) {
+func (pathFactory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	s, _ := forward.(interface{ String() string })
 	if s == nil {
 		return nil, pathError{"<no String>"}
@@ -45,8 +47,8 @@ func TestRequiredParam(t *testing.T) {
 			t.Fatal("registering a required parameter with a default did not panic")
 		}
 	}()
-	Register(Spec{Name: "test-required-bad", Kind: KindFactory, New: func(Args) (any, error) { return nil, nil },
-		Params: []Param{{Name: "a", Type: TypeString, Required: true, Default: "x"}}})
+	layer.Register(layer.Spec{Name: "test-required-bad", Kind: layer.KindFactory, New: func(layer.Args) (any, error) { return nil, nil },
+		Params: []layer.Param{{Name: "a", Type: layer.TypeString, Required: true, Default: "x"}}})
 }
 
 // TestForwardString checks that a factory's forward dialer describes the

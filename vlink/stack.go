@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // A Stack is an ordered list of layers, from the application side down to
@@ -37,6 +39,10 @@ var (
 	ErrSyntax       = errors.New("syntax error")
 	ErrUnknownLayer = errors.New("unknown layer")
 	ErrBadStack     = errors.New("invalid stack")
+	// ErrBadParam is matched by errors about a parameter value: unknown,
+	// missing, of the wrong type or out of bounds. It is layer.ErrBadParam,
+	// which layers wrap too.
+	ErrBadParam = layer.ErrBadParam
 )
 
 // A StackError reports a stack that does not parse or validate. It names
@@ -101,7 +107,7 @@ func parseLayer(part string) (Layer, error) {
 	if name == "" {
 		return l, fmt.Errorf("%w: empty layer name", ErrSyntax)
 	}
-	if !nameRE.MatchString(name) {
+	if !layer.ValidName(name) {
 		return l, fmt.Errorf("%w: layer name %q: use lower-case letters, digits and '-'", ErrSyntax, name)
 	}
 	if !hasParams {
@@ -116,7 +122,7 @@ func parseLayer(part string) (Layer, error) {
 		if !hasValue {
 			v = "true" // a bare key is a true bool
 		}
-		if !nameRE.MatchString(k) {
+		if !layer.ValidName(k) {
 			return l, fmt.Errorf("%w: parameter name %q: use lower-case letters, digits and '-'", ErrSyntax, k)
 		}
 		if _, dup := l.Params[k]; dup {
@@ -144,13 +150,13 @@ func (s *Stack) validate(text string) error {
 		fail := func(err error) error { return &StackError{Stack: text, Index: i + 1, Layer: l.Name, Err: err} }
 		spec := lookup(l.Name)
 		if spec == nil {
-			return fail(fmt.Errorf("%w (known: %s)", ErrUnknownLayer, strings.Join(layerNames(), ", ")))
+			return fail(fmt.Errorf("%w (known: %s)", ErrUnknownLayer, strings.Join(layer.Names(), ", ")))
 		}
-		if err := checkParams(spec, l.Params); err != nil {
+		if err := spec.Check(l.Params); err != nil {
 			return fail(err)
 		}
 		switch {
-		case spec.Kind == KindFactory:
+		case spec.Kind == layer.KindFactory:
 			seenFactory = true
 			if spec.Terminal && i != len(s.Layers)-1 {
 				return fail(fmt.Errorf("%w: %s reaches the network itself and must be the last layer", ErrBadStack, l.Name))
@@ -164,33 +170,6 @@ func (s *Stack) validate(text string) error {
 			return &StackError{Stack: text, Err: fmt.Errorf("%w: stack needs a terminal factory and tcp is not registered", ErrBadStack)}
 		}
 		s.Layers = append(s.Layers, Layer{Name: "tcp"})
-	}
-	return nil
-}
-
-func checkParams(spec *Spec, params map[string]string) error {
-	for k, v := range params {
-		p := spec.param(k)
-		if p == nil {
-			known := make([]string, len(spec.Params))
-			for i := range spec.Params {
-				known[i] = spec.Params[i].Name
-			}
-			if len(known) == 0 {
-				return fmt.Errorf("%w: unknown parameter %q (%s takes none)", ErrBadParam, k, spec.Name)
-			}
-			return fmt.Errorf("%w: unknown parameter %q (known: %s)", ErrBadParam, k, strings.Join(known, ", "))
-		}
-		if err := p.check(v); err != nil {
-			return err
-		}
-	}
-	for i := range spec.Params {
-		if p := &spec.Params[i]; p.Required {
-			if _, ok := params[p.Name]; !ok {
-				return fmt.Errorf("%w: missing required parameter %s (%s)", ErrBadParam, p.Name, p.Doc)
-			}
-		}
 	}
 	return nil
 }
@@ -241,7 +220,7 @@ func (s Stack) IsPlain() bool { return len(s.mirrored()) == 0 }
 // rebuilds from the hello.
 func (s Stack) mirrored() []Layer {
 	for i, l := range s.Layers {
-		if spec := lookup(l.Name); spec != nil && spec.Kind == KindFactory {
+		if spec := lookup(l.Name); spec != nil && spec.Kind == layer.KindFactory {
 			return s.Layers[:i]
 		}
 	}
@@ -294,7 +273,7 @@ func FromConfig(layers []LayerConfig) (Stack, error) {
 		s.Layers = append(s.Layers, l)
 	}
 	for i := range s.Layers {
-		if !nameRE.MatchString(s.Layers[i].Name) {
+		if !layer.ValidName(s.Layers[i].Name) {
 			return Stack{}, &StackError{Stack: s.String(), Index: i + 1, Layer: s.Layers[i].Name,
 				Err: fmt.Errorf("%w: layer name %q", ErrSyntax, s.Layers[i].Name)}
 		}
@@ -394,13 +373,22 @@ func unhex(c byte) int {
 	return -1
 }
 
+// lookup returns the registered layer with the given name, or nil.
+func lookup(name string) *layer.Spec {
+	s, ok := layer.Lookup(name)
+	if !ok {
+		return nil
+	}
+	return &s
+}
+
 // build instantiates a layer.
-func (l Layer) build() (*Spec, any, error) {
+func (l Layer) build() (*layer.Spec, any, error) {
 	spec := lookup(l.Name)
 	if spec == nil {
 		return nil, nil, fmt.Errorf("%w %q", ErrUnknownLayer, l.Name)
 	}
-	v, err := spec.New(Args{spec: spec, vals: l.Params})
+	v, err := spec.Build(l.Params)
 	if err != nil {
 		return spec, nil, fmt.Errorf("vlink: layer %s: %w", l.Name, err)
 	}

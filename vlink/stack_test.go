@@ -6,31 +6,33 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Test-only layers. "tcp" itself comes from factories/tcp, which the
 // external tests of this package import.
 func init() {
-	Register(Spec{
-		Name: "test-filter", Kind: KindFilter, Summary: "parameters of every type",
-		Params: []Param{
-			{Name: "level", Type: TypeInt, Default: "3", Min: 1, Max: 9},
-			{Name: "name", Type: TypeString},
-			{Name: "flag", Type: TypeBool},
-			{Name: "wait", Type: TypeDuration, Default: "1s", Min: 0, Max: int64(1e12)},
-			{Name: "window", Type: TypeSize, Default: "64K", Min: 1 << 10, Max: 1 << 20},
+	layer.Register(layer.Spec{
+		Name: "test-filter", Kind: layer.KindFilter, Summary: "parameters of every type",
+		Params: []layer.Param{
+			{Name: "level", Type: layer.TypeInt, Default: "3", Min: 1, Max: 9},
+			{Name: "name", Type: layer.TypeString},
+			{Name: "flag", Type: layer.TypeBool},
+			{Name: "wait", Type: layer.TypeDuration, Default: "1s", Min: 0, Max: int64(1e12)},
+			{Name: "window", Type: layer.TypeSize, Default: "64K", Min: 1 << 10, Max: 1 << 20},
 		},
-		New: func(a Args) (any, error) { return xorFilter{key: byte(a.Int("level"))}, nil },
+		New: func(a layer.Args) (any, error) { return xorFilter{key: byte(a.Int("level"))}, nil },
 	})
-	Register(Spec{
-		Name: "test-xor", Kind: KindFilter, Summary: "xor every byte with key, so a missing mirror garbles data",
-		Params: []Param{{Name: "key", Type: TypeInt, Default: "90", Min: 1, Max: 255}},
-		New:    func(a Args) (any, error) { return xorFilter{key: byte(a.Int("key"))}, nil },
+	layer.Register(layer.Spec{
+		Name: "test-xor", Kind: layer.KindFilter, Summary: "xor every byte with key, so a missing mirror garbles data",
+		Params: []layer.Param{{Name: "key", Type: layer.TypeInt, Default: "90", Min: 1, Max: 255}},
+		New:    func(a layer.Args) (any, error) { return xorFilter{key: byte(a.Int("key"))}, nil },
 	})
-	Register(Spec{
-		Name: "test-proxy", Kind: KindFactory, Summary: "a non-terminal factory that dials through forward",
-		Params: []Param{{Name: "addr", Type: TypeString}},
-		New:    func(a Args) (any, error) { return proxyFactory{}, nil },
+	layer.Register(layer.Spec{
+		Name: "test-proxy", Kind: layer.KindFactory, Summary: "a non-terminal factory that dials through forward",
+		Params: []layer.Param{{Name: "addr", Type: layer.TypeString}},
+		New:    func(a layer.Args) (any, error) { return proxyFactory{}, nil },
 	})
 }
 
@@ -64,7 +66,7 @@ func (c *xorConn) CloseWrite() error { return c.Conn.(interface{ CloseWrite() er
 
 type proxyFactory struct{}
 
-func (proxyFactory) DialContext(ctx context.Context, network, address string, forward ContextDialer) (net.Conn, error) {
+func (proxyFactory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	return forward.DialContext(ctx, network, address)
 }
 
@@ -140,19 +142,6 @@ func TestParseErrors(t *testing.T) {
 				t.Fatalf("Parse(%q) = %q, want it to mention %q", tt.in, err, tt.mention)
 			}
 		})
-	}
-}
-
-func TestArgsDefaults(t *testing.T) {
-	s := MustParse("test-filter:flag")
-	spec := lookup("test-filter")
-	a := Args{spec: spec, vals: s.Layers[0].Params}
-	if a.Int("level") != 3 || !a.Bool("flag") || a.Size("window") != 64<<10 || a.Duration("wait").Seconds() != 1 || a.String("name") != "" {
-		t.Fatalf("defaults not applied: level=%d flag=%v window=%d wait=%v", a.Int("level"), a.Bool("flag"), a.Size("window"), a.Duration("wait"))
-	}
-	a = Args{spec: spec}
-	if a.Bool("flag") {
-		t.Fatal("absent bool with no default should be false")
 	}
 }
 

@@ -19,6 +19,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/vlink-dev/vlink/internal/units"
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -154,8 +157,8 @@ func (o *benchOptions) check() (stacks []vlink.Stack, kinds []string, err error)
 	texts := splitStacks(o.stacks)
 	if o.stacks == "" {
 		texts = []string{"tcp"}
-		for _, s := range vlink.Specs() {
-			if s.Kind == vlink.KindFilter || s.Kind == vlink.KindMultiLink {
+		for _, s := range layer.Specs() {
+			if s.Kind == layer.KindFilter || s.Kind == layer.KindMultiLink {
 				texts = append(texts, s.Name)
 			}
 		}
@@ -244,7 +247,7 @@ func (o *benchOptions) run(ctx context.Context, e *env) error {
 		}
 	}
 	progress("%d stacks besides raw TCP, %s of %s per run, %d round(s); GOMAXPROCS=%d",
-		len(stacks), formatSize(size), strings.Join(kinds, " and "), o.rounds, runtime.GOMAXPROCS(0))
+		len(stacks), units.FormatSize(size), strings.Join(kinds, " and "), o.rounds, runtime.GOMAXPROCS(0))
 	// An unmeasured pass first: connections, pools and codecs warm up.
 	for _, t := range targets {
 		for _, k := range kinds {
@@ -313,7 +316,7 @@ func (o *benchOptions) run(ctx context.Context, e *env) error {
 
 func printBenchTable(w io.Writer, r *benchReport) {
 	fmt.Fprintf(w, "# %s per run, median of %d round(s), %d pings per round; %s %s/%s, GOMAXPROCS=%d\n",
-		formatSize(r.Size), r.Rounds, r.Pings, r.Go, r.OS, r.Arch, r.GOMAXPROCS)
+		units.FormatSize(r.Size), r.Rounds, r.Pings, r.Go, r.OS, r.Arch, r.GOMAXPROCS)
 	rows := [][]string{{"STACK", "DATA", "MB/s", "xRAW", "LATENCY", "xRAW", "WIRE/BYTE"}}
 	for _, row := range r.Results {
 		rows = append(rows, []string{row.Stack, row.Data,
@@ -644,44 +647,13 @@ func (c *countingConn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
 // 1024).
 type sizeFlag int64
 
-func (s *sizeFlag) String() string { return formatSize(int64(*s)) }
+func (s *sizeFlag) String() string { return units.FormatSize(int64(*s)) }
 
 func (s *sizeFlag) Set(v string) error {
-	n, err := parseSize(v)
+	n, err := units.ParseSize(v)
 	if err != nil {
-		return err
+		return fmt.Errorf("%q is %w", v, err)
 	}
 	*s = sizeFlag(n)
 	return nil
-}
-
-func parseSize(v string) (int64, error) {
-	num, mult := v, int64(1)
-	if n := len(v); n > 0 {
-		switch v[n-1] {
-		case 'k', 'K':
-			num, mult = v[:n-1], 1<<10
-		case 'm', 'M':
-			num, mult = v[:n-1], 1<<20
-		case 'g', 'G':
-			num, mult = v[:n-1], 1<<30
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n < 0 || n > (1<<50)/mult {
-		return 0, fmt.Errorf("%q is not a size like 64M (K, M, G: powers of 1024)", v)
-	}
-	return n * mult, nil
-}
-
-func formatSize(n int64) string {
-	switch {
-	case n != 0 && n%(1<<30) == 0:
-		return strconv.FormatInt(n>>30, 10) + "G"
-	case n != 0 && n%(1<<20) == 0:
-		return strconv.FormatInt(n>>20, 10) + "M"
-	case n != 0 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "K"
-	}
-	return strconv.FormatInt(n, 10)
 }

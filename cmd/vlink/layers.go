@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 var layersCmd = &command{
@@ -36,7 +34,7 @@ bounds. Stacks name layers and set parameters as in zstd:level=3+tcp.
 }
 
 func printLayers(e *env) {
-	for i, s := range vlink.Specs() {
+	for i, s := range layer.Specs() {
 		if i > 0 {
 			fmt.Fprintln(e.stdout)
 		}
@@ -55,22 +53,12 @@ func printLayers(e *env) {
 				def = "default none"
 			}
 			if p.Min != 0 || p.Max != 0 {
-				bounds = "range " + formatBound(p.Type, p.Min) + ".." + formatBound(p.Type, p.Max)
+				bounds = "range " + p.Format(p.Min) + ".." + p.Format(p.Max)
 			}
 			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", p.Name, p.Type, def, bounds, p.Doc)
 		}
 		w.Flush()
 	}
-}
-
-func formatBound(t vlink.ParamType, n int64) string {
-	switch t {
-	case vlink.TypeDuration:
-		return time.Duration(n).String()
-	case vlink.TypeSize:
-		return formatSize(n)
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 var versionCmd = &command{

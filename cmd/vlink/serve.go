@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
@@ -166,8 +167,8 @@ func (o *serveOptions) policy() (vlink.Policy, error) {
 		p.Layers = []string{}
 		for name := range strings.SplitSeq(o.layers, ",") {
 			name = strings.TrimSpace(name)
-			spec, ok := vlink.Lookup(name)
-			if !ok || spec.Kind == vlink.KindFactory || spec.Kind == vlink.KindRoute {
+			spec, ok := layer.Lookup(name)
+			if !ok || !spec.Kind.Mirrored() {
 				return p, usagef("--layers: %q is not a layer a dialer can ask for (known: %s)", name, strings.Join(mirroredNames(), ", "))
 			}
 			p.Layers = append(p.Layers, name)
@@ -233,63 +234,36 @@ func parseLimit(s string) (string, vlink.Range, error) {
 		return "", r, usagef("--limit %q: %s", s, why)
 	}
 	key, val, ok := strings.Cut(s, "=")
-	layer, param, ok2 := strings.Cut(key, ".")
+	name, param, ok2 := strings.Cut(key, ".")
 	if !ok || !ok2 || val == "" {
 		return bad("want LAYER.PARAM=MIN-MAX, e.g. zstd.level=1-9")
 	}
-	spec, found := vlink.Lookup(layer)
+	spec, found := layer.Lookup(name)
 	if !found {
-		return bad(fmt.Sprintf("no layer %q (see vlink layers)", layer))
+		return bad(fmt.Sprintf("no layer %q (see vlink layers)", name))
 	}
-	var p *vlink.Param
-	for i := range spec.Params {
-		if spec.Params[i].Name == param {
-			p = &spec.Params[i]
-		}
+	p, found := spec.Param(param)
+	if !found {
+		return bad(fmt.Sprintf("layer %s has no parameter %q (see vlink layers)", name, param))
 	}
-	if p == nil {
-		return bad(fmt.Sprintf("layer %s has no parameter %q (see vlink layers)", layer, param))
+	if p.Type != layer.TypeInt && p.Type != layer.TypeDuration && p.Type != layer.TypeSize {
+		return bad(fmt.Sprintf("only int, duration and size parameters can be limited, not %s", p.Type))
 	}
 	lo, hi, isRange := strings.Cut(val, "-")
 	if !isRange {
 		hi = lo
 	}
 	var err error
-	if r.Min, err = parseNumber(p.Type, lo); err != nil {
+	if r.Min, err = p.Value(lo); err != nil {
 		return bad(err.Error())
 	}
-	if r.Max, err = parseNumber(p.Type, hi); err != nil {
+	if r.Max, err = p.Value(hi); err != nil {
 		return bad(err.Error())
 	}
 	if r.Min > r.Max {
 		return bad("the range is backwards")
 	}
 	return key, r, nil
-}
-
-// parseNumber reads a bound of a numeric parameter in its own unit.
-func parseNumber(t vlink.ParamType, s string) (int64, error) {
-	switch t {
-	case vlink.TypeInt:
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%q is not an integer", s)
-		}
-		return n, nil
-	case vlink.TypeDuration:
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return 0, fmt.Errorf("%q is not a duration like 10s", s)
-		}
-		return int64(d), nil
-	case vlink.TypeSize:
-		n, err := parseSize(s)
-		if err != nil {
-			return 0, err
-		}
-		return n, nil
-	}
-	return 0, fmt.Errorf("only int, duration and size parameters can be limited, not %s", t)
 }
 
 func checkHostPort(s string) error {
@@ -305,8 +279,8 @@ func checkHostPort(s string) error {
 
 func mirroredNames() []string {
 	var names []string
-	for _, s := range vlink.Specs() {
-		if s.Kind == vlink.KindFilter || s.Kind == vlink.KindMultiLink {
+	for _, s := range layer.Specs() {
+		if s.Kind == layer.KindFilter || s.Kind == layer.KindMultiLink {
 			names = append(names, s.Name)
 		}
 	}

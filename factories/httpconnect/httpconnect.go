@@ -24,6 +24,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
@@ -35,24 +37,24 @@ import (
 const MaxHeaderBytes = 64 << 10
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:    "http",
-		Kind:    vlink.KindFactory,
+		Kind:    layer.KindFactory,
 		Summary: "HTTP proxy client (CONNECT), with basic authentication",
-		Params: []vlink.Param{
-			{Name: "addr", Type: vlink.TypeString, Required: true,
+		Params: []layer.Param{
+			{Name: "addr", Type: layer.TypeString, Required: true,
 				Doc: "the proxy's HOST:PORT, reached through the layer below"},
-			{Name: "user", Type: vlink.TypeString,
+			{Name: "user", Type: layer.TypeString,
 				Doc: "user name for basic authentication; needs password-file or password-env"},
-			{Name: "password-file", Type: vlink.TypeString,
+			{Name: "password-file", Type: layer.TypeString,
 				Doc: "file holding the password (mode 600); never put a password in a stack"},
-			{Name: "password-env", Type: vlink.TypeString,
+			{Name: "password-env", Type: layer.TypeString,
 				Doc: "environment variable holding the password"},
 		},
-		New: func(a vlink.Args) (any, error) {
+		New: func(a layer.Args) (any, error) {
 			pw, err := secret.Password(a.String("password-file"), a.String("password-env"))
 			if err != nil {
-				return nil, fmt.Errorf("%w: %w", vlink.ErrBadParam, err)
+				return nil, fmt.Errorf("%w: %w", layer.ErrBadParam, err)
 			}
 			return New(Options{Proxy: a.String("addr"), User: a.String("user"), Password: pw})
 		},
@@ -83,33 +85,33 @@ func (o Options) String() string {
 }
 
 // Validate reports options that cannot work; errors match
-// vlink.ErrBadParam.
+// layer.ErrBadParam.
 func (o Options) Validate() error {
 	host, port, err := net.SplitHostPort(o.Proxy)
 	if err != nil || host == "" || port == "" {
-		return fmt.Errorf("%w: addr=%q: want the proxy's HOST:PORT", vlink.ErrBadParam, o.Proxy)
+		return fmt.Errorf("%w: addr=%q: want the proxy's HOST:PORT", layer.ErrBadParam, o.Proxy)
 	}
 	switch {
 	case o.User != "" && o.Password == "":
-		return fmt.Errorf("%w: user %q has no password: give password-file or password-env", vlink.ErrBadParam, o.User)
+		return fmt.Errorf("%w: user %q has no password: give password-file or password-env", layer.ErrBadParam, o.User)
 	case o.User == "" && o.Password != "":
-		return fmt.Errorf("%w: a password without a user", vlink.ErrBadParam)
+		return fmt.Errorf("%w: a password without a user", layer.ErrBadParam)
 	case strings.ContainsRune(o.User, ':'):
-		return fmt.Errorf("%w: basic authentication forbids ':' in a user name", vlink.ErrBadParam)
+		return fmt.Errorf("%w: basic authentication forbids ':' in a user name", layer.ErrBadParam)
 	case strings.ContainsAny(o.User+o.Password, "\r\n\x00"):
-		return fmt.Errorf("%w: user and password cannot hold line breaks or NUL", vlink.ErrBadParam)
+		return fmt.Errorf("%w: user and password cannot hold line breaks or NUL", layer.ErrBadParam)
 	}
 	return nil
 }
 
-// A Factory dials through an HTTP proxy. It implements vlink.Factory and
+// A Factory dials through an HTTP proxy. It implements layer.Factory and
 // is safe for concurrent use.
 type Factory struct {
 	o    Options
 	auth string // the Proxy-Authorization value, or ""
 }
 
-var _ vlink.Factory = (*Factory)(nil)
+var _ layer.Factory = (*Factory)(nil)
 
 // New returns a Factory for the options.
 func New(o Options) (*Factory, error) {
@@ -176,7 +178,7 @@ func (e *StatusError) Is(target error) bool {
 // DialContext connects to address through the proxy, which it reaches
 // through forward (nil: a net.Dialer). The context bounds the whole
 // setup (vlink.DefaultHandshakeTimeout if it sets no deadline).
-func (f *Factory) DialContext(ctx context.Context, network, address string, forward vlink.ContextDialer) (net.Conn, error) {
+func (f *Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
 	default:

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/txthinking/socks5"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
@@ -32,7 +34,7 @@ import (
 // The zero value is not usable: Dialer is required.
 type Server struct {
 	// Dialer reaches the destinations.
-	Dialer vlink.ContextDialer
+	Dialer layer.ContextDialer
 	// User and Password, if User is set, are required from every client
 	// with SOCKS5 username/password authentication (RFC 1929); SOCKS4
 	// clients, which cannot authenticate, are then refused.

@@ -28,6 +28,8 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/vlink"
@@ -55,48 +57,48 @@ func (v Version) String() string {
 }
 
 func init() {
-	addr := vlink.Param{Name: "addr", Type: vlink.TypeString, Required: true,
+	addr := layer.Param{Name: "addr", Type: layer.TypeString, Required: true,
 		Doc: "the proxy's HOST:PORT, reached through the layer below"}
 	for _, v := range []Version{V4, V4a, V5} {
-		params := []vlink.Param{addr}
+		params := []layer.Param{addr}
 		var summary string
 		switch v {
 		case V4:
 			summary = "SOCKS4 proxy client: IPv4 destinations, names resolved locally"
-			params = append(params, vlink.Param{Name: "user", Type: vlink.TypeString,
+			params = append(params, layer.Param{Name: "user", Type: layer.TypeString,
 				Doc: "user id sent to the proxy (SOCKS4 has no password)"})
 		case V4a:
 			summary = "SOCKS4a proxy client: names resolved by the proxy"
-			params = append(params, vlink.Param{Name: "user", Type: vlink.TypeString,
+			params = append(params, layer.Param{Name: "user", Type: layer.TypeString,
 				Doc: "user id sent to the proxy (SOCKS4a has no password)"})
 		case V5:
 			summary = "SOCKS5 proxy client: username/password auth, names resolved by the proxy"
 			params = append(params,
-				vlink.Param{Name: "user", Type: vlink.TypeString,
+				layer.Param{Name: "user", Type: layer.TypeString,
 					Doc: "user name for username/password authentication (RFC 1929); needs password-file or password-env"},
-				vlink.Param{Name: "password-file", Type: vlink.TypeString,
+				layer.Param{Name: "password-file", Type: layer.TypeString,
 					Doc: "file holding the password (mode 600); never put a password in a stack"},
-				vlink.Param{Name: "password-env", Type: vlink.TypeString,
+				layer.Param{Name: "password-env", Type: layer.TypeString,
 					Doc: "environment variable holding the password"},
-				vlink.Param{Name: "resolve", Type: vlink.TypeString, Default: "remote",
+				layer.Param{Name: "resolve", Type: layer.TypeString, Default: "remote",
 					Doc: `who resolves destination names: "remote" (the proxy; names stay private to the far side) or "local"`})
 		}
-		vlink.Register(vlink.Spec{
+		layer.Register(layer.Spec{
 			Name:    v.String(),
-			Kind:    vlink.KindFactory,
+			Kind:    layer.KindFactory,
 			Summary: summary,
 			Params:  params,
-			New:     func(a vlink.Args) (any, error) { return fromArgs(v, a) },
+			New:     func(a layer.Args) (any, error) { return fromArgs(v, a) },
 		})
 	}
 }
 
-func fromArgs(v Version, a vlink.Args) (*Factory, error) {
+func fromArgs(v Version, a layer.Args) (*Factory, error) {
 	o := Options{Version: v, Proxy: a.String("addr"), User: a.String("user")}
 	if v == V5 {
 		pw, err := secret.Password(a.String("password-file"), a.String("password-env"))
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", vlink.ErrBadParam, err)
+			return nil, fmt.Errorf("%w: %w", layer.ErrBadParam, err)
 		}
 		o.Password = pw
 		switch r := a.String("resolve"); r {
@@ -104,7 +106,7 @@ func fromArgs(v Version, a vlink.Args) (*Factory, error) {
 		case "local":
 			o.ResolveLocally = true
 		default:
-			return nil, fmt.Errorf("%w: resolve=%q: want remote or local", vlink.ErrBadParam, r)
+			return nil, fmt.Errorf("%w: resolve=%q: want remote or local", layer.ErrBadParam, r)
 		}
 	}
 	return New(o)
@@ -140,10 +142,10 @@ func (o Options) String() string {
 }
 
 // Validate reports options that cannot work; errors match
-// vlink.ErrBadParam.
+// layer.ErrBadParam.
 func (o Options) Validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", vlink.ErrBadParam, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s", layer.ErrBadParam, fmt.Sprintf(format, args...))
 	}
 	switch o.Version {
 	case V4, V4a, V5:
@@ -175,13 +177,13 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// A Factory dials through a SOCKS proxy. It implements vlink.Factory and
+// A Factory dials through a SOCKS proxy. It implements layer.Factory and
 // is safe for concurrent use.
 type Factory struct {
 	o Options
 }
 
-var _ vlink.Factory = (*Factory)(nil)
+var _ layer.Factory = (*Factory)(nil)
 
 // New returns a Factory for the options.
 func New(o Options) (*Factory, error) {
@@ -248,7 +250,7 @@ func (e *ReplyError) Is(target error) bool {
 // through forward (nil: a net.Dialer). The context bounds the whole
 // setup, handshake included (vlink.DefaultHandshakeTimeout if it sets no
 // deadline).
-func (f *Factory) DialContext(ctx context.Context, network, address string, forward vlink.ContextDialer) (net.Conn, error) {
+func (f *Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	name := f.o.Version.String()
 	switch network {
 	case "tcp", "tcp4", "tcp6":

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -16,7 +18,7 @@ import (
 // connection if the old one drops.
 type listener struct {
 	f       *Factory
-	forward vlink.ContextDialer
+	forward layer.ContextDialer
 	addr    string // host:port asked for, with the port the server chose
 
 	mu     sync.Mutex
@@ -26,7 +28,7 @@ type listener struct {
 	once   sync.Once
 }
 
-func (f *Factory) listen(ctx context.Context, address string, forward vlink.ContextDialer) (net.Listener, error) {
+func (f *Factory) listen(ctx context.Context, address string, forward layer.ContextDialer) (net.Listener, error) {
 	s, inner, err := f.listenOnce(ctx, address, forward)
 	if err != nil {
 		return nil, hop.Error("listen", "ssh", f.t.addr(), err)
@@ -36,7 +38,7 @@ func (f *Factory) listen(ctx context.Context, address string, forward vlink.Cont
 	return &listener{f: f, forward: forward, addr: net.JoinHostPort(host, port), sess: s, inner: inner, closed: make(chan struct{})}, nil
 }
 
-func (f *Factory) listenOnce(ctx context.Context, address string, forward vlink.ContextDialer) (*session, net.Listener, error) {
+func (f *Factory) listenOnce(ctx context.Context, address string, forward layer.ContextDialer) (*session, net.Listener, error) {
 	s, err := f.session(ctx, forward)
 	if err != nil {
 		return nil, nil, err

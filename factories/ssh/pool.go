@@ -9,10 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
-	"github.com/vlink-dev/vlink/vlink"
 )
 
 // The pool holds the shared SSH connections, by server and path. A
@@ -85,7 +86,7 @@ func (s *session) lost() error { return s.tr.lost() }
 
 // forwardKey identifies the path to the server: the stack below, as vlink
 // describes it, or the dialer itself.
-func forwardKey(forward vlink.ContextDialer) string {
+func forwardKey(forward layer.ContextDialer) string {
 	switch fw := forward.(type) {
 	case nil:
 		return "direct"
@@ -97,7 +98,7 @@ func forwardKey(forward vlink.ContextDialer) string {
 
 // session returns a hold on the shared connection for this factory and
 // path, connecting if needed. ctx bounds the connection's setup.
-func (f *Factory) session(ctx context.Context, forward vlink.ContextDialer) (*session, error) {
+func (f *Factory) session(ctx context.Context, forward layer.ContextDialer) (*session, error) {
 	// Jump hosts: the server is reached through an SSH tunnel to each.
 	for _, j := range f.t.jumps {
 		forward = &jumpDialer{f: j, forward: forward}
@@ -118,7 +119,7 @@ func (f *Factory) session(ctx context.Context, forward vlink.ContextDialer) (*se
 	return sh.acquire(ctx, forward)
 }
 
-func (sh *shared) acquire(ctx context.Context, forward vlink.ContextDialer) (*session, error) {
+func (sh *shared) acquire(ctx context.Context, forward layer.ContextDialer) (*session, error) {
 	for {
 		sh.mu.Lock()
 		if sh.client != nil && sh.tr.lost() == nil {
@@ -281,7 +282,7 @@ func keepAlive(client *gossh.Client, tr *transport, interval time.Duration) {
 }
 
 // connect dials the server through forward and runs the SSH handshake.
-func (f *Factory) connect(ctx context.Context, forward vlink.ContextDialer) (*gossh.Client, *transport, error) {
+func (f *Factory) connect(ctx context.Context, forward layer.ContextDialer) (*gossh.Client, *transport, error) {
 	if forward == nil {
 		forward = &net.Dialer{}
 	}
@@ -449,7 +450,7 @@ func (t *transport) lost() error {
 // ProxyJump.
 type jumpDialer struct {
 	f       *Factory
-	forward vlink.ContextDialer
+	forward layer.ContextDialer
 }
 
 func (d *jumpDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {

@@ -43,6 +43,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
@@ -61,45 +63,45 @@ const (
 )
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:    "ssh",
-		Kind:    vlink.KindFactory,
+		Kind:    layer.KindFactory,
 		Summary: "SSH tunnels (direct-tcpip, netcat mode, reverse listening), one shared SSH connection per server",
-		Params: []vlink.Param{
-			{Name: "host", Type: vlink.TypeString, Required: true,
+		Params: []layer.Param{
+			{Name: "host", Type: layer.TypeString, Required: true,
 				Doc: "the SSH server: a name, an address or a Host alias of ~/.ssh/config, as [user@]host[:port]"},
-			{Name: "port", Type: vlink.TypeInt, Min: 0, Max: 65535,
+			{Name: "port", Type: layer.TypeInt, Min: 0, Max: 65535,
 				Doc: "the server's port (default: from ~/.ssh/config, else 22)"},
-			{Name: "user", Type: vlink.TypeString,
+			{Name: "user", Type: layer.TypeString,
 				Doc: "the user to log in as (default: from ~/.ssh/config, else the local user)"},
-			{Name: "identity", Type: vlink.TypeString,
+			{Name: "identity", Type: layer.TypeString,
 				Doc: "private key file (default: IdentityFile from ~/.ssh/config, else ~/.ssh/id_ed25519, id_ecdsa, id_rsa)"},
-			{Name: "agent", Type: vlink.TypeBool, Default: "true",
+			{Name: "agent", Type: layer.TypeBool, Default: "true",
 				Doc: "use the keys of the agent at SSH_AUTH_SOCK"},
-			{Name: "known-hosts", Type: vlink.TypeString,
+			{Name: "known-hosts", Type: layer.TypeString,
 				Doc: "known_hosts file to check host keys against (default: ~/.ssh/known_hosts, then /etc/ssh/ssh_known_hosts)"},
-			{Name: "host-key-check", Type: vlink.TypeString, Default: "strict",
+			{Name: "host-key-check", Type: layer.TypeString, Default: "strict",
 				Doc: `"strict": refuse unknown and changed host keys; "accept-new": record unknown keys in known_hosts, refuse changed ones; "insecure-ignore": check nothing (anyone on the path can pose as the server)`},
-			{Name: "config", Type: vlink.TypeString,
+			{Name: "config", Type: layer.TypeString,
 				Doc: `ssh config file to read HostName, User, Port, IdentityFile and ProxyJump from (default: ~/.ssh/config and /etc/ssh/ssh_config; "none" reads none)`},
-			{Name: "mode", Type: vlink.TypeString, Default: "forward",
+			{Name: "mode", Type: layer.TypeString, Default: "forward",
 				Doc: `"forward": direct-tcpip channels (ssh -L); "netcat": run command on the server and carry its stdin/stdout, for servers that forbid forwarding`},
-			{Name: "command", Type: vlink.TypeString, Default: DefaultCommand,
+			{Name: "command", Type: layer.TypeString, Default: DefaultCommand,
 				Doc: "netcat mode's command, {host} and {port} replaced by the destination's (write spaces as %20 in a stack)"},
-			{Name: "keepalive", Type: vlink.TypeDuration, Default: DefaultKeepAlive.String(), Min: 0, Max: int64(time.Hour),
+			{Name: "keepalive", Type: layer.TypeDuration, Default: DefaultKeepAlive.String(), Min: 0, Max: int64(time.Hour),
 				Doc: "interval of keepalive requests; three unanswered ones close the connection (0: none)"},
-			{Name: "persist", Type: vlink.TypeDuration, Default: DefaultPersist.String(), Min: 0, Max: int64(24 * time.Hour),
+			{Name: "persist", Type: layer.TypeDuration, Default: DefaultPersist.String(), Min: 0, Max: int64(24 * time.Hour),
 				Doc: "how long a shared SSH connection stays open with no tunnelled connection left (0: close it with the last one)"},
-			{Name: "share", Type: vlink.TypeBool, Default: "true",
+			{Name: "share", Type: layer.TypeBool, Default: "true",
 				Doc: "share one SSH connection among all tunnels to the same server by the same path; false: one SSH connection per tunnel"},
-			{Name: "cipher", Type: vlink.TypeString,
+			{Name: "cipher", Type: layer.TypeString,
 				Doc: "the only cipher to offer, e.g. aes128-gcm@openssh.com or chacha20-poly1305@openssh.com (default: x/crypto/ssh's preference list)"},
 		},
-		New: func(a vlink.Args) (any, error) { return fromArgs(a) },
+		New: func(a layer.Args) (any, error) { return fromArgs(a) },
 	})
 }
 
-func fromArgs(a vlink.Args) (*Factory, error) {
+func fromArgs(a layer.Args) (*Factory, error) {
 	o := Options{
 		Host:       a.String("host"),
 		Port:       a.Int("port"),
@@ -131,7 +133,7 @@ func fromArgs(a vlink.Args) (*Factory, error) {
 	case "netcat":
 		o.Netcat = true
 	default:
-		return nil, fmt.Errorf("%w: mode=%q: want forward or netcat", vlink.ErrBadParam, m)
+		return nil, fmt.Errorf("%w: mode=%q: want forward or netcat", layer.ErrBadParam, m)
 	}
 	switch p := a.String("host-key-check"); p {
 	case "strict":
@@ -140,7 +142,7 @@ func fromArgs(a vlink.Args) (*Factory, error) {
 	case "insecure-ignore":
 		o.HostKeyCheck = InsecureIgnoreHostKey
 	default:
-		return nil, fmt.Errorf("%w: host-key-check=%q: want strict, accept-new or insecure-ignore", vlink.ErrBadParam, p)
+		return nil, fmt.Errorf("%w: host-key-check=%q: want strict, accept-new or insecure-ignore", layer.ErrBadParam, p)
 	}
 	return New(o)
 }
@@ -198,28 +200,28 @@ type Options struct {
 }
 
 // A Factory dials and listens through an SSH server. It implements
-// vlink.ListenFactory and is safe for concurrent use.
+// layer.ListenFactory and is safe for concurrent use.
 type Factory struct {
 	o Options
 	t target // the server, with the ssh config applied
 }
 
-var _ vlink.ListenFactory = (*Factory)(nil)
+var _ layer.ListenFactory = (*Factory)(nil)
 
 // New returns a Factory for the options, with the ssh config applied.
-// Errors match vlink.ErrBadParam.
+// Errors match layer.ErrBadParam.
 func New(o Options) (*Factory, error) {
 	if o.Host == "" {
-		return nil, fmt.Errorf("%w: no SSH server (host)", vlink.ErrBadParam)
+		return nil, fmt.Errorf("%w: no SSH server (host)", layer.ErrBadParam)
 	}
 	if o.Port < 0 || o.Port > 65535 {
-		return nil, fmt.Errorf("%w: port %d", vlink.ErrBadParam, o.Port)
+		return nil, fmt.Errorf("%w: port %d", layer.ErrBadParam, o.Port)
 	}
 	if o.Command == "" {
 		o.Command = DefaultCommand
 	}
 	if o.Netcat && (!strings.Contains(o.Command, "{host}") || !strings.Contains(o.Command, "{port}")) {
-		return nil, fmt.Errorf("%w: command=%q must contain {host} and {port}", vlink.ErrBadParam, o.Command)
+		return nil, fmt.Errorf("%w: command=%q must contain {host} and {port}", layer.ErrBadParam, o.Command)
 	}
 	if o.KeepAlive == 0 {
 		o.KeepAlive = DefaultKeepAlive
@@ -228,7 +230,7 @@ func New(o Options) (*Factory, error) {
 		o.Persist = DefaultPersist
 	}
 	if o.HostKeyCheck > InsecureIgnoreHostKey {
-		return nil, fmt.Errorf("%w: unknown host key check %d", vlink.ErrBadParam, o.HostKeyCheck)
+		return nil, fmt.Errorf("%w: unknown host key check %d", layer.ErrBadParam, o.HostKeyCheck)
 	}
 	if len(o.Ciphers) > 0 {
 		supported := gossh.SupportedAlgorithms().Ciphers
@@ -238,13 +240,13 @@ func New(o Options) (*Factory, error) {
 				found = found || s == c
 			}
 			if !found {
-				return nil, fmt.Errorf("%w: cipher %q (supported: %s)", vlink.ErrBadParam, c, strings.Join(supported, ", "))
+				return nil, fmt.Errorf("%w: cipher %q (supported: %s)", layer.ErrBadParam, c, strings.Join(supported, ", "))
 			}
 		}
 	}
 	t, err := resolve(o)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", vlink.ErrBadParam, err)
+		return nil, fmt.Errorf("%w: %w", layer.ErrBadParam, err)
 	}
 	return &Factory{o: o, t: t}, nil
 }
@@ -306,7 +308,7 @@ func (e *OpenError) Is(target error) bool {
 // connection to it is already up. The context bounds the setup: the SSH
 // handshake if one is needed (vlink.DefaultHandshakeTimeout if the context
 // sets no deadline), and opening the channel.
-func (f *Factory) DialContext(ctx context.Context, network, address string, forward vlink.ContextDialer) (net.Conn, error) {
+func (f *Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	fail := func(err error) (net.Conn, error) { return nil, hop.Error("dial", "ssh", f.t.addr(), err) }
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -340,7 +342,7 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, forw
 // GatewayPorts setting. If the SSH connection drops, Accept connects again
 // and asks the server to listen on the same port again, backing off
 // between attempts, until Close.
-func (f *Factory) Listen(ctx context.Context, network, address string, forward vlink.ContextDialer) (net.Listener, error) {
+func (f *Factory) Listen(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Listener, error) {
 	fail := func(err error) (net.Listener, error) { return nil, hop.Error("listen", "ssh", f.t.addr(), err) }
 	if network != "tcp" && network != "tcp4" && network != "tcp6" {
 		return fail(net.UnknownNetworkError(network))

@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 const (
@@ -36,28 +36,28 @@ const (
 )
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:     "tcp",
-		Kind:     vlink.KindFactory,
+		Kind:     layer.KindFactory,
 		Terminal: true,
 		Summary:  "plain TCP: dual-stack, nodelay, keep-alives, source address and port range",
-		Params: []vlink.Param{
-			{Name: "nodelay", Type: vlink.TypeBool, Default: "true", Local: true,
+		Params: []layer.Param{
+			{Name: "nodelay", Type: layer.TypeBool, Default: "true", Local: true,
 				Doc: "set TCP_NODELAY: send small writes at once instead of coalescing them (Nagle's algorithm)"},
-			{Name: "keepalive", Type: vlink.TypeDuration, Default: DefaultKeepAlive.String(), Min: 0, Max: int64(MaxKeepAlive), Local: true,
+			{Name: "keepalive", Type: layer.TypeDuration, Default: DefaultKeepAlive.String(), Min: 0, Max: int64(MaxKeepAlive), Local: true,
 				Doc: "idle time before the first keep-alive probe and interval between probes (a dead peer is noticed after about ten times this); 0 disables keep-alives"},
-			{Name: "family", Type: vlink.TypeString, Default: "any", Local: true,
+			{Name: "family", Type: layer.TypeString, Default: "any", Local: true,
 				Doc: `address family: "any" (IPv4 and IPv6, racing both as net.Dialer does), "4" (IPv4 only) or "6" (IPv6 only)`},
-			{Name: "local", Type: vlink.TypeString, Local: true,
+			{Name: "local", Type: layer.TypeString, Local: true,
 				Doc: "source IP address to dial from; empty lets the kernel choose (it also restricts dialing to that address's family)"},
-			{Name: "ports", Type: vlink.TypeString, Local: true,
+			{Name: "ports", Type: layer.TypeString, Local: true,
 				Doc: `local port range like "40000-40100" (or one port): dialing binds a free port of the range, listening on port 0 picks one; empty means any port`},
 		},
-		New: func(a vlink.Args) (any, error) { return newFromArgs(a) },
+		New: func(a layer.Args) (any, error) { return newFromArgs(a) },
 	})
 }
 
-// args is the part of vlink.Args the factory reads; tests supply their own.
+// args is the part of layer.Args the factory reads; tests supply their own.
 type args interface {
 	Bool(name string) bool
 	Duration(name string) time.Duration
@@ -78,12 +78,12 @@ func newFromArgs(a args) (*Factory, error) {
 	case "6":
 		o.Network = "tcp6"
 	default:
-		return nil, fmt.Errorf("%w: family=%q: want any, 4 or 6", vlink.ErrBadParam, f)
+		return nil, fmt.Errorf("%w: family=%q: want any, 4 or 6", layer.ErrBadParam, f)
 	}
 	if s := a.String("local"); s != "" {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
-			return nil, fmt.Errorf("%w: local=%q is not an IP address", vlink.ErrBadParam, s)
+			return nil, fmt.Errorf("%w: local=%q is not an IP address", layer.ErrBadParam, s)
 		}
 		o.Local = ip
 	}
@@ -118,26 +118,26 @@ type Options struct {
 	Ports PortRange
 }
 
-// A Factory dials and listens on TCP. It implements vlink.ListenFactory.
+// A Factory dials and listens on TCP. It implements layer.ListenFactory.
 // It is safe for concurrent use.
 type Factory struct {
 	o Options
 }
 
-var _ vlink.ListenFactory = (*Factory)(nil)
+var _ layer.ListenFactory = (*Factory)(nil)
 
 // New returns a Factory with the given options. Errors match
-// vlink.ErrBadParam.
+// layer.ErrBadParam.
 func New(o Options) (*Factory, error) {
 	switch o.Network {
 	case "":
 		o.Network = "tcp"
 	case "tcp", "tcp4", "tcp6":
 	default:
-		return nil, fmt.Errorf("%w: network %q: want tcp, tcp4 or tcp6", vlink.ErrBadParam, o.Network)
+		return nil, fmt.Errorf("%w: network %q: want tcp, tcp4 or tcp6", layer.ErrBadParam, o.Network)
 	}
 	if o.KeepAlive > MaxKeepAlive {
-		return nil, fmt.Errorf("%w: keepalive=%s is over %s", vlink.ErrBadParam, o.KeepAlive, MaxKeepAlive)
+		return nil, fmt.Errorf("%w: keepalive=%s is over %s", layer.ErrBadParam, o.KeepAlive, MaxKeepAlive)
 	}
 	if o.Local.IsValid() {
 		o.Local = o.Local.Unmap()
@@ -146,10 +146,10 @@ func New(o Options) (*Factory, error) {
 			fam = "tcp6"
 		}
 		if o.Network != "tcp" && o.Network != fam {
-			return nil, fmt.Errorf("%w: local=%s is not a %s address", vlink.ErrBadParam, o.Local, o.Network)
+			return nil, fmt.Errorf("%w: local=%s is not a %s address", layer.ErrBadParam, o.Local, o.Network)
 		}
 		if o.Local.IsUnspecified() || o.Local.IsMulticast() {
-			return nil, fmt.Errorf("%w: local=%s cannot be a source address", vlink.ErrBadParam, o.Local)
+			return nil, fmt.Errorf("%w: local=%s cannot be a source address", layer.ErrBadParam, o.Local)
 		}
 	}
 	if !o.Ports.IsZero() {
@@ -157,7 +157,7 @@ func New(o Options) (*Factory, error) {
 			return nil, err
 		}
 		if !canBindPorts {
-			return nil, fmt.Errorf("%w: ports is not supported on this system", vlink.ErrBadParam)
+			return nil, fmt.Errorf("%w: ports is not supported on this system", layer.ErrBadParam)
 		}
 	}
 	return &Factory{o: o}, nil
@@ -210,7 +210,7 @@ var ErrFamily = errors.New("address family not allowed")
 // DialContext connects to address ("host:port"; names are resolved and
 // IPv4 and IPv6 raced as net.Dialer does). tcp is terminal: forward is
 // ignored (a stack hands it nil). The connection is a *net.TCPConn.
-func (f *Factory) DialContext(ctx context.Context, network, address string, _ vlink.ContextDialer) (net.Conn, error) {
+func (f *Factory) DialContext(ctx context.Context, network, address string, _ layer.ContextDialer) (net.Conn, error) {
 	nw, err := f.resolveNetwork(network, true)
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
@@ -264,7 +264,7 @@ func (f *Factory) dialInRange(ctx context.Context, d *net.Dialer, network, addre
 // Listen listens on address. When address has port 0 and the factory has
 // a port range, it listens on a free port of the range. Accepted
 // connections are *net.TCPConn with the factory's socket options.
-func (f *Factory) Listen(ctx context.Context, network, address string, _ vlink.ContextDialer) (net.Listener, error) {
+func (f *Factory) Listen(ctx context.Context, network, address string, _ layer.ContextDialer) (net.Listener, error) {
 	nw, err := f.resolveNetwork(network, false)
 	if err != nil {
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
@@ -22,7 +24,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeArgs reads parameters the way vlink.Args does: given values, else the
+// fakeArgs reads parameters the way layer.Args does: given values, else the
 // registered schema's defaults.
 type fakeArgs map[string]string
 
@@ -30,7 +32,7 @@ func (a fakeArgs) raw(name string) string {
 	if v, ok := a[name]; ok {
 		return v
 	}
-	spec, _ := vlink.Lookup("tcp")
+	spec, _ := layer.Lookup("tcp")
 	for _, p := range spec.Params {
 		if p.Name == name {
 			return p.Default
@@ -384,30 +386,30 @@ func TestBadParams(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f, err := newFromArgs(tt.args)
-			if !errors.Is(err, vlink.ErrBadParam) {
-				t.Errorf("newFromArgs(%v) = %v, %v; want an error matching vlink.ErrBadParam", tt.args, f, err)
+			if !errors.Is(err, layer.ErrBadParam) {
+				t.Errorf("newFromArgs(%v) = %v, %v; want an error matching layer.ErrBadParam", tt.args, f, err)
 			}
 		})
 	}
 	// Schema bounds are checked when the stack is parsed.
 	for _, spec := range []string{"tcp:keepalive=3h", "tcp:keepalive=-1s", "tcp:nodelay=maybe", "tcp:bogus=1"} {
 		t.Run(spec, func(t *testing.T) {
-			if _, err := vlink.Parse(spec); !errors.Is(err, vlink.ErrBadParam) {
-				t.Errorf("Parse(%q) error %v, want vlink.ErrBadParam", spec, err)
+			if _, err := vlink.Parse(spec); !errors.Is(err, layer.ErrBadParam) {
+				t.Errorf("Parse(%q) error %v, want layer.ErrBadParam", spec, err)
 			}
 		})
 	}
-	if _, err := New(Options{KeepAlive: 3 * time.Hour}); !errors.Is(err, vlink.ErrBadParam) {
-		t.Errorf("New with a 3h keep-alive: %v, want vlink.ErrBadParam", err)
+	if _, err := New(Options{KeepAlive: 3 * time.Hour}); !errors.Is(err, layer.ErrBadParam) {
+		t.Errorf("New with a 3h keep-alive: %v, want layer.ErrBadParam", err)
 	}
-	if _, err := New(Options{Network: "udp"}); !errors.Is(err, vlink.ErrBadParam) {
-		t.Errorf("New with network udp: %v, want vlink.ErrBadParam", err)
+	if _, err := New(Options{Network: "udp"}); !errors.Is(err, layer.ErrBadParam) {
+		t.Errorf("New with network udp: %v, want layer.ErrBadParam", err)
 	}
 }
 
 func TestRegistered(t *testing.T) {
-	spec, ok := vlink.Lookup("tcp")
-	if !ok || spec.Kind != vlink.KindFactory || !spec.Terminal {
+	spec, ok := layer.Lookup("tcp")
+	if !ok || spec.Kind != layer.KindFactory || !spec.Terminal {
 		t.Fatalf("tcp registered as %+v, %v", spec, ok)
 	}
 	for _, p := range spec.Params {
@@ -506,8 +508,8 @@ func TestParsePortRange(t *testing.T) {
 			if (err == nil) != tt.ok || got != tt.want {
 				t.Errorf("ParsePortRange(%q) = %v, %v; want %v, ok=%v", tt.in, got, err, tt.want, tt.ok)
 			}
-			if err != nil && !errors.Is(err, vlink.ErrBadParam) {
-				t.Errorf("error %v does not match vlink.ErrBadParam", err)
+			if err != nil && !errors.Is(err, layer.ErrBadParam) {
+				t.Errorf("error %v does not match layer.ErrBadParam", err)
 			}
 		})
 	}
@@ -541,8 +543,8 @@ func FuzzParsePortRange(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		r, err := ParsePortRange(s)
 		if err != nil {
-			if !errors.Is(err, vlink.ErrBadParam) {
-				t.Fatalf("error %v does not match vlink.ErrBadParam", err)
+			if !errors.Is(err, layer.ErrBadParam) {
+				t.Fatalf("error %v does not match layer.ErrBadParam", err)
 			}
 			return
 		}

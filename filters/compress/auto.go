@@ -7,31 +7,31 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:    "adaptive",
-		Kind:    vlink.KindFilter,
+		Kind:    layer.KindFilter,
 		Summary: "adaptive compression: picks the codec and level, or none, as the link and CPU speeds and the data change",
-		Params: []vlink.Param{
+		Params: []layer.Param{
 			{
 				Name:    "codecs",
-				Type:    vlink.TypeString,
+				Type:    layer.TypeString,
 				Default: strings.Join(defaultAutoCodecs, "/"),
 				Doc:     "the codecs it may use, separated by /: any of zstd, s2, deflate, lz4",
 			},
 			{
 				Name:    "max-level",
-				Type:    vlink.TypeInt,
+				Type:    layer.TypeInt,
 				Default: "9",
 				Min:     1,
 				Max:     22,
 				Doc:     "the highest level it uses, in each codec's own scale (zstd 1-22, deflate 1-9, lz4 0-9, s2 1-3)",
 			},
 		},
-		New: func(a vlink.Args) (any, error) {
+		New: func(a layer.Args) (any, error) {
 			return NewAuto(AutoConfig{Codecs: strings.Split(a.String("codecs"), "/"), MaxLevel: a.Int("max-level")})
 		},
 	})
@@ -95,18 +95,18 @@ func (c AutoConfig) ladder() ([]rung, error) {
 		maxLevel = defaultMaxLevel
 	}
 	if maxLevel < 1 || maxLevel > 22 {
-		return nil, fmt.Errorf("compress: %w: auto max-level %d is outside [1, 22]", vlink.ErrBadParam, maxLevel)
+		return nil, fmt.Errorf("compress: %w: auto max-level %d is outside [1, 22]", layer.ErrBadParam, maxLevel)
 	}
 	if len(codecs) == 0 {
-		return nil, fmt.Errorf("compress: %w: auto needs at least one codec (zstd, s2, deflate, lz4)", vlink.ErrBadParam)
+		return nil, fmt.Errorf("compress: %w: auto needs at least one codec (zstd, s2, deflate, lz4)", layer.ErrBadParam)
 	}
 	seen := map[string]bool{}
 	for _, name := range codecs {
 		if _, err := lookupCodec(name); err != nil {
-			return nil, fmt.Errorf("%w: codecs=%s: %w", vlink.ErrBadParam, strings.Join(codecs, "/"), err)
+			return nil, fmt.Errorf("%w: codecs=%s: %w", layer.ErrBadParam, strings.Join(codecs, "/"), err)
 		}
 		if seen[name] {
-			return nil, fmt.Errorf("compress: %w: codecs=%s names %s twice", vlink.ErrBadParam, strings.Join(codecs, "/"), name)
+			return nil, fmt.Errorf("compress: %w: codecs=%s names %s twice", layer.ErrBadParam, strings.Join(codecs, "/"), name)
 		}
 		seen[name] = true
 	}
@@ -141,13 +141,13 @@ func (c AutoConfig) ladder() ([]rung, error) {
 // block by block, the codec and level (or none) that move the most data
 // given how fast the link drains and the CPU compresses (see control.go).
 // Each compressed frame names its codec, so the reader follows. It
-// implements vlink.Filter.
+// implements layer.Filter.
 type Auto struct {
 	rungs []rung
 	dec   decoders
 }
 
-var _ vlink.Filter = (*Auto)(nil)
+var _ layer.Filter = (*Auto)(nil)
 
 // NewAuto returns the auto layer for cfg.
 func NewAuto(cfg AutoConfig) (*Auto, error) {

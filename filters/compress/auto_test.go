@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"golang.org/x/net/nettest"
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
@@ -250,8 +252,8 @@ func TestAutoConfig(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("%+v: %v, want ok=%t", tc.cfg, err, tc.ok)
 		}
-		if !tc.ok && !errors.Is(err, vlink.ErrBadParam) {
-			t.Errorf("%+v: %v does not match vlink.ErrBadParam", tc.cfg, err)
+		if !tc.ok && !errors.Is(err, layer.ErrBadParam) {
+			t.Errorf("%+v: %v does not match layer.ErrBadParam", tc.cfg, err)
 		}
 	}
 }
@@ -260,8 +262,8 @@ func TestAutoConfig(t *testing.T) {
 // as a user writes them: the listener mirrors the layer from the hello,
 // both ends move data, and a bad codec list fails the dial.
 func TestAutoStack(t *testing.T) {
-	spec, ok := vlink.Lookup("adaptive")
-	if !ok || spec.Kind != vlink.KindFilter {
+	spec, ok := layer.Lookup("adaptive")
+	if !ok || spec.Kind != layer.KindFilter {
 		t.Fatal("auto is not registered as a filter")
 	}
 	var lc vlink.ListenConfig
@@ -295,8 +297,8 @@ func TestAutoStack(t *testing.T) {
 			d := vlink.Dialer{Stack: vlink.MustParse(tc.stack)}
 			c, err := d.Dial("tcp", l.Addr().String())
 			if !tc.ok {
-				if !errors.Is(err, vlink.ErrBadParam) {
-					t.Fatalf("dial: %v, want vlink.ErrBadParam", err)
+				if !errors.Is(err, layer.ErrBadParam) {
+					t.Fatalf("dial: %v, want layer.ErrBadParam", err)
 				}
 				return
 			}

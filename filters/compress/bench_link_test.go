@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/vlink-dev/vlink/filters/identity"
 	"github.com/vlink-dev/vlink/internal/testenv"
-	"github.com/vlink-dev/vlink/vlink"
 )
 
 // BenchmarkLink measures auto against plain TCP, identity and every fixed
@@ -50,7 +51,7 @@ func BenchmarkLink(b *testing.B) {
 	}
 	type stack struct {
 		name string
-		f    vlink.Filter
+		f    layer.Filter
 	}
 	stacks := []stack{{"tcp", nil}, {"identity", identity.Filter{}}}
 	for _, name := range codecNames {

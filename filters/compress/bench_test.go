@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/filters/identity"
-	"github.com/vlink-dev/vlink/vlink"
 )
 
 const benchCorpus = 8 << 20
@@ -90,13 +91,13 @@ type benchPipe struct {
 	rounds chan struct{}
 }
 
-func newBenchPipe(b *testing.B, f vlink.Filter, round int) *benchPipe {
+func newBenchPipe(b *testing.B, f layer.Filter, round int) *benchPipe {
 	a, s := tcpPair(b)
 	return newBenchPipeOn(a, s, f, round)
 }
 
 // newBenchPipeOn is newBenchPipe over a given connection pair.
-func newBenchPipeOn(a, s net.Conn, f vlink.Filter, round int) *benchPipe {
+func newBenchPipeOn(a, s net.Conn, f layer.Filter, round int) *benchPipe {
 	p := &benchPipe{c: a, srv: s, round: round, done: make(chan error, 1), rounds: make(chan struct{}, 1)}
 	if f != nil {
 		p.c, _ = f.Client(a)
@@ -156,7 +157,7 @@ func (p *benchPipe) close(b *testing.B) {
 func BenchmarkStack(b *testing.B) {
 	type stack struct {
 		name string
-		f    vlink.Filter
+		f    layer.Filter
 	}
 	stacks := []stack{{"identity", identity.Filter{}}}
 	for _, name := range codecNames {

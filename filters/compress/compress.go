@@ -113,39 +113,39 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func init() {
 	for i := range codecSpecs {
 		s := &codecSpecs[i]
-		vlink.Register(vlink.Spec{
+		layer.Register(layer.Spec{
 			Name:    s.name,
-			Kind:    vlink.KindFilter,
+			Kind:    layer.KindFilter,
 			Summary: s.summary,
-			Params: []vlink.Param{{
+			Params: []layer.Param{{
 				Name:    "level",
-				Type:    vlink.TypeInt,
+				Type:    layer.TypeInt,
 				Default: strconv.Itoa(s.defLevel),
 				Min:     int64(s.minLevel),
 				Max:     int64(s.maxLevel),
 				Local:   true,
 				Doc:     s.levelDoc,
 			}},
-			New: func(a vlink.Args) (any, error) { return New(s.name, a.Int("level")) },
+			New: func(a layer.Args) (any, error) { return New(s.name, a.Int("level")) },
 		})
 	}
 }
 
 // A Filter is one compression layer with its level. It implements
-// vlink.Filter; both sides of a connection use the same codec, and the
+// layer.Filter; both sides of a connection use the same codec, and the
 // level only matters to the side that writes.
 type Filter struct {
 	name  string
 	codec blockCodec
 }
 
-var _ vlink.Filter = (*Filter)(nil)
+var _ layer.Filter = (*Filter)(nil)
 
 // New returns the filter for codec ("zstd", "s2", "deflate" or "lz4") at
 // the given level. Levels are zstd 1-22 (default 3), s2 1-3 (default 1),
@@ -156,7 +156,7 @@ func New(codec string, level int) (*Filter, error) {
 		return nil, err
 	}
 	if level < s.minLevel || level > s.maxLevel {
-		return nil, fmt.Errorf("compress: %w: %s level %d is outside [%d, %d]", vlink.ErrBadParam, codec, level, s.minLevel, s.maxLevel)
+		return nil, fmt.Errorf("compress: %w: %s level %d is outside [%d, %d]", layer.ErrBadParam, codec, level, s.minLevel, s.maxLevel)
 	}
 	return &Filter{name: s.name, codec: s.new(level)}, nil
 }

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/nettest"
+	"github.com/vlink-dev/vlink/vlink/layer"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"golang.org/x/net/nettest"
 )
 
 // hideType hides the concrete type of a connection, so the writer cannot
@@ -497,15 +497,15 @@ func TestLevels(t *testing.T) {
 
 func TestRegistered(t *testing.T) {
 	for _, s := range codecSpecs {
-		spec, ok := vlink.Lookup(s.name)
+		spec, ok := layer.Lookup(s.name)
 		if !ok {
 			t.Fatalf("%s not registered", s.name)
 		}
-		if spec.Kind != vlink.KindFilter || len(spec.Params) != 1 {
+		if spec.Kind != layer.KindFilter || len(spec.Params) != 1 {
 			t.Fatalf("%s: kind %v, %d params", s.name, spec.Kind, len(spec.Params))
 		}
 		p := spec.Params[0]
-		if p.Name != "level" || p.Type != vlink.TypeInt || !p.Local || p.Min != int64(s.minLevel) || p.Max != int64(s.maxLevel) || p.Default != fmt.Sprint(s.defLevel) {
+		if p.Name != "level" || p.Type != layer.TypeInt || !p.Local || p.Min != int64(s.minLevel) || p.Max != int64(s.maxLevel) || p.Default != fmt.Sprint(s.defLevel) {
 			t.Errorf("%s: level param %+v", s.name, p)
 		}
 		if !strings.Contains(spec.Summary, s.name) && !strings.Contains(strings.ToLower(spec.Summary), s.name) {

@@ -5,15 +5,16 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"github.com/vlink-dev/vlink/filters/identity"
-	"github.com/vlink-dev/vlink/vlink"
 )
 
 // idleHeap opens n connection pairs over loopback TCP, wraps them with f
 // (nil for plain TCP), runs one exchange on each (a compressible block and
 // a small message each way, so the pools have been used), and returns the
 // live heap per idle pair once every pool has been emptied by the GC.
-func idleHeap(tb testing.TB, n int, f vlink.Filter) float64 {
+func idleHeap(tb testing.TB, n int, f layer.Filter) float64 {
 	tb.Helper()
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -83,7 +84,7 @@ func TestIdleMemory(t *testing.T) {
 	base := idleHeap(t, pairs, nil)
 	t.Logf("tcp: %.0f bytes per idle pair", base)
 	for _, name := range append([]string{"identity", "adaptive"}, codecNames...) {
-		var f vlink.Filter = identity.Filter{}
+		var f layer.Filter = identity.Filter{}
 		switch name {
 		case "identity":
 		case "adaptive":
@@ -111,7 +112,7 @@ func TestIdleMemory(t *testing.T) {
 func BenchmarkIdleMemory(b *testing.B) {
 	for _, name := range append([]string{"tcp", "identity", "adaptive"}, codecNames...) {
 		b.Run(name, func(b *testing.B) {
-			var f vlink.Filter
+			var f layer.Filter
 			switch name {
 			case "tcp":
 			case "identity":

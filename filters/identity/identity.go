@@ -9,22 +9,22 @@ import (
 	"io"
 	"net"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:    "identity",
-		Kind:    vlink.KindFilter,
+		Kind:    layer.KindFilter,
 		Summary: "pass bytes through unchanged (for testing stacks)",
-		New:     func(vlink.Args) (any, error) { return Filter{}, nil },
+		New:     func(layer.Args) (any, error) { return Filter{}, nil },
 	})
 }
 
-// Filter is the identity filter. It implements vlink.Filter.
+// Filter is the identity filter. It implements layer.Filter.
 type Filter struct{}
 
-var _ vlink.Filter = Filter{}
+var _ layer.Filter = Filter{}
 
 // Client wraps c; the returned connection owns it.
 func (Filter) Client(c net.Conn) (net.Conn, error) { return &conn{c}, nil }

@@ -10,10 +10,10 @@ import (
 	"net"
 	"testing"
 
+	"github.com/vlink-dev/vlink/vlink/layer"
+
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
-
-	"github.com/vlink-dev/vlink/vlink"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -110,8 +110,8 @@ func TestCloseWriteUnsupported(t *testing.T) {
 }
 
 func TestRegistered(t *testing.T) {
-	spec, ok := vlink.Lookup("identity")
-	if !ok || spec.Kind != vlink.KindFilter || len(spec.Params) != 0 {
+	spec, ok := layer.Lookup("identity")
+	if !ok || spec.Kind != layer.KindFilter || len(spec.Params) != 0 {
 		t.Fatalf("identity: %+v, %t", spec, ok)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// junk is a vlink.Junction for the fuzz target: it drains every stream
+// junk is a layer.Junction for the fuzz target: it drains every stream
 // the session delivers.
 type junk struct{ done chan struct{} }
 

@@ -33,9 +33,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/xtaci/smux"
+	"github.com/vlink-dev/vlink/vlink/layer"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/xtaci/smux"
 )
 
 // Defaults of the layer's parameters.
@@ -46,19 +46,19 @@ const (
 )
 
 func init() {
-	vlink.Register(vlink.Spec{
+	layer.Register(layer.Spec{
 		Name:    "mux",
-		Kind:    vlink.KindMultiLink,
+		Kind:    layer.KindMultiLink,
 		Summary: "carry many connections as streams of one session over the layers below (smux)",
-		Params: []vlink.Param{
-			{Name: "window", Type: vlink.TypeSize, Default: "1M", Min: 64 << 10, Max: 16 << 20,
+		Params: []layer.Param{
+			{Name: "window", Type: layer.TypeSize, Default: "1M", Min: 64 << 10, Max: 16 << 20,
 				Doc: "per-stream receive window: how far a stream's writer may get ahead of its reader"},
-			{Name: "buffer", Type: vlink.TypeSize, Default: "8M", Min: 256 << 10, Max: 64 << 20,
+			{Name: "buffer", Type: layer.TypeSize, Default: "8M", Min: 256 << 10, Max: 64 << 20,
 				Doc: "receive buffer of the whole session, shared by its streams"},
-			{Name: "idle", Type: vlink.TypeDuration, Default: DefaultIdle.String(), Min: int64(time.Second), Max: int64(24 * time.Hour), Local: true,
+			{Name: "idle", Type: layer.TypeDuration, Default: DefaultIdle.String(), Min: int64(time.Second), Max: int64(24 * time.Hour), Local: true,
 				Doc: "close a dialer's session after it has carried no stream for this long"},
 		},
-		New: func(a vlink.Args) (any, error) {
+		New: func(a layer.Args) (any, error) {
 			return New(Config{Window: int(a.Size("window")), Buffer: int(a.Size("buffer")), Idle: a.Duration("idle")})
 		},
 	})
@@ -75,7 +75,7 @@ type Config struct {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	if c.Window > c.Buffer {
-		return fmt.Errorf("mux: %w: window %d exceeds the session buffer %d", vlink.ErrBadParam, c.Window, c.Buffer)
+		return fmt.Errorf("mux: %w: window %d exceeds the session buffer %d", layer.ErrBadParam, c.Window, c.Buffer)
 	}
 	return smux.VerifyConfig(c.smux())
 }
@@ -106,7 +106,7 @@ func (c Config) smux() *smux.Config {
 // went away).
 var ErrSessionClosed = errors.New("mux session closed")
 
-// Layer is the mux layer. It implements vlink.MultiLink and io.Closer.
+// Layer is the mux layer. It implements layer.MultiLink and io.Closer.
 type Layer struct {
 	cfg Config
 
@@ -117,7 +117,7 @@ type Layer struct {
 	closed  bool
 }
 
-var _ vlink.EarlyDataLayer = (*Layer)(nil)
+var _ layer.EarlyDataLayer = (*Layer)(nil)
 
 // EarlyData reports that a stream may carry data before its nested hello
 // is answered: a short connection then costs no round trip of its own
@@ -135,7 +135,7 @@ func New(cfg Config) (*Layer, error) {
 
 // Dial opens a stream on the layer's session, dialing the session through
 // lower first if there is none (or it has died).
-func (l *Layer) Dial(ctx context.Context, network, address string, lower vlink.Lower) (net.Conn, error) {
+func (l *Layer) Dial(ctx context.Context, network, address string, lower layer.Lower) (net.Conn, error) {
 	for attempt := 0; ; attempt++ {
 		sess, fresh, err := l.session(ctx, network, address, lower)
 		if err != nil {
@@ -155,7 +155,7 @@ func (l *Layer) Dial(ctx context.Context, network, address string, lower vlink.L
 
 // session returns the live session, dialing one if needed; fresh reports
 // that this call dialed it.
-func (l *Layer) session(ctx context.Context, network, address string, lower vlink.Lower) (*smux.Session, bool, error) {
+func (l *Layer) session(ctx context.Context, network, address string, lower layer.Lower) (*smux.Session, bool, error) {
 	for {
 		l.mu.Lock()
 		if l.sess != nil && !l.sess.IsClosed() {
@@ -197,7 +197,7 @@ func (l *Layer) session(ctx context.Context, network, address string, lower vlin
 	}
 }
 
-func (l *Layer) dial(ctx context.Context, network, address string, lower vlink.Lower) (*smux.Session, error) {
+func (l *Layer) dial(ctx context.Context, network, address string, lower layer.Lower) (*smux.Session, error) {
 	c, err := lower.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
@@ -256,7 +256,7 @@ func (l *Layer) Close() error {
 
 // Accept serves a session on c: every stream the dialer opens goes to
 // j.Deliver.
-func (l *Layer) Accept(c net.Conn, j vlink.Junction) error {
+func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
 	sess, err := smux.Server(sessionConn{c}, l.cfg.smux())
 	if err != nil {
 		return fmt.Errorf("mux: %w", err)
@@ -268,7 +268,7 @@ func (l *Layer) Accept(c net.Conn, j vlink.Junction) error {
 // serve delivers the session's streams until it ends. Once the listener
 // has closed, new streams are refused and the session closes as soon as
 // it carries none.
-func serve(sess *smux.Session, j vlink.Junction) {
+func serve(sess *smux.Session, j layer.Junction) {
 	go func() {
 		select {
 		case <-j.Done():

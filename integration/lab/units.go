@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/units"
 )
 
 // Duration is a time.Duration written as text in topology files ("25ms",
@@ -107,37 +109,14 @@ type Size int64
 
 // ParseSize parses the text form of a Size.
 func ParseSize(s string) (Size, error) {
-	t := strings.TrimSpace(s)
-	mult := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'k', 'K':
-			mult, t = 1<<10, t[:n-1]
-		case 'm', 'M':
-			mult, t = 1<<20, t[:n-1]
-		case 'g', 'G':
-			mult, t = 1<<30, t[:n-1]
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > (1<<50)/mult {
+	n, err := units.ParseSize(strings.TrimSpace(s))
+	if err != nil {
 		return 0, fmt.Errorf("size %q: want a number of bytes with an optional K, M or G", s)
 	}
-	return Size(n * mult), nil
+	return Size(n), nil
 }
 
-func (s Size) String() string {
-	n := int64(s)
-	switch {
-	case n != 0 && n%(1<<30) == 0:
-		return strconv.FormatInt(n>>30, 10) + "G"
-	case n != 0 && n%(1<<20) == 0:
-		return strconv.FormatInt(n>>20, 10) + "M"
-	case n != 0 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "K"
-	}
-	return strconv.FormatInt(n, 10)
-}
+func (s Size) String() string { return units.FormatSize(int64(s)) }
 
 func (s Size) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 

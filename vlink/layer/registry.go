@@ -1,78 +1,12 @@
-package vlink
+package layer
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 )
-
-// Kind says where a layer sits in a stack and what it does.
-type Kind uint8
-
-const (
-	// KindFactory layers make the byte stream that reaches the next hop.
-	// They sit at the bottom of a stack and implement [Factory].
-	KindFactory Kind = iota + 1
-	// KindFilter layers transform one byte stream into another and are
-	// mirrored by the peer. They implement [Filter].
-	KindFilter
-	// KindMultiLink layers build one stream out of several connections of
-	// the layer below, or many streams over one. They are mirrored by the
-	// peer.
-	KindMultiLink
-	// KindRoute layers reach the peer through a node that forwards.
-	KindRoute
-)
-
-func (k Kind) String() string {
-	switch k {
-	case KindFactory:
-		return "factory"
-	case KindFilter:
-		return "filter"
-	case KindMultiLink:
-		return "multi-link"
-	case KindRoute:
-		return "route"
-	}
-	return fmt.Sprintf("Kind(%d)", uint8(k))
-}
-
-// mirrored reports whether the peer must rebuild the layer from the hello.
-func (k Kind) mirrored() bool { return k == KindFilter || k == KindMultiLink }
-
-// A ContextDialer dials a connection. Every layer reaches the wire only
-// through the ContextDialer of the layer below it, as in
-// golang.org/x/net/proxy. *Dialer and *net.Dialer implement it.
-type ContextDialer interface {
-	DialContext(ctx context.Context, network, address string) (net.Conn, error)
-}
-
-// A Factory makes the byte stream to address. A terminal factory (tcp)
-// reaches the network itself and is handed a nil forward; any other
-// factory reaches its own next hop (a proxy, an SSH server) through forward.
-type Factory interface {
-	DialContext(ctx context.Context, network, address string, forward ContextDialer) (net.Conn, error)
-}
-
-// A ListenFactory is a Factory that can also accept connections. Like
-// DialContext, Listen reaches its next hop (the SSH server whose side
-// listens, say) through forward; a terminal factory gets a nil forward.
-type ListenFactory interface {
-	Factory
-	Listen(ctx context.Context, network, address string, forward ContextDialer) (net.Listener, error)
-}
-
-// A Filter transforms a byte stream; the peer applies the same filter on its
-// side. Client wraps the dialing side's connection, Server the accepting
-// side's. The returned connection owns c: closing it closes c.
-type Filter interface {
-	Client(c net.Conn) (net.Conn, error)
-	Server(c net.Conn) (net.Conn, error)
-}
 
 // A Spec describes a layer for the registry: its name in stack specs, its
 // kind, its parameters and how to build it.
@@ -89,8 +23,8 @@ type Spec struct {
 	// Terminal marks a factory that reaches the network itself and must be
 	// the last layer of a stack.
 	Terminal bool
-	// New builds the layer. It returns a Factory for KindFactory and a
-	// Filter for KindFilter.
+	// New builds the layer. It returns a Factory for KindFactory, a Filter
+	// for KindFilter and a MultiLink for KindMultiLink.
 	New func(args Args) (any, error)
 }
 
@@ -103,23 +37,70 @@ func (s *Spec) param(name string) *Param {
 	return nil
 }
 
+// Param returns the schema entry of the named parameter.
+func (s *Spec) Param(name string) (Param, bool) {
+	if p := s.param(name); p != nil {
+		return *p, true
+	}
+	return Param{}, false
+}
+
+// Check validates a layer's parameters against the schema: every name
+// known, every value within its type and bounds, every required parameter
+// given. Its errors wrap ErrBadParam.
+func (s *Spec) Check(params map[string]string) error {
+	for k, v := range params {
+		p := s.param(k)
+		if p == nil {
+			known := make([]string, len(s.Params))
+			for i := range s.Params {
+				known[i] = s.Params[i].Name
+			}
+			if len(known) == 0 {
+				return fmt.Errorf("%w: unknown parameter %q (%s takes none)", ErrBadParam, k, s.Name)
+			}
+			return fmt.Errorf("%w: unknown parameter %q (known: %s)", ErrBadParam, k, strings.Join(known, ", "))
+		}
+		if err := p.Check(v); err != nil {
+			return err
+		}
+	}
+	for i := range s.Params {
+		if p := &s.Params[i]; p.Required {
+			if _, ok := params[p.Name]; !ok {
+				return fmt.Errorf("%w: missing required parameter %s (%s)", ErrBadParam, p.Name, p.Doc)
+			}
+		}
+	}
+	return nil
+}
+
+// Build calls New with params, which Check has accepted.
+func (s *Spec) Build(params map[string]string) (any, error) {
+	return s.New(Args{spec: s, vals: params})
+}
+
 var (
 	registryMu sync.RWMutex
 	registry   = map[string]*Spec{}
 	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 )
 
+// ValidName reports whether name can name a layer or a parameter: lower
+// case letters, digits and '-', starting with a letter.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
 // Register adds a layer to the registry. It is meant to be called from the
 // init function of the layer's package. It panics if the spec is invalid or
 // the name is taken, as these are programming errors.
 func Register(s Spec) {
-	if !nameRE.MatchString(s.Name) {
+	if !ValidName(s.Name) {
 		panic(fmt.Sprintf("vlink: Register: invalid layer name %q", s.Name))
 	}
 	if s.New == nil {
 		panic(fmt.Sprintf("vlink: Register %s: New is nil", s.Name))
 	}
-	if s.Kind < KindFactory || s.Kind > KindRoute {
+	if s.Kind < KindFactory || s.Kind > KindMultiLink {
 		panic(fmt.Sprintf("vlink: Register %s: invalid kind %d", s.Name, s.Kind))
 	}
 	if s.Terminal && s.Kind != KindFactory {
@@ -127,7 +108,7 @@ func Register(s Spec) {
 	}
 	seen := map[string]bool{}
 	for _, p := range s.Params {
-		if !nameRE.MatchString(p.Name) || seen[p.Name] {
+		if !ValidName(p.Name) || seen[p.Name] {
 			panic(fmt.Sprintf("vlink: Register %s: invalid or duplicate parameter %q", s.Name, p.Name))
 		}
 		seen[p.Name] = true
@@ -135,7 +116,7 @@ func Register(s Spec) {
 			panic(fmt.Sprintf("vlink: Register %s: required parameter %s has a default", s.Name, p.Name))
 		}
 		if p.Default != "" {
-			if err := p.check(p.Default); err != nil {
+			if err := p.Check(p.Default); err != nil {
 				panic(fmt.Sprintf("vlink: Register %s: default of %s: %v", s.Name, p.Name, err))
 			}
 		}
@@ -159,12 +140,6 @@ func Lookup(name string) (Spec, bool) {
 	return *s, true
 }
 
-func lookup(name string) *Spec {
-	registryMu.RLock()
-	defer registryMu.RUnlock()
-	return registry[name]
-}
-
 // Specs returns every registered layer, sorted by name.
 func Specs() []Spec {
 	registryMu.RLock()
@@ -177,7 +152,8 @@ func Specs() []Spec {
 	return out
 }
 
-func layerNames() []string {
+// Names returns the registered layers' names, sorted.
+func Names() []string {
 	specs := Specs()
 	names := make([]string, len(specs))
 	for i, s := range specs {

@@ -1,10 +1,12 @@
-package vlink
+package layer
 
 import (
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/units"
 )
 
 // ParamType is the type of a layer parameter's value.
@@ -62,12 +64,15 @@ type Param struct {
 	Doc      string
 }
 
-// ErrBadParam is matched by errors about a parameter value.
+// ErrBadParam is matched by errors about a parameter value. Package vlink
+// returns the same error (vlink.ErrBadParam) from stack parsing, so a layer
+// whose New rejects a value wraps it too.
 var ErrBadParam = errors.New("bad parameter")
 
-// check validates a value against the schema entry.
-func (p *Param) check(v string) error {
-	n, err := p.parse(v)
+// Check validates a value against the schema entry: its type, then its
+// bounds.
+func (p *Param) Check(v string) error {
+	n, err := p.Value(v)
 	if err != nil {
 		return err
 	}
@@ -75,13 +80,15 @@ func (p *Param) check(v string) error {
 		return nil
 	}
 	if n < p.Min || n > p.Max {
-		return fmt.Errorf("%w: %s=%s is outside [%s, %s]", ErrBadParam, p.Name, v, p.format(p.Min), p.format(p.Max))
+		return fmt.Errorf("%w: %s=%s is outside [%s, %s]", ErrBadParam, p.Name, v, p.Format(p.Min), p.Format(p.Max))
 	}
 	return nil
 }
 
-// parse returns the numeric value of v (1/0 for bools, 0 for strings).
-func (p *Param) parse(v string) (int64, error) {
+// Value returns the numeric value of v: the integer, the duration in
+// nanoseconds, the size in bytes, 1 or 0 for a bool, 0 for a string. It
+// does not check the bounds.
+func (p *Param) Value(v string) (int64, error) {
 	switch p.Type {
 	case TypeString:
 		return 0, nil
@@ -107,8 +114,8 @@ func (p *Param) parse(v string) (int64, error) {
 		}
 		return int64(d), nil
 	case TypeSize:
-		n, ok := parseSize(v)
-		if !ok {
+		n, err := units.ParseSize(v)
+		if err != nil {
 			return 0, fmt.Errorf("%w: %s=%q is not a size like 64K", ErrBadParam, p.Name, v)
 		}
 		return n, nil
@@ -116,12 +123,14 @@ func (p *Param) parse(v string) (int64, error) {
 	return 0, fmt.Errorf("%w: %s has unknown type", ErrBadParam, p.Name)
 }
 
-func (p *Param) format(n int64) string {
+// Format writes a numeric value as a stack would: "10s" for a duration,
+// "64K" for a size.
+func (p *Param) Format(n int64) string {
 	switch p.Type {
 	case TypeDuration:
 		return time.Duration(n).String()
 	case TypeSize:
-		return formatSize(n)
+		return units.FormatSize(n)
 	}
 	return strconv.FormatInt(n, 10)
 }
@@ -134,37 +143,6 @@ func parseBool(v string) (bool, bool) {
 		return false, true
 	}
 	return false, false
-}
-
-func parseSize(v string) (int64, bool) {
-	mult := int64(1)
-	if n := len(v); n > 0 {
-		switch v[n-1] {
-		case 'k', 'K':
-			mult, v = 1<<10, v[:n-1]
-		case 'm', 'M':
-			mult, v = 1<<20, v[:n-1]
-		case 'g', 'G':
-			mult, v = 1<<30, v[:n-1]
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/mult {
-		return 0, false
-	}
-	return n * mult, true
-}
-
-func formatSize(n int64) string {
-	switch {
-	case n != 0 && n%(1<<30) == 0:
-		return strconv.FormatInt(n>>30, 10) + "G"
-	case n != 0 && n%(1<<20) == 0:
-		return strconv.FormatInt(n>>20, 10) + "M"
-	case n != 0 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "K"
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 // Args are a layer's checked parameter values, handed to [Spec.New].
@@ -214,7 +192,7 @@ func (a Args) num(name string) int64 {
 			return 0
 		}
 	}
-	n, err := p.parse(v)
+	n, err := p.Value(v)
 	if err != nil {
 		panic(fmt.Sprintf("vlink: layer %s: unchecked parameter: %v", a.spec.Name, err))
 	}
