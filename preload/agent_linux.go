@@ -205,15 +205,16 @@ func (a *Agent) untrack(c io.Closer) {
 func (a *Agent) serveChannels() {
 	defer a.wg.Done()
 	var id uint64
+	backoff := netconn.AcceptBackoff{Log: a.log}
 	for {
 		c, err := a.ln.AcceptUnix()
 		if err != nil {
-			if isTemporary(err) {
-				time.Sleep(5 * time.Millisecond)
+			if backoff.Wait(err, a.ctx.Done()) {
 				continue
 			}
 			return
 		}
+		backoff.Reset()
 		id++
 		a.mu.Lock()
 		full := a.channels >= maxChannels
@@ -237,11 +238,6 @@ func (a *Agent) serveChannels() {
 			a.serveChannel(c, id)
 		}(id)
 	}
-}
-
-func isTemporary(err error) bool {
-	var t interface{ Temporary() bool }
-	return errors.As(err, &t) && t.Temporary() && !errors.Is(err, net.ErrClosed)
 }
 
 // peerUID returns the uid of the process at the other end of c.
@@ -539,15 +535,16 @@ func (a *Agent) attach(channel uint64, m attachReq) {
 // serveRelays accepts the programs' relay connections.
 func (a *Agent) serveRelays(l *net.TCPListener) {
 	defer a.wg.Done()
+	backoff := netconn.AcceptBackoff{Log: a.log}
 	for {
 		c, err := l.AcceptTCP()
 		if err != nil {
-			if isTemporary(err) {
-				time.Sleep(5 * time.Millisecond)
+			if backoff.Wait(err, a.ctx.Done()) {
 				continue
 			}
 			return
 		}
+		backoff.Reset()
 		from := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 		a.mu.Lock()

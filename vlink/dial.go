@@ -7,15 +7,13 @@ import (
 	"net"
 	"time"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // DefaultHandshakeTimeout bounds a handshake when neither the context nor
 // the Dialer or ListenConfig sets a limit.
 const DefaultHandshakeTimeout = 10 * time.Second
-
-// aLongTimeAgo is a deadline in the past, used to interrupt blocked I/O.
-var aLongTimeAgo = time.Unix(1, 0)
 
 // A Dialer connects through a VLink stack. Its zero value follows the
 // user's configuration (see [LoadConfig]), which with no configuration at
@@ -278,7 +276,7 @@ func handshakeWithContext(ctx context.Context, c net.Conn, stack, target string,
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	stop := netconn.InterruptOnDone(ctx, c)
 	herr := clientHandshake(c, stack, target, key)
 	if !stop() && ctx.Err() != nil {
 		return fmt.Errorf("handshake: %w", ctx.Err())

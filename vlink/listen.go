@@ -275,7 +275,7 @@ func (l *Listener) Close() error {
 
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
-	var backoff time.Duration
+	backoff := netconn.AcceptBackoff{Log: l.log}
 	for {
 		c, err := l.inner.Accept()
 		if err != nil {
@@ -284,17 +284,13 @@ func (l *Listener) acceptLoop() {
 				return
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
-				// Out of descriptors and the like: wait, as net/http does.
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				l.log.Warn("vlink: accept", "err", err, "retry_in", backoff)
-				select {
-				case <-time.After(backoff):
-					continue
-				case <-l.done:
-					return
-				}
+			if backoff.Wait(err, l.done) {
+				continue // out of descriptors and the like
+			}
+			select {
+			case <-l.done:
+				return
+			default:
 			}
 			l.mu.Lock()
 			l.err = err
@@ -302,7 +298,7 @@ func (l *Listener) acceptLoop() {
 			l.closeOnce.Do(func() { close(l.done); l.cancel(); l.inner.Close() })
 			return
 		}
-		backoff = 0
+		backoff.Reset()
 		select {
 		case l.sem <- struct{}{}:
 		case <-l.done:
@@ -317,11 +313,6 @@ func (l *Listener) acceptLoop() {
 		l.wg.Add(1)
 		go l.serve(c)
 	}
-}
-
-func isTemporary(err error) bool {
-	var t interface{ Temporary() bool }
-	return errors.As(err, &t) && t.Temporary()
 }
 
 // track registers a connection in handshake so Close can interrupt it.

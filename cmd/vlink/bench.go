@@ -113,9 +113,6 @@ type benchTarget struct {
 	rtts []time.Duration // every round's
 }
 
-// aLongTimeAgo is a deadline in the past, to interrupt blocked I/O.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // benchRow is one line of the results.
 type benchRow struct {
 	Stack        string    `json:"stack"`
@@ -373,7 +370,7 @@ func benchThroughput(ctx context.Context, t *benchTarget, corpus []byte, size in
 		return 0, 0, err
 	}
 	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	stop := netconn.InterruptOnDone(ctx, c)
 	defer stop()
 	c.SetDeadline(time.Now().Add(benchIOTimeout))
 	if _, err := c.Write([]byte{modeDrain}); err != nil {
@@ -422,7 +419,7 @@ func benchLatency(ctx context.Context, targets []*benchTarget, n int) error {
 	stop := context.AfterFunc(ctx, func() {
 		for _, c := range conns {
 			if c != nil {
-				c.SetDeadline(aLongTimeAgo)
+				netconn.Interrupt(c)
 			}
 		}
 	})

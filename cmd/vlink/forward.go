@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -42,24 +41,18 @@ func newTracker() *tracker {
 func (t *tracker) acceptLoop(ctx context.Context, log *slog.Logger, l net.Listener, grace time.Duration, accept func(net.Conn)) error {
 	stopOnCancel := context.AfterFunc(ctx, func() { l.Close() })
 	defer stopOnCancel()
-	var backoff time.Duration
+	backoff := netconn.AcceptBackoff{Log: log}
 	var acceptErr error
 	for {
 		c, err := l.Accept()
 		if err != nil {
-			if ctx.Err() == nil && isTemporary(err) {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				log.Warn("accept", "err", err, "retry_in", backoff)
-				select {
-				case <-time.After(backoff):
-					continue
-				case <-ctx.Done():
-				}
+			if ctx.Err() == nil && backoff.Wait(err, ctx.Done()) {
+				continue
 			}
 			acceptErr = err
 			break
 		}
-		backoff = 0
+		backoff.Reset()
 		accept(c)
 	}
 	l.Close()
@@ -72,15 +65,6 @@ func (t *tracker) acceptLoop(ctx context.Context, log *slog.Logger, l net.Listen
 		log.Info("closed connections still open after the grace period", "count", n)
 	}
 	return nil
-}
-
-func isTemporary(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return true
-	}
-	var t interface{ Temporary() bool }
-	return errors.As(err, &t) && t.Temporary()
 }
 
 // spawn runs a connection handler that shutdown waits for.

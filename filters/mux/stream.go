@@ -241,7 +241,7 @@ func (s *stream) Close() error {
 	// never released again.
 	s.writing <- struct{}{}
 	if sent := s.sent; sent != nil {
-		s.st.SetReadDeadline(aLongTimeAgo) // wake blocked readers now
+		netconn.InterruptRead(s.st) // wake blocked readers now
 		go func() {
 			t := time.NewTimer(lingerTimeout)
 			defer t.Stop()
@@ -265,8 +265,6 @@ func (s *stream) Close() error {
 // lingerTimeout bounds how long a closed stream still tries to send its
 // last chunk to a peer that does not read.
 const lingerTimeout = 30 * time.Second
-
-var aLongTimeAgo = time.Unix(1, 0)
 
 func (s *stream) LocalAddr() net.Addr  { return s.st.LocalAddr() }
 func (s *stream) RemoteAddr() net.Addr { return s.st.RemoteAddr() }

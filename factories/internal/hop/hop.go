@@ -11,11 +11,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
-
-// aLongTimeAgo is a deadline in the past, to interrupt blocked I/O.
-var aLongTimeAgo = time.Unix(1, 0)
 
 // Handshake runs f, which talks to a proxy over c, bounded by ctx: the
 // context's deadline (or vlink.DefaultHandshakeTimeout if it has none)
@@ -30,7 +28,7 @@ func Handshake(ctx context.Context, c net.Conn, f func() error) error {
 	if err := c.SetDeadline(deadline); err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	stop := netconn.InterruptOnDone(ctx, c)
 	err := f()
 	if !stop() && ctx.Err() != nil {
 		if err == nil {
