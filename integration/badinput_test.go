@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
@@ -40,15 +41,6 @@ func helloFrame(stack string) []byte {
 	b = append(b, wireTagStack)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(stack)))
 	return append(b, stack...)
-}
-
-func randomBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 0x766c696e6b))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
 }
 
 // TestBadInputDuringTransfer feeds vlink serve garbage, truncated and
@@ -134,12 +126,12 @@ func TestBadInputDuringTransfer(t *testing.T) {
 			t.Parallel()
 			// Plain to serve: it forwards the garbage to the web server,
 			// which answers 400 and closes. What socat sees is not the point.
-			_, stderr, err := run(30*time.Second, bytes.NewReader(randomBytes(1<<20, 1)), "socat", "-u", "-", "TCP:"+gw)
+			_, stderr, err := run(30*time.Second, bytes.NewReader(testnet.RandomBytes(1<<20, 1)), "socat", "-u", "-", "TCP:"+gw)
 			t.Logf("socat: %v %s", err, stderr)
 		})
 		t.Run("garbage after the magic", func(t *testing.T) {
 			t.Parallel()
-			loggedFailure(t, send(t, append([]byte(wireMagic), randomBytes(64<<10, 2)...), false, prompt))
+			loggedFailure(t, send(t, append([]byte(wireMagic), testnet.RandomBytes(64<<10, 2)...), false, prompt))
 		})
 		t.Run("oversized hello frame", func(t *testing.T) {
 			t.Parallel()
@@ -174,9 +166,9 @@ func TestBadInputDuringTransfer(t *testing.T) {
 			// Meanwhile a new VLink connection is served.
 			t.Logf("%d stalled handshakes opened in %v", stalled, time.Since(start).Round(time.Millisecond))
 			got, stderr, err := run(30*time.Second, nil, "curl", "-sS", "--fail", "http://"+tun+"/small.bin")
-			if err != nil || sum(got) != sum(small) {
+			if err != nil || testnet.Sum(got) != testnet.Sum(small) {
 				t.Errorf("curl during stalled handshakes: %v %s; got %d bytes sha256 %.16s, want %d bytes %.16s",
-					err, stderr, len(got), sum(got), len(small), sum(small))
+					err, stderr, len(got), testnet.Sum(got), len(small), testnet.Sum(small))
 			}
 			for _, c := range conns {
 				if _, took, err := waitClosed(c, handshakeTimeout+prompt); err != nil || took > handshakeTimeout+prompt {
@@ -209,7 +201,7 @@ func TestBadInputDuringTransfer(t *testing.T) {
 			if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint16(h[2:]))); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Write(randomBytes(64<<10, 3)); err != nil {
+			if _, err := c.Write(testnet.RandomBytes(64<<10, 3)); err != nil {
 				t.Fatal(err)
 			}
 			if _, took, err := waitClosed(c, prompt+2*time.Second); err != nil || took > prompt {
@@ -228,12 +220,12 @@ func TestBadInputDuringTransfer(t *testing.T) {
 		t.Fatalf("curl: %v", err)
 	}
 	got, n := fileSum(t, out)
-	if n != int64(len(data)) || got != sum(data) {
-		t.Fatalf("curl saved %d bytes sha256 %.16s, the file has %d bytes sha256 %.16s", n, got, len(data), sum(data))
+	if n != int64(len(data)) || got != testnet.Sum(data) {
+		t.Fatalf("curl saved %d bytes sha256 %.16s, the file has %d bytes sha256 %.16s", n, got, len(data), testnet.Sum(data))
 	}
 	// Still serving: a new connection.
 	b, stderr, err := run(30*time.Second, nil, "curl", "-sS", "--fail", "http://"+tun+"/small.bin")
-	if err != nil || sum(b) != sum(small) {
+	if err != nil || testnet.Sum(b) != testnet.Sum(small) {
 		t.Fatalf("curl after the bad input: %v %s; got %d bytes", err, stderr, len(b))
 	}
 }

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -263,7 +261,7 @@ func measureIdle(b *testing.B, addr string, n int, settle time.Duration, procs .
 	time.Sleep(time.Second)
 	before := make([]int64, len(procs))
 	for i, p := range procs {
-		before[i] = vmRSS(b, p)
+		before[i] = testnet.RSS(b, p.cmd.Process.Pid) >> 10
 	}
 	start := time.Now()
 	conns = openEchoing(b, addr, n)
@@ -276,10 +274,10 @@ func measureIdle(b *testing.B, addr string, n int, settle time.Duration, procs .
 	time.Sleep(settle)
 	per := make([]float64, len(procs))
 	for i, p := range procs {
-		if fds := countFDs(b, p); fds < 2*n {
+		if fds := testnet.OpenFDs(b, p.cmd.Process.Pid); fds < 2*n {
 			b.Fatalf("%s holds %d descriptors, want at least %d for %d connections", p, fds, 2*n, n)
 		}
-		after := vmRSS(b, p)
+		after := testnet.RSS(b, p.cmd.Process.Pid) >> 10
 		per[i] = float64(after-before[i]) / float64(n)
 		b.Logf("%s: VmRSS %d KiB before, %d KiB with %d idle connections", p, before[i], after, n)
 	}
@@ -340,35 +338,4 @@ func openEchoing(b *testing.B, addr string, n int) []net.Conn {
 		b.Fatal(firstEr)
 	}
 	return conns
-}
-
-// vmRSS reads a process's resident set size in KiB.
-func vmRSS(tb testing.TB, p *proc) int64 {
-	tb.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				tb.Fatalf("%s: VmRSS %q: %v", p, v, err)
-			}
-			return kb
-		}
-	}
-	tb.Fatalf("%s: no VmRSS in /proc status", p)
-	return 0
-}
-
-func countFDs(tb testing.TB, p *proc) int {
-	tb.Helper()
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return len(ents)
 }

@@ -299,11 +299,6 @@ func genData(n int, seed uint64) []byte {
 	return b
 }
 
-func sum(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
-
 func fileSum(tb testing.TB, path string) (string, int64) {
 	tb.Helper()
 	f, err := os.Open(path)
@@ -354,9 +349,9 @@ func checkEcho(tb testing.TB, addr string, data []byte) {
 	if err != nil {
 		tb.Fatalf("echo of %d bytes through %s: %v (got %d bytes back)", len(data), addr, err, len(got))
 	}
-	if len(got) != len(data) || sum(got) != sum(data) {
+	if len(got) != len(data) || testnet.Sum(got) != testnet.Sum(data) {
 		tb.Fatalf("echo through %s: got %d bytes sha256 %.16s, sent %d bytes sha256 %.16s",
-			addr, len(got), sum(got), len(data), sum(data))
+			addr, len(got), testnet.Sum(got), len(data), testnet.Sum(data))
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -27,7 +29,7 @@ func TestCurlDownload(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "data.bin"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	want := sum(data)
+	want := testnet.Sum(data)
 	_, web := startHTTPServer(t, dir)
 
 	for _, tc := range []struct {

@@ -127,7 +127,7 @@ func TestPreloadPrograms(t *testing.T) {
 	testenv.Programs(t, "curl")
 	lab := newPreloadLab(t)
 	s := lab.site
-	want := sum(lab.data)
+	want := testnet.Sum(lab.data)
 
 	t.Run("firewall", func(t *testing.T) {
 		// Without vlink exec, the name does not resolve (curl's exit code
@@ -198,8 +198,8 @@ func TestPreloadPrograms(t *testing.T) {
 		data := genData(1<<20, 12)
 		full := []string{"exec", "--stack", "zstd", "--via", s.gateway(), "--", "nc", "-N", FarName, strconv.Itoa(farEcho)}
 		got, stderr, err := run(time.Minute, strings.NewReader(string(data)), vlinkBin, full...)
-		if err != nil || sum(got) != sum(data) {
-			t.Fatalf("nc echoed %d bytes sha256 %.16s (%v), sent %d: %s", len(got), sum(got), err, len(data), stderr)
+		if err != nil || testnet.Sum(got) != testnet.Sum(data) {
+			t.Fatalf("nc echoed %d bytes sha256 %.16s (%v), sent %d: %s", len(got), testnet.Sum(got), err, len(data), stderr)
 		}
 		lab.servedThroughGateway(t, echoTarget)
 	})
@@ -209,7 +209,7 @@ func TestPreloadPrograms(t *testing.T) {
 		for _, addr := range []string{"TCP:" + echoTarget, fmt.Sprintf("TCP6:[%s]:%d", s.farIP6, farEcho)} {
 			full := []string{"exec", "--stack", "zstd", "--via", s.gateway(), "--", "socat", "-t", "30", "-", addr}
 			got, stderr, err := run(time.Minute, strings.NewReader(string(data)), vlinkBin, full...)
-			if err != nil || sum(got) != sum(data) {
+			if err != nil || testnet.Sum(got) != testnet.Sum(data) {
 				t.Fatalf("socat %s echoed %d bytes (%v), sent %d: %s", addr, len(got), err, len(data), stderr)
 			}
 		}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
@@ -33,7 +35,7 @@ func webFile(t *testing.T, size int) (addr, want string) {
 		t.Fatal(err)
 	}
 	_, addr = startHTTPServer(t, dir)
-	return addr, sum(data)
+	return addr, testnet.Sum(data)
 }
 
 // curlGet downloads url with curl and its extra options and checks what

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -34,8 +36,8 @@ func TestSocatPlainClient(t *testing.T) {
 			if err != nil {
 				t.Fatalf("socat: %v: %s", err, stderr)
 			}
-			if len(got) != len(tc.data) || sum(got) != sum(tc.data) {
-				t.Fatalf("socat got back %d bytes sha256 %.16s, sent %d bytes sha256 %.16s", len(got), sum(got), len(tc.data), sum(tc.data))
+			if len(got) != len(tc.data) || testnet.Sum(got) != testnet.Sum(tc.data) {
+				t.Fatalf("socat got back %d bytes sha256 %.16s, sent %d bytes sha256 %.16s", len(got), testnet.Sum(got), len(tc.data), testnet.Sum(tc.data))
 			}
 		})
 	}

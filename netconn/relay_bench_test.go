@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // BenchmarkRelay measures one-way throughput client -> relay -> server
@@ -60,7 +62,7 @@ func BenchmarkRelay(b *testing.B) {
 					}
 				}
 			}()
-			data := randomBytes(chunk)
+			data := testnet.RandomBytes(chunk, 1)
 			b.SetBytes(chunk)
 			b.ResetTimer()
 			cpu0 := processCPU()

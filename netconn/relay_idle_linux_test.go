@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // idleRelays is how many idle relays TestIdleRelayMemory holds per
@@ -58,29 +60,6 @@ var idleVariants = map[string]struct {
 	}, 0},
 }
 
-func vmRSS(t testing.TB) int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		var kb int64
-		if _, err := fmt.Sscanf(line, "VmRSS: %d kB", &kb); err == nil {
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS in /proc/self/status")
-	return 0
-}
-
-func openFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
 // settle lets the relays park and the garbage collector run until the
 // descriptor count is stable: pipes the net package pooled for splice are
 // closed by cleanups that run after the collection that frees them.
@@ -89,7 +68,7 @@ func settle(t testing.TB) runtime.MemStats {
 	for fds, i := -1, 0; i < 20; i++ {
 		runtime.GC()
 		time.Sleep(50 * time.Millisecond)
-		n := openFDs(t)
+		n := testnet.OpenFDs(t, 0)
 		if n == fds {
 			break
 		}
@@ -121,7 +100,7 @@ func TestIdleRelayHelper(t *testing.T) {
 	}
 	front := listen(t)
 	defer front.Close()
-	ms0, fds0, g0, rss0 := settle(t), openFDs(t), runtime.NumGoroutine(), vmRSS(t)
+	ms0, fds0, g0, rss0 := settle(t), testnet.OpenFDs(t, 0), runtime.NumGoroutine(), testnet.RSS(t, 0)
 	fmt.Printf("addr %s\n", front.Addr())
 
 	var wg sync.WaitGroup
@@ -140,7 +119,7 @@ func TestIdleRelayHelper(t *testing.T) {
 	}
 	in := bufio.NewScanner(os.Stdin)
 	in.Scan() // the endpoints have pushed data through every relay
-	ms1, fds1, g1, rss1 := settle(t), openFDs(t), runtime.NumGoroutine(), vmRSS(t)
+	ms1, fds1, g1, rss1 := settle(t), testnet.OpenFDs(t, 0), runtime.NumGoroutine(), testnet.RSS(t, 0)
 	f := float64(n)
 	fmt.Printf("figures %d %.0f %.0f %.2f %.2f\n", n,
 		float64(int64(ms1.HeapInuse+ms1.StackInuse)-int64(ms0.HeapInuse+ms0.StackInuse))/f,
@@ -194,7 +173,7 @@ func TestIdleRelayMemory(t *testing.T) {
 			continue
 		}
 		clients, servers := make([]net.Conn, n), make([]net.Conn, n)
-		up, down := randomBytes(64<<10), randomBytes(64<<10)
+		up, down := testnet.RandomBytes(64<<10, 1), testnet.RandomBytes(64<<10, 2)
 		buf := make([]byte, len(up))
 		for i := range n {
 			c, err := net.Dial("tcp", addr)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // procIO returns the bytes this process passed through read(2) and
@@ -111,7 +113,7 @@ func TestRelaySplice(t *testing.T) {
 			}
 			defer server.Close()
 
-			up, down := randomBytes(size), randomBytes(size)
+			up, down := testnet.RandomBytes(size, 1), testnet.RandomBytes(size, 2)
 			errc := make(chan error, 2)
 			go send(client, up, errc)
 			go send(server, down, errc)

@@ -5,12 +5,13 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // delegating is a wrapper whose WriteTo, ReadFrom and CloseWrite hand
@@ -120,14 +121,6 @@ func connect(t testing.TB, ln net.Listener) (dialed, accepted net.Conn) {
 	return dialed, accepted
 }
 
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(rand.Uint32())
-	}
-	return b
-}
-
 // send writes data and half-closes; it reports a write error on errc.
 func send(c net.Conn, data []byte, errc chan<- error) {
 	_, err := c.Write(data)
@@ -151,7 +144,7 @@ func TestRelayTransfers(t *testing.T) {
 		for _, size := range []int{0, 1, 4<<20 + 7} {
 			t.Run(shape.name+"/"+byteSize(size), func(t *testing.T) {
 				r := startRelay(t, shape.wrapA, shape.wrapB)
-				up, down := randomBytes(size), randomBytes(size)
+				up, down := testnet.RandomBytes(size, 1), testnet.RandomBytes(size, 2)
 				errc := make(chan error, 2)
 				go send(r.client, up, errc)
 				go send(r.server, down, errc)
@@ -219,7 +212,7 @@ func TestRelayHalfClose(t *testing.T) {
 				}
 				// first sends and half-closes; second sees all of it and
 				// the end, then answers over the still-open direction.
-				q, reply := randomBytes(100<<10), randomBytes(300<<10)
+				q, reply := testnet.RandomBytes(100<<10, 1), testnet.RandomBytes(300<<10, 2)
 				errc := make(chan error, 2)
 				go send(first, q, errc)
 				sum, n, err := receive(second)
@@ -249,7 +242,7 @@ func TestRelayHalfClose(t *testing.T) {
 // closed at the end of its source, so its peer still sees the end.
 func TestRelayWithoutCloseWrite(t *testing.T) {
 	r := startRelay(t, asIs, asBare)
-	data := randomBytes(1 << 20)
+	data := testnet.RandomBytes(1<<20, 1)
 	errc := make(chan error, 1)
 	go send(r.client, data, errc)
 	sum, n, err := receive(r.server)
@@ -278,7 +271,7 @@ func TestRelayReset(t *testing.T) {
 				r := startRelay(t, shape.wrapA, shape.wrapB)
 				if busy {
 					go func() {
-						chunk := randomBytes(64 << 10)
+						chunk := testnet.RandomBytes(64<<10, 1)
 						for {
 							if _, err := r.client.Write(chunk); err != nil {
 								return
@@ -328,7 +321,7 @@ func TestRelayNetPipe(t *testing.T) {
 		r.aToB, r.bToA, r.err = Relay(a, b)
 		done <- r
 	}()
-	data := randomBytes(1 << 20)
+	data := testnet.RandomBytes(1<<20, 1)
 	go func() { c.Write(data); c.Close() }()
 	got, err := io.ReadAll(s)
 	if err != nil || !bytes.Equal(got, data) {
@@ -352,7 +345,7 @@ func TestRelayPrefixed(t *testing.T) {
 	r := startRelay(t,
 		func(c net.Conn) net.Conn { return transparent{Prefixed(c, []byte("HEAD"))} },
 		func(c net.Conn) net.Conn { return transparent{c} })
-	up, down := randomBytes(1<<20), randomBytes(1<<20)
+	up, down := testnet.RandomBytes(1<<20, 1), testnet.RandomBytes(1<<20, 2)
 	errc := make(chan error, 2)
 	go send(r.client, up, errc)
 	go send(r.server, down, errc)

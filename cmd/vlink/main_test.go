@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -146,13 +145,6 @@ func newBackend(t *testing.T) *backend {
 
 func (b *backend) addr() string { return b.l.Addr().String() }
 
-func randomData(t testing.TB, n int) []byte {
-	t.Helper()
-	b := make([]byte, n)
-	rand.Read(b)
-	return b
-}
-
 func writeKey(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "vlink.key")
@@ -197,7 +189,7 @@ func TestServeTunnel(t *testing.T) {
 					name = "client closes first"
 				}
 				t.Run(name, func(t *testing.T) {
-					up, down := randomData(t, upSize), randomData(t, downSize)
+					up, down := testnet.RandomBytes(upSize, 1), testnet.RandomBytes(downSize, 2)
 					got := make(chan [32]byte, 1)
 					be.handlers <- func(c net.Conn) {
 						var err error
@@ -692,7 +684,7 @@ func TestTunnelFollowsConfiguration(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	msg := randomData(t, 100<<10)
+	msg := testnet.RandomBytes(100<<10, 1)
 	go func() {
 		c.Write(msg)
 		netconn.CloseWrite(c)
@@ -725,7 +717,7 @@ func TestTunnelShutdownLetsConnectionsFinish(t *testing.T) {
 	if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
 		t.Fatal(err)
 	}
-	data := randomData(t, 1<<20)
+	data := testnet.RandomBytes(1<<20, 1)
 	got := make(chan [32]byte, 1)
 	go func() {
 		b, _ := io.ReadAll(c)

@@ -3,7 +3,6 @@ package httpconnect_test
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -165,5 +164,3 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("String shows the password: %s", f)
 	}
 }
-
-func sum(b []byte) [32]byte { return sha256.Sum256(b) }

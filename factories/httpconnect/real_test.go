@@ -49,7 +49,7 @@ func TestTinyproxy(t *testing.T) {
 		got := make([]byte, len(data))
 		_, err = io.ReadFull(c, got)
 		c.Close()
-		if err != nil || sum(got) != sum(data) {
+		if err != nil || testnet.Sum(got) != testnet.Sum(data) {
 			t.Fatalf("%s: echo of %d bytes: got %d bytes, %v", dest, len(data), len(got), err)
 		}
 	}

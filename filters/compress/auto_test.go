@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"golang.org/x/net/nettest"
@@ -86,7 +88,7 @@ func readAuto(t *testing.T, a *Auto, wire []byte) ([]byte, error) {
 // refuse each other's compressed frames.
 func TestAutoFrames(t *testing.T) {
 	a := mustAuto(t, AutoConfig{Codecs: codecNames, MaxLevel: 22})
-	text, random := textCorpus(MaxBlock+5000), randomBytes(3000)
+	text, random := textCorpus(MaxBlock+5000), testnet.RandomBytes(3000, 7)
 	for j, r := range a.rungs {
 		t.Run(r.name, func(t *testing.T) {
 			wire := encodeAuto(t, a, j, text, random, text[:10])
@@ -179,7 +181,7 @@ func TestAutoTransfer(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		size = 4 << 20
 	}
-	text, random := textCorpus(size), randomBytes(size)
+	text, random := textCorpus(size), testnet.RandomBytes(size, 7)
 	mixed := make([]byte, 0, size)
 	for i := 0; len(mixed) < size; i++ {
 		src := text
@@ -190,8 +192,8 @@ func TestAutoTransfer(t *testing.T) {
 	}
 	a := mustAuto(t, AutoConfig{Codecs: codecNames, MaxLevel: 22})
 	pipes := map[string]func() (net.Conn, net.Conn){
-		"tcp":      func() (net.Conn, net.Conn) { c, s := tcpPair(t); return c, s },
-		"tcp-copy": func() (net.Conn, net.Conn) { c, s := tcpPair(t); return hideType{c}, hideType{s} },
+		"tcp":      func() (net.Conn, net.Conn) { c, s := testnet.TCPPair(t); return c, s },
+		"tcp-copy": func() (net.Conn, net.Conn) { c, s := testnet.TCPPair(t); return hideType{c}, hideType{s} },
 		"pipe":     func() (net.Conn, net.Conn) { return net.Pipe() },
 	}
 	read := func(r io.Reader) ([]byte, error) { return io.ReadAll(r) }
@@ -218,7 +220,7 @@ func TestAutoNettest(t *testing.T) {
 	a := mustAuto(t, AutoConfig{})
 	t.Run("tcp", func(t *testing.T) {
 		nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-			x, y := tcpPair(t)
+			x, y := testnet.TCPPair(t)
 			c1, _ = a.Client(x)
 			c2, _ = a.Server(y)
 			return c1, c2, func() { c1.Close(); c2.Close() }, nil
@@ -316,8 +318,8 @@ func TestAutoStack(t *testing.T) {
 				c.(closeWriter).CloseWrite()
 			}()
 			got, err := io.ReadAll(c)
-			if err != nil || sum(got) != sum(data) {
-				t.Fatalf("echo: %d bytes (sha256 %x), %v; sent %d (%x)", len(got), sum(got), err, len(data), sum(data))
+			if err != nil || testnet.Sum(got) != testnet.Sum(data) {
+				t.Fatalf("echo: %d bytes (sha256 %x), %v; sent %d (%x)", len(got), testnet.Sum(got), err, len(data), testnet.Sum(data))
 			}
 		})
 	}
@@ -339,7 +341,7 @@ func TestNoAllocsAuto(t *testing.T) {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
 	a := mustAuto(t, AutoConfig{Codecs: codecNames, MaxLevel: 22})
-	text, random := textCorpus(3*MaxBlock), randomBytes(2*MaxBlock)
+	text, random := textCorpus(3*MaxBlock), testnet.RandomBytes(2*MaxBlock, 7)
 	w := newAutoConn(&fakeConn{w: io.Discard}, a)
 	w.vectored = true
 	var wire []byte

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"golang.org/x/sys/unix"
@@ -41,7 +43,7 @@ func BenchmarkLink(b *testing.B) {
 		pair func(b *testing.B) (net.Conn, net.Conn)
 	}
 	links := []link{
-		{"loopback", 32 << 20, func(b *testing.B) (net.Conn, net.Conn) { c, s := tcpPair(b); return c, s }},
+		{"loopback", 32 << 20, func(b *testing.B) (net.Conn, net.Conn) { c, s := testnet.TCPPair(b); return c, s }},
 	}
 	if ns := os.Getenv("VLINK_BENCH_NETNS"); ns != "" {
 		name := cmpOr(os.Getenv("VLINK_BENCH_LINK"), ns)
@@ -191,6 +193,6 @@ func nsPair(b *testing.B, ns string) (net.Conn, net.Conn) {
 			panic(err) // this thread must not run anything else in the wrong namespace
 		}
 	}()
-	c, s := tcpPair(b)
+	c, s := testnet.TCPPair(b)
 	return c, s
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"github.com/vlink-dev/vlink/filters/identity"
@@ -17,7 +19,7 @@ import (
 const benchCorpus = 8 << 20
 
 var benchData = sync.OnceValue(func() map[string][]byte {
-	return map[string][]byte{"text": textCorpus(benchCorpus), "random": randomBytes(benchCorpus)}
+	return map[string][]byte{"text": textCorpus(benchCorpus), "random": testnet.RandomBytes(benchCorpus, 7)}
 })
 
 var benchKinds = []string{"text", "random"}
@@ -92,7 +94,7 @@ type benchPipe struct {
 }
 
 func newBenchPipe(b *testing.B, f layer.Filter, round int) *benchPipe {
-	a, s := tcpPair(b)
+	a, s := testnet.TCPPair(b)
 	return newBenchPipeOn(a, s, f, round)
 }
 

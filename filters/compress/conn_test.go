@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"golang.org/x/net/nettest"
@@ -36,7 +38,7 @@ func TestNettest(t *testing.T) {
 			for _, p := range pipes {
 				t.Run(fmt.Sprintf("%s-%d/%s", name, level, p.name), func(t *testing.T) {
 					nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-						a, b := tcpPair(t)
+						a, b := testnet.TCPPair(t)
 						c1, _ = f.Client(p.wrap(a))
 						c2, _ = f.Server(p.wrap(b))
 						return c1, c2, func() { c1.Close(); c2.Close() }, nil
@@ -63,7 +65,7 @@ func TestTransfer(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		sizes[len(sizes)-1] = 1<<20 + 17
 	}
-	data := map[string][]byte{"text": textCorpus(4 << 20), "random": randomBytes(4 << 20)}
+	data := map[string][]byte{"text": textCorpus(4 << 20), "random": testnet.RandomBytes(4<<20, 7)}
 	readers := map[string]func(io.Reader) ([]byte, error){
 		"WriteTo": func(r io.Reader) ([]byte, error) {
 			var b bytes.Buffer
@@ -82,7 +84,7 @@ func TestTransfer(t *testing.T) {
 			for rname, read := range readers {
 				for _, size := range sizes {
 					t.Run(fmt.Sprintf("%s/%s/%s/%d", name, kind, rname, size), func(t *testing.T) {
-						a, b := tcpPair(t)
+						a, b := testnet.TCPPair(t)
 						c, _ := f.Client(a)
 						s, _ := f.Server(b)
 						defer c.Close()
@@ -108,7 +110,7 @@ func TestTransferNoHalfClose(t *testing.T) {
 			s, _ := f.Server(b)
 			defer c.Close()
 			defer s.Close()
-			exchange(t, c, s, src[:700<<10], randomBytes(300<<10), read)
+			exchange(t, c, s, src[:700<<10], testnet.RandomBytes(300<<10, 7), read)
 		})
 	}
 }
@@ -151,11 +153,11 @@ func exchange(t *testing.T, c, s net.Conn, up, down []byte, read func(io.Reader)
 	go recv(s, &gotUp)
 	go recv(c, &gotDown)
 	wg.Wait()
-	if len(gotUp) != len(up) || sum(gotUp) != sum(up) {
-		t.Errorf("client to server: got %d bytes (sha256 %x), want %d (%x)", len(gotUp), sum(gotUp), len(up), sum(up))
+	if len(gotUp) != len(up) || testnet.Sum(gotUp) != testnet.Sum(up) {
+		t.Errorf("client to server: got %d bytes (sha256 %x), want %d (%x)", len(gotUp), testnet.Sum(gotUp), len(up), testnet.Sum(up))
 	}
-	if len(gotDown) != len(down) || sum(gotDown) != sum(down) {
-		t.Errorf("server to client: got %d bytes (sha256 %x), want %d (%x)", len(gotDown), sum(gotDown), len(down), sum(down))
+	if len(gotDown) != len(down) || testnet.Sum(gotDown) != testnet.Sum(down) {
+		t.Errorf("server to client: got %d bytes (sha256 %x), want %d (%x)", len(gotDown), testnet.Sum(gotDown), len(down), testnet.Sum(down))
 	}
 }
 
@@ -186,7 +188,7 @@ func (d *dribbleConn) Read(p []byte) (int, error) {
 // frame lose nothing: every timed-out Read is retried and the stream
 // still arrives whole.
 func TestReadDeadlineMidFrame(t *testing.T) {
-	text, random := textCorpus(300<<10), randomBytes(200<<10)
+	text, random := textCorpus(300<<10), testnet.RandomBytes(200<<10, 7)
 	for _, name := range codecNames {
 		wire := encode(t, name, defaultLevel(name), text[:5], text, random, text[:1000])
 		want := append(append(append(append([]byte{}, text[:5]...), text...), random...), text[:1000]...)
@@ -244,7 +246,7 @@ func (c *cutConn) Write(p []byte) (int, error) {
 // checks the stream stays whole: a block whose frame was partly sent
 // counts as written, and its rest goes out before the next frame.
 func TestWriteDeadlineMidFrame(t *testing.T) {
-	text, random := textCorpus(MaxBlock*2+100), randomBytes(MaxBlock+50)
+	text, random := textCorpus(MaxBlock*2+100), testnet.RandomBytes(MaxBlock+50, 7)
 	writes := [][]byte{text, random, text[:10]}
 	for _, name := range codecNames {
 		full := encode(t, name, defaultLevel(name), writes...)
@@ -285,7 +287,7 @@ func TestWriteDeadlineMidFrame(t *testing.T) {
 func TestPastDeadlineSendsNothing(t *testing.T) {
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
-			a, b := tcpPair(t)
+			a, b := testnet.TCPPair(t)
 			f := mustNew(t, name, defaultLevel(name))
 			c, _ := f.Client(a)
 			s, _ := f.Server(b)
@@ -312,7 +314,7 @@ func TestPastDeadlineSendsNothing(t *testing.T) {
 func TestClose(t *testing.T) {
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
-			a, b := tcpPair(t)
+			a, b := testnet.TCPPair(t)
 			f := mustNew(t, name, defaultLevel(name))
 			c, _ := f.Client(a)
 			s, _ := f.Server(b)
@@ -354,7 +356,7 @@ func TestClose(t *testing.T) {
 func TestCloseWrite(t *testing.T) {
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
-			a, b := tcpPair(t)
+			a, b := testnet.TCPPair(t)
 			f := mustNew(t, name, defaultLevel(name))
 			c, _ := f.Client(a)
 			s, _ := f.Server(b)
@@ -388,7 +390,7 @@ func TestCloseWrite(t *testing.T) {
 }
 
 func TestAddrs(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testnet.TCPPair(t)
 	f := mustNew(t, "zstd", 3)
 	c, _ := f.Client(a)
 	defer c.Close()
@@ -401,7 +403,7 @@ func TestAddrs(t *testing.T) {
 // TestCompresses checks that text goes compressed and random bytes raw,
 // and that small writes leave at once, one frame each.
 func TestCompresses(t *testing.T) {
-	text, random := textCorpus(4<<20), randomBytes(4<<20)
+	text, random := textCorpus(4<<20), testnet.RandomBytes(4<<20, 7)
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
 			if wire := encode(t, name, defaultLevel(name), text); len(wire) > len(text)/2 {
@@ -433,7 +435,7 @@ func TestCompresses(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	c := newConn(&fakeConn{}, "zstd", mustNew(t, "zstd", 3).codec)
-	random, text := randomBytes(200*MaxBlock), textCorpus(MaxBlock)
+	random, text := testnet.RandomBytes(200*MaxBlock, 7), textCorpus(MaxBlock)
 	attempts := 0
 	for i := 0; i < 200; i++ {
 		if c.skip == 0 {
@@ -521,7 +523,7 @@ func TestNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
-	text, random := textCorpus(3*MaxBlock), randomBytes(2*MaxBlock)
+	text, random := textCorpus(3*MaxBlock), testnet.RandomBytes(2*MaxBlock, 7)
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
 			codec := mustNew(t, name, defaultLevel(name)).codec

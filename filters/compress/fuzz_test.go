@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 func FuzzZstd(f *testing.F)    { fuzzDecoder(f, "zstd") }
@@ -18,7 +20,7 @@ func FuzzLZ4(f *testing.F)     { fuzzDecoder(f, "lz4") }
 // codec picked by the input (0 to 15, so unknown codecs are covered).
 func FuzzAuto(f *testing.F) {
 	a := mustAuto(f, AutoConfig{Codecs: codecNames, MaxLevel: 22})
-	text, random := textCorpus(5000), randomBytes(3000)
+	text, random := textCorpus(5000), testnet.RandomBytes(3000, 7)
 	for j := range a.rungs {
 		f.Add(encodeAuto(f, a, j, text))
 		f.Add(encodeAuto(f, a, j, text[:100], random, text[:70], text[100:]))
@@ -40,7 +42,7 @@ func FuzzAuto(f *testing.F) {
 // and must allocate a bounded amount whatever the input claims.
 func fuzzDecoder(f *testing.F, name string) {
 	s, _ := lookupCodec(name)
-	text, random := textCorpus(5000), randomBytes(3000)
+	text, random := textCorpus(5000), testnet.RandomBytes(3000, 7)
 	for _, level := range []int{s.minLevel, s.defLevel, s.maxLevel} {
 		f.Add(encode(f, name, level, text))
 		f.Add(encode(f, name, level, text[:100], random, text[:70], text[100:]))

@@ -2,7 +2,6 @@ package compress
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -34,35 +33,6 @@ func mustNew(tb testing.TB, name string, level int) *Filter {
 	return f
 }
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(tb testing.TB) (client, server *net.TCPConn) {
-	tb.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	type res struct {
-		c   *net.TCPConn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.AcceptTCP()
-		ch <- res{c, err}
-	}()
-	client, err = net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	r := <-ch
-	if r.err != nil {
-		client.Close()
-		tb.Fatal(r.err)
-	}
-	return client, r.c
-}
-
 // textCorpus returns n bytes of deterministic log lines and JSON records,
 // the kind of traffic compression is for.
 func textCorpus(n int) []byte {
@@ -89,16 +59,6 @@ func textCorpus(n int) []byte {
 	}
 	return b.Bytes()[:n]
 }
-
-// randomBytes returns n deterministic incompressible bytes.
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	r := rand.NewChaCha8([32]byte{7})
-	r.Read(b)
-	return b
-}
-
-func sum(b []byte) [sha256.Size]byte { return sha256.Sum256(b) }
 
 // fakeConn is a net.Conn over an io.Reader and an io.Writer, for feeding
 // a conn hand-made streams and recording what it writes.

@@ -5,13 +5,15 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // TestLinkSampler checks that tcp_info is read: after 1 MiB went through
 // a loopback connection and was read, the peer acknowledges it all and
 // nothing waits unsent; other connections have no sampler.
 func TestLinkSampler(t *testing.T) {
-	c, s := tcpPair(t)
+	c, s := testnet.TCPPair(t)
 	defer c.Close()
 	defer s.Close()
 	sample := linkSampler(c)

@@ -10,6 +10,8 @@ import (
 	"net"
 	"testing"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"go.uber.org/goleak"
@@ -18,32 +20,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ch := make(chan *net.TCPConn, 1)
-	go func() {
-		c, _ := ln.AcceptTCP()
-		ch <- c
-	}()
-	a, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-ch
-	if b == nil {
-		t.Fatal("accept failed")
-	}
-	return a, b
-}
-
 func TestNettest(t *testing.T) {
 	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-		a, b := tcpPair(t)
+		a, b := testnet.TCPPair(t)
 		c1, _ = Filter{}.Client(a)
 		c2, _ = Filter{}.Server(b)
 		return c1, c2, func() { c1.Close(); c2.Close() }, nil
@@ -58,7 +37,7 @@ func TestTransfer(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%d", path, size), func(t *testing.T) {
 				data := make([]byte, size)
 				rand.NewChaCha8([32]byte{1}).Read(data)
-				a, b := tcpPair(t)
+				a, b := testnet.TCPPair(t)
 				c, _ := Filter{}.Client(a)
 				s, _ := Filter{}.Server(b)
 				defer c.Close()

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
+
 	"go.uber.org/goleak"
 )
 
@@ -97,15 +99,6 @@ func rootLinks(t *testing.T) []string {
 	return names
 }
 
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
 func processGone(pid int) bool {
 	_, zombie, err := procStart(pid)
 	return err != nil || zombie
@@ -117,7 +110,7 @@ func processGone(pid int) bool {
 func TestUpDown(t *testing.T) {
 	topo, _ := Profile("firewall")
 	Require(t, topo.Programs()...)
-	linksBefore, fdsBefore := rootLinks(t), openFDs(t)
+	linksBefore, fdsBefore := rootLinks(t), testnet.OpenFDs(t, 0)
 	l, err := Up(context.Background(), topo)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +157,7 @@ func TestUpDown(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- sleeper.Wait() }()
-	if fds := openFDs(t); fds <= fdsBefore {
+	if fds := testnet.OpenFDs(t, 0); fds <= fdsBefore {
 		t.Fatalf("%d descriptors open with the lab up, %d before: the delay line holds none?", fds, fdsBefore)
 	}
 
@@ -188,7 +181,7 @@ func TestUpDown(t *testing.T) {
 	if got := rootLinks(t); !slices.Equal(got, linksBefore) {
 		t.Fatalf("devices of this namespace: %v, before: %v", got, linksBefore)
 	}
-	if fds := openFDs(t); fds != fdsBefore {
+	if fds := testnet.OpenFDs(t, 0); fds != fdsBefore {
 		t.Fatalf("%d descriptors open after Close, %d before", fds, fdsBefore)
 	}
 	if err := l.Close(); err != nil {

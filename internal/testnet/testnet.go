@@ -1,7 +1,8 @@
 // Package testnet holds the loopback servers and checks the project's
 // tests share: an accept loop that a test's cleanup stops and waits for,
-// an echo server, and a SHA-256-checked echo round trip. It is imported
-// by tests only.
+// an echo server, a SHA-256-checked echo round trip, loopback TCP pairs,
+// seeded random bytes and their sums, and a process's RSS and descriptors
+// (Linux). It is imported by tests only.
 package testnet
 
 import (
