@@ -96,7 +96,7 @@ func TestBadInputDuringTransfer(t *testing.T) {
 	loggedFailure := func(t *testing.T, local net.Addr) {
 		t.Helper()
 		re := regexp.MustCompile(`level=(?:INFO|WARN|ERROR) [^\n]*remote=` + regexp.QuoteMeta(local.String()) + ` `)
-		serve.waitFor(t, re, 5*time.Second)
+		serve.WaitFor(t, re, 5*time.Second)
 	}
 	// send writes b on a new connection to serve, half-closes if asked,
 	// and checks that serve closes the connection within limit.

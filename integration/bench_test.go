@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
+
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
@@ -104,10 +106,10 @@ func BenchmarkForward(b *testing.B) {
 		setup func(b *testing.B) string
 	}{
 		{"socat", []string{"socat"}, func(b *testing.B) string {
-			port := freePort(b)
+			port := realserver.FreePort(b)
 			p := startProc(b, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork", port), "TCP:"+sink)
-			p.ports = append(p.ports, port)
-			waitListening(b, p, port)
+			p.Ports = append(p.Ports, port)
+			p.WaitListening(b, port)
 			return fmt.Sprintf("127.0.0.1:%d", port)
 		}},
 		{"tunnel-tcp", nil, func(b *testing.B) string {
@@ -183,13 +185,13 @@ func BenchmarkIdleConns(b *testing.B) {
 		serve, gw := startVLink(b, "serve", "--target", echo)
 		tun, addr := startVLink(b, "tunnel", "--to", gw, "--stack", "zstd")
 		m := measureIdle(b, addr, n, settle, tun, serve)
-		tun.stop(b)
-		serve.stop(b)
+		tun.Stop(b)
+		serve.Stop(b)
 
 		// The baseline: a plain tunnel.
 		plain, paddr := startVLink(b, "tunnel", "--to", echo, "--stack", "tcp")
 		base := measureIdle(b, paddr, n, settle, plain)
-		plain.stop(b)
+		plain.Stop(b)
 
 		b.ReportMetric(float64(n), "conns")
 		b.ReportMetric(m[0], "tunnel-KiB/conn")
@@ -261,7 +263,7 @@ func measureIdle(b *testing.B, addr string, n int, settle time.Duration, procs .
 	time.Sleep(time.Second)
 	before := make([]int64, len(procs))
 	for i, p := range procs {
-		before[i] = testnet.RSS(b, p.cmd.Process.Pid) >> 10
+		before[i] = testnet.RSS(b, p.Pid()) >> 10
 	}
 	start := time.Now()
 	conns = openEchoing(b, addr, n)
@@ -270,14 +272,14 @@ func measureIdle(b *testing.B, addr string, n int, settle time.Duration, procs .
 			c.Close()
 		}
 	}()
-	b.Logf("%d connections through %s set up in %v", n, procs[0].name, time.Since(start).Round(time.Millisecond))
+	b.Logf("%d connections through %s set up in %v", n, procs[0].Name, time.Since(start).Round(time.Millisecond))
 	time.Sleep(settle)
 	per := make([]float64, len(procs))
 	for i, p := range procs {
-		if fds := testnet.OpenFDs(b, p.cmd.Process.Pid); fds < 2*n {
+		if fds := testnet.OpenFDs(b, p.Pid()); fds < 2*n {
 			b.Fatalf("%s holds %d descriptors, want at least %d for %d connections", p, fds, 2*n, n)
 		}
-		after := testnet.RSS(b, p.cmd.Process.Pid) >> 10
+		after := testnet.RSS(b, p.Pid()) >> 10
 		per[i] = float64(after-before[i]) / float64(n)
 		b.Logf("%s: VmRSS %d KiB before, %d KiB with %d idle connections", p, before[i], after, n)
 	}

@@ -64,7 +64,7 @@ func TestCurlDownload(t *testing.T) {
 			t.Logf("%d MiB in %v", n>>20, took.Round(time.Millisecond))
 			if serve != nil {
 				// The download went through the VLink stack, not plain.
-				serve.waitFor(t, regexp.MustCompile(`msg="connection closed".* stack=`+tc.stack+` .*bytes_down=`), 10*time.Second)
+				serve.WaitFor(t, regexp.MustCompile(`msg="connection closed".* stack=`+tc.stack+` .*bytes_down=`), 10*time.Second)
 			}
 		})
 	}

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
+
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -162,7 +164,7 @@ func (s *farSite) remove() {
 func (s *farSite) start(tb testing.TB, name string, args ...string) *proc {
 	tb.Helper()
 	p := startProc(tb, "ip", append([]string{"netns", "exec", s.ns, name}, args...)...)
-	p.name = filepath.Base(name) + "@far"
+	p.Name = filepath.Base(name) + "@far"
 	return p
 }
 
@@ -175,11 +177,11 @@ func (s *farSite) waitListening(tb testing.TB, p *proc, port int) {
 		if re.Match(out) {
 			return
 		}
-		if !p.running() {
-			tb.Fatalf("%s exited (%v) before listening on %d; output:\n%s", p, p.err, port, tail(p.out.String(), 4000))
+		if !p.Running() {
+			tb.Fatalf("%s exited (%v) before listening on %d; output:\n%s", p, p.Err(), port, realserver.Tail(p.Output(), 4000))
 		}
 		if i > 1500 {
-			tb.Fatalf("%s not listening on %d; output:\n%s", p, port, tail(p.out.String(), 4000))
+			tb.Fatalf("%s not listening on %d; output:\n%s", p, port, realserver.Tail(p.Output(), 4000))
 		}
 		sleepMillis(10)
 	}

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
+
 	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
@@ -75,7 +77,7 @@ func startPrefixSink(t *testing.T, ln net.Listener, seed byte) *prefixSink {
 func labProc(t *testing.T, l *lab.Lab, host, name string, args ...string) *proc {
 	t.Helper()
 	p := startProc(t, "ip", append([]string{"netns", "exec", l.Netns(host), name}, args...)...)
-	p.name = fmt.Sprintf("%s@%s", strings.TrimPrefix(name, vlinkBin), host)
+	p.Name = fmt.Sprintf("%s@%s", strings.TrimPrefix(name, vlinkBin), host)
 	return p
 }
 
@@ -113,7 +115,7 @@ func TestParallelFaultsInLab(t *testing.T) {
 			t.Cleanup(func() { l.Command("client", "nft", "delete", "table", "inet", "vcut").Run() })
 		}, true},
 		{"far process killed", func(t *testing.T, serve *proc) {
-			serve.cmd.Process.Signal(syscall.SIGKILL) // ip netns exec execs vlink: same process
+			serve.Kill() // ip netns exec execs vlink: same process
 		}, false},
 	}
 	for i, tt := range tests {
@@ -184,11 +186,9 @@ func TestParallelFaultsInLab(t *testing.T) {
 				t.Error("the sink saw a clean end of stream: a cut looked like a complete transfer")
 			}
 			if tt.name != "far process killed" {
-				if !regexp.MustCompile(`substream \d`).MatchString(tunnel.out.String() + serve.out.String()) {
-					t.Errorf("no log names the failed substream; tunnel:\n%s\nserve:\n%s", tail(tunnel.out.String(), 2000), tail(serve.out.String(), 2000))
+				if !regexp.MustCompile(`substream \d`).MatchString(tunnel.Output() + serve.Output()) {
+					t.Errorf("no log names the failed substream; tunnel:\n%s\nserve:\n%s", realserver.Tail(tunnel.Output(), 2000), realserver.Tail(serve.Output(), 2000))
 				}
-			} else {
-				serve.stopOnce.Do(func() { <-serve.done }) // killed on purpose
 			}
 		})
 	}

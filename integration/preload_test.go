@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
+
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
@@ -64,7 +66,7 @@ func newPreloadLab(t *testing.T) *preloadLab {
 	s.waitListening(t, echo, farEcho)
 	lab.serve = s.start(t, vlinkBin, "serve", "--listen", s.gateway(), "--log-level", "debug", "--grace", "1s",
 		"--allow", FarName+":*", "--allow", s.farIP.String()+":*", "--allow", "["+s.farIP6.String()+"]:*")
-	lab.serve.wantCleanExit = true
+	lab.serve.CleanExit = true
 	s.waitListening(t, lab.serve, s.gatewayPort)
 	return lab
 }
@@ -105,7 +107,7 @@ func (lab *preloadLab) mustExec(t *testing.T, args ...string) []byte {
 	t.Helper()
 	out, stderr, err := lab.exec(t, args...)
 	if err != nil {
-		t.Fatalf("vlink exec %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, tail(string(out), 2000), tail(stderr, 4000))
+		t.Fatalf("vlink exec %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, realserver.Tail(string(out), 2000), realserver.Tail(stderr, 4000))
 	}
 	return out
 }
@@ -114,7 +116,7 @@ func (lab *preloadLab) mustExec(t *testing.T, args ...string) []byte {
 // target: the program's bytes went through the stack, not around it.
 func (lab *preloadLab) servedThroughGateway(t *testing.T, target string) {
 	t.Helper()
-	lab.serve.waitFor(t, regexp.MustCompile(`msg="connection closed" remote=\S+ stack=zstd target=`+regexp.QuoteMeta(target)+` `), 10*time.Second)
+	lab.serve.WaitFor(t, regexp.MustCompile(`msg="connection closed" remote=\S+ stack=zstd target=`+regexp.QuoteMeta(target)+` `), 10*time.Second)
 }
 
 func (lab *preloadLab) url(path string) string {

@@ -71,7 +71,7 @@ func TestSocksOverSSH(t *testing.T) {
 	if !strings.Contains(s.Output(), "target localhost port "+port) {
 		t.Errorf("sshd did not resolve the name: no direct-tcpip to localhost:%s in its log", port)
 	}
-	socks.waitFor(t, regexp.MustCompile(`msg=connection .*socks=socks5 dest=localhost:`+port), 5*time.Second)
+	socks.WaitFor(t, regexp.MustCompile(`msg=connection .*socks=socks5 dest=localhost:`+port), 5*time.Second)
 }
 
 // TestTunnelThroughProxies carries curl's downloads through vlink tunnel
@@ -105,7 +105,7 @@ func TestTunnelThroughProxies(t *testing.T) {
 			tun, addr := startVLink(t, "tunnel", "--to", "localhost:"+port, "--stack", tc.stack)
 			curlGet(t, want, "http://"+addr+"/data.bin")
 			curlGet(t, want, "http://"+addr+"/data.bin")
-			if s := tun.out.String(); strings.Contains(s, dante.Password) || strings.Contains(s, "tinypw") {
+			if s := tun.Output(); strings.Contains(s, dante.Password) || strings.Contains(s, "tinypw") {
 				t.Fatalf("vlink logged a password:\n%s", s)
 			}
 		})
@@ -157,7 +157,7 @@ func TestProxyErrors(t *testing.T) {
 			if _, _, err := run(30*time.Second, nil, "curl", "-sS", "--fail", "--max-time", "20", "http://"+addr+"/"); err == nil {
 				t.Fatal("curl succeeded")
 			}
-			tun.waitFor(t, tc.log, 10*time.Second)
+			tun.WaitFor(t, tc.log, 10*time.Second)
 		})
 	}
 }

@@ -57,8 +57,8 @@ func TestRefusedTarget(t *testing.T) {
 		}
 		target := regexp.QuoteMeta(forbidden.Addr().String())
 		// Both sides log why, at level info, naming the target.
-		serve.waitFor(t, regexp.MustCompile(`level=INFO [^\n]*`+target+` is not allowed`), 5*time.Second)
-		deniedTun.waitFor(t, regexp.MustCompile(`level=INFO [^\n]*`+target+`[^\n]* is not allowed`), 5*time.Second)
+		serve.WaitFor(t, regexp.MustCompile(`level=INFO [^\n]*`+target+` is not allowed`), 5*time.Second)
+		deniedTun.WaitFor(t, regexp.MustCompile(`level=INFO [^\n]*`+target+`[^\n]* is not allowed`), 5*time.Second)
 		if n := reached.Load(); n != 0 {
 			t.Fatalf("the forbidden target was reached %d times", n)
 		}

@@ -41,8 +41,8 @@ func TestSocatPlainClient(t *testing.T) {
 			}
 		})
 	}
-	serve.waitFor(t, regexp.MustCompile(`msg="vlink: accepted plain"`), 5*time.Second)
-	if m := regexp.MustCompile(`msg="vlink: accepted" `).FindString(serve.out.String()); m != "" {
+	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted plain"`), 5*time.Second)
+	if m := regexp.MustCompile(`msg="vlink: accepted" `).FindString(serve.Output()); m != "" {
 		t.Errorf("serve took a plain client for a VLink one: %s", m)
 	}
 }

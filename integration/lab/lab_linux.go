@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/internal/procnet"
 )
 
 type labSys struct {
@@ -532,7 +534,7 @@ func (l *Lab) CommandContext(ctx context.Context, host, name string, arg ...stri
 func (l *Lab) WaitListening(ctx context.Context, host string, port int) error {
 	for {
 		var found bool
-		if err := l.Do(host, func() error { found = tcpListening(port); return nil }); err != nil {
+		if err := l.Do(host, func() error { found = procnet.TCPListening(port); return nil }); err != nil {
 			return err
 		}
 		if found {
@@ -544,28 +546,4 @@ func (l *Lab) WaitListening(ctx context.Context, host string, port int) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-}
-
-// tcpListening reads the calling thread's namespace's TCP tables
-// (/proc/thread-self/net: /proc/self/net would be the main thread's).
-func tcpListening(port int) bool {
-	const stateListen = "0A"
-	for _, table := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if err != nil {
-			continue
-		}
-		lines := strings.Split(string(data), "\n")
-		for _, line := range lines[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != stateListen {
-				continue
-			}
-			_, hexPort, _ := strings.Cut(f[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(p) == port {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -25,135 +25,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vlink-dev/vlink/internal/testenv"
-	"github.com/vlink-dev/vlink/internal/testnet"
 )
-
-// Timeouts, generous since CI machines are shared.
-const (
-	startTimeout = 15 * time.Second
-	stopTimeout  = 5 * time.Second
-)
-
-// A Proc is a server process started for a test, in its own process
-// group so that cleanup reaches the children it forks.
-type Proc struct {
-	Name string
-	cmd  *exec.Cmd
-	out  *testnet.Buffer
-	done chan struct{}
-	err  error
-	once sync.Once
-}
-
-// Output returns what the process printed so far.
-func (p *Proc) Output() string { return p.out.String() }
-
-// Start starts a program and registers its cleanup: SIGTERM to its group,
-// SIGKILL if it lingers. The output is logged if the test failed.
-func Start(tb testing.TB, name string, args ...string) *Proc {
-	tb.Helper()
-	cmd := exec.Command(name, args...)
-	p := &Proc{Name: filepath.Base(name), cmd: cmd, out: &testnet.Buffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	cmd.WaitDelay = stopTimeout
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("starting %s: %v", name, err)
-	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	tb.Cleanup(func() { p.Stop(tb) })
-	return p
-}
-
-// Stop ends the process group. Only the first call does anything.
-func (p *Proc) Stop(tb testing.TB) {
-	p.once.Do(func() {
-		pgid := p.cmd.Process.Pid
-		// sshd's children start sessions of their own (setsid), so the
-		// process group does not reach them: take the whole tree now,
-		// before they are orphaned.
-		tree := descendants(pgid)
-		syscall.Kill(-pgid, syscall.SIGTERM)
-		for _, pid := range tree {
-			syscall.Kill(pid, syscall.SIGTERM)
-		}
-		// The children hold the output open, and Wait waits for them
-		// too: they get a moment to end, then SIGKILL.
-		select {
-		case <-p.done:
-		case <-time.After(time.Second):
-			syscall.Kill(-pgid, syscall.SIGKILL)
-			for _, pid := range tree {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-			<-p.done
-		}
-		syscall.Kill(-pgid, syscall.SIGKILL)
-		if tb.Failed() {
-			tb.Logf("output of %s:\n%s", p.Name, tail(p.out.String(), 4000))
-		}
-	})
-}
-
-// descendants lists the processes below pid, from /proc.
-func descendants(pid int) []int {
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
-		for _, t := range tasks {
-			b, _ := os.ReadFile(t)
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					out = append(out, c)
-					queue = append(queue, c)
-				}
-			}
-		}
-	}
-	return out
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "[...]\n" + s[len(s)-n:]
-}
-
-// waitListening waits until addr accepts TCP connections.
-func (p *Proc) waitListening(tb testing.TB, addr string) {
-	tb.Helper()
-	deadline := time.Now().Add(startTimeout)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-p.done:
-			tb.Fatalf("%s exited (%v) before listening on %s; output:\n%s", p.Name, p.err, addr, tail(p.out.String(), 4000))
-		default:
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("%s does not listen on %s after %v; output:\n%s", p.Name, addr, startTimeout, tail(p.out.String(), 4000))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // FreePort returns a loopback port that was free a moment ago.
 func FreePort(tb testing.TB) int {

@@ -1,0 +1,246 @@
+//go:build linux
+
+package realserver
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/procnet"
+	"github.com/vlink-dev/vlink/internal/testnet"
+)
+
+// Timeouts of a test's processes, generous since CI machines are shared.
+const (
+	StartTimeout = 15 * time.Second // a process is listening
+	StopTimeout  = 5 * time.Second  // a Strict process exits after SIGTERM
+)
+
+// A Proc is a program started for a test, in its own process group so
+// that cleanup reaches the children it forks (socat forks one per
+// connection, sshd one per session).
+type Proc struct {
+	Name string
+	Cmd  *exec.Cmd
+
+	// What Stop checks besides stopping the process. The zero value
+	// checks nothing, which suits a server the test merely uses.
+	//
+	// Strict: the test owns the process's whole life, so exiting before
+	// Stop, or running on for StopTimeout after SIGTERM, fails the test.
+	Strict bool
+	// CleanExit: SIGTERM must end the process with status 0 (vlink's
+	// contract for its commands).
+	CleanExit bool
+	// Ports must no longer listen once the process stopped.
+	Ports []int
+
+	out    *testnet.Buffer // stdout and stderr
+	done   chan struct{}
+	err    error // from Wait, once done is closed
+	once   sync.Once
+	killed bool
+}
+
+// Start starts a program and registers its cleanup, Stop. The output is
+// logged if the test failed.
+func Start(tb testing.TB, name string, args ...string) *Proc {
+	tb.Helper()
+	cmd := exec.Command(name, args...)
+	p := &Proc{Name: filepath.Base(name), Cmd: cmd, out: &testnet.Buffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	// A descendant that escaped the group must not hold Wait forever.
+	cmd.WaitDelay = StopTimeout
+	// Pdeathsig: a test binary killed by its timeout takes them along.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	tb.Cleanup(func() { p.Stop(tb) })
+	return p
+}
+
+func (p *Proc) String() string { return fmt.Sprintf("%s (pid %d)", p.Name, p.Pid()) }
+
+// Pid is the process's id, which is also its group's.
+func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+
+// Output returns what the process printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Done is closed once the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Err is how the process ended (exec.Cmd.Wait's error), once Done is
+// closed.
+func (p *Proc) Err() error { return p.err }
+
+// Running reports whether the process has not exited.
+func (p *Proc) Running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill sends SIGKILL to the process itself, for a test that ends it on
+// purpose: Stop then checks nothing about how it ended.
+func (p *Proc) Kill() {
+	p.killed = true
+	p.Cmd.Process.Signal(syscall.SIGKILL)
+}
+
+// Stop ends the process group: SIGTERM to the group and to every
+// descendant (sshd's sessions call setsid, so the group does not reach
+// them), SIGKILL if they linger. Then it checks what Strict, CleanExit
+// and Ports ask. Only the first call does anything; cleanup calls it again.
+func (p *Proc) Stop(tb testing.TB) {
+	tb.Helper()
+	p.once.Do(func() { p.stop(tb) })
+}
+
+func (p *Proc) stop(tb testing.TB) {
+	tb.Helper()
+	pgid := p.Pid()
+	exitedEarly := !p.Running()
+	// Take the whole tree now, before the children are orphaned.
+	tree := descendants(pgid)
+	signal := func(sig syscall.Signal) {
+		syscall.Kill(-pgid, sig)
+		for _, pid := range tree {
+			syscall.Kill(pid, sig)
+		}
+	}
+	signal(syscall.SIGTERM)
+	grace := time.Second // the children hold the output open: Wait waits for them too
+	if p.Strict {
+		grace = StopTimeout
+	}
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		if p.Strict && !p.killed {
+			tb.Errorf("%s ignored SIGTERM for %v; killing it", p, grace)
+		}
+		signal(syscall.SIGKILL)
+		<-p.done
+	}
+	// Children that outlived the leader.
+	syscall.Kill(-pgid, syscall.SIGKILL)
+	switch {
+	case p.killed:
+	case exitedEarly && p.Strict:
+		tb.Errorf("%s exited before the test ended: %v", p, p.err)
+	case p.CleanExit && p.err != nil:
+		tb.Errorf("%s on SIGTERM: %v, want exit status 0", p, p.err)
+	}
+	for _, port := range p.Ports {
+		if procnet.TCPListening(port) {
+			tb.Errorf("%s stopped but port %d is still listening", p, port)
+		}
+	}
+	if tb.Failed() {
+		tb.Logf("output of %s:\n%s", p, Tail(p.out.String(), 6000))
+	}
+}
+
+// WaitFor waits until the output matches re and returns the submatches.
+func (p *Proc) WaitFor(tb testing.TB, re *regexp.Regexp, timeout time.Duration) []string {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if m := re.FindStringSubmatch(p.out.String()); m != nil {
+			return m
+		}
+		if !p.Running() {
+			tb.Fatalf("%s exited (%v) before printing %q; output:\n%s", p, p.err, re, Tail(p.out.String(), 4000))
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s did not print %q within %v; output:\n%s", p, re, timeout, Tail(p.out.String(), 4000))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// WaitListening waits until a socket listens on port in the calling
+// thread's network namespace. It reads the kernel's socket table rather
+// than connecting, which servers such as iperf3 would take for a client
+// and sshd for a login.
+func (p *Proc) WaitListening(tb testing.TB, port int) {
+	tb.Helper()
+	deadline := time.Now().Add(StartTimeout)
+	for !procnet.TCPListening(port) {
+		if !p.Running() {
+			tb.Fatalf("%s exited (%v) before listening on %d; output:\n%s", p, p.err, port, Tail(p.out.String(), 4000))
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s not listening on %d after %v; output:\n%s", p, port, StartTimeout, Tail(p.out.String(), 4000))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitListening is WaitListening for a host:port.
+func (p *Proc) waitListening(tb testing.TB, addr string) {
+	tb.Helper()
+	p.WaitListening(tb, Port(tb, addr))
+}
+
+// Port returns the port of a host:port address.
+func Port(tb testing.TB, addr string) int {
+	tb.Helper()
+	_, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return port
+}
+
+// descendants lists the processes below pid, from /proc.
+func descendants(pid int) []int {
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(t)
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					out = append(out, c)
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Tail returns the last n bytes of s, marked as cut if they are not all.
+func Tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "[...]\n" + s[len(s)-n:]
+}
