@@ -19,6 +19,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/cli"
 )
 
 // loadTopology reads a profile name or a topology file. A file that
@@ -38,11 +39,11 @@ func loadTopology(arg string) (lab.Topology, error) {
 	return t, nil
 }
 
-var upCmd = &command{
-	name:     "up",
-	summary:  "bring a topology up and hold it until stopped",
-	synopsis: "[--detach] [--seed N] PROFILE|FILE",
-	about: `
+var upCmd = &cli.Command{
+	Name:     "up",
+	Summary:  "bring a topology up and hold it until stopped",
+	Synopsis: "[--detach] [--seed N] PROFILE|FILE",
+	About: `
 Brings up a built-in profile ("vlink-lab profiles" lists them) or a topology
 file (TOML; "vlink-lab profiles NAME" prints one to start from), prints its
 hosts and addresses, and holds it (the delay lines run in this process)
@@ -53,12 +54,13 @@ With --detach, it holds the lab in a background process and returns once
 the lab is up; "vlink-lab down" stops it. Labs whose owner died (a crash,
 SIGKILL) are removed by the next "up" or by "down".
 `,
-	examples: `
+	Examples: `
   vlink-lab up wan50                  # in one terminal; Ctrl-C takes it down
   vlink-lab up --detach wan50-clean   # in the background
   vlink-lab profiles wan50 > my.toml && vlink-lab up my.toml
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		detach := fs.Bool("detach", false, "hold the lab in a background process and return once it is up")
 		seed := fs.Uint64("seed", 0, "seed of the random loss and jitter, to repeat a run (0: random)")
 		readyFD := fs.Int("ready-fd", -1, "(internal) report readiness on this descriptor")
@@ -104,7 +106,7 @@ SIGKILL) are removed by the next "up" or by "down".
 			}
 			return nil
 		}
-	},
+	}),
 }
 
 // detachUp starts "vlink-lab up" in a new session, waits until it says
@@ -199,21 +201,22 @@ func printInfo(e *env, inf lab.Info) {
 	}
 }
 
-var execCmd = &command{
-	name:     "exec",
-	summary:  "run a command in a host of a lab",
-	synopsis: "[--lab ID] HOST [--] COMMAND [ARG...]",
-	about: `
+var execCmd = &cli.Command{
+	Name:     "exec",
+	Summary:  "run a command in a host of a lab",
+	Synopsis: "[--lab ID] HOST [--] COMMAND [ARG...]",
+	About: `
 Runs COMMAND in HOST's network namespace (through "ip netns exec") and exits
 with its status. With one lab up, --lab is not needed. Processes left in a
 lab's namespaces are killed when the lab goes down.
 `,
-	examples: `
+	Examples: `
   vlink-lab exec server iperf3 -s -D
   vlink-lab exec client iperf3 -c 10.77.0.2 -t 10 -P 4
   vlink-lab exec --lab 4242-0 client -- ping -c 3 10.77.0.2
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		id := fs.String("lab", "", "the lab's `ID` (\"vlink-lab list\" shows them); needed when several are up")
 		return func(ctx context.Context, e *env, args []string) error {
 			if len(args) > 0 && args[0] == "--" {
@@ -244,11 +247,11 @@ lab's namespaces are killed when the lab goes down.
 				if code < 0 {
 					code = 128 + exitSignal(xe)
 				}
-				return &errExit{Code: code}
+				return &cli.ExitError{Code: code}
 			}
 			return err
 		}
-	},
+	}),
 }
 
 // findLab finds the live lab that has host: the one named by id, or the
@@ -297,19 +300,20 @@ func hostNames(inf lab.Info) string {
 	return strings.Join(n, ", ")
 }
 
-var listCmd = &command{
-	name:     "list",
-	summary:  "list the labs on this machine",
-	synopsis: "[--json]",
-	about: `
+var listCmd = &cli.Command{
+	Name:     "list",
+	Summary:  "list the labs on this machine",
+	Synopsis: "[--json]",
+	About: `
 Lists the labs on this machine: running ones, and stale ones whose owner died
 (which "vlink-lab down" or the next "up" removes).
 `,
-	examples: `
+	Examples: `
   vlink-lab list
   vlink-lab list --json | jq '.[].hosts'
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		asJSON := fs.Bool("json", false, "print the labs as JSON")
 		return func(ctx context.Context, e *env, args []string) error {
 			if len(args) > 0 {
@@ -355,7 +359,7 @@ Lists the labs on this machine: running ones, and stale ones whose owner died
 			}
 			return tw.Flush()
 		}
-	},
+	}),
 }
 
 func state(inf lab.Info) string {
@@ -377,22 +381,23 @@ func heldByCommand(inf lab.Info) bool {
 	return len(f) >= 2 && filepath.Base(f[0]) == "vlink-lab" && f[1] == "up"
 }
 
-var downCmd = &command{
-	name:     "down",
-	summary:  "take labs down",
-	synopsis: "[--all] [ID...]",
-	about: `
+var downCmd = &cli.Command{
+	Name:     "down",
+	Summary:  "take labs down",
+	Synopsis: "[--all] [ID...]",
+	About: `
 Takes labs down. Without an ID: every lab held by "vlink-lab up" (they get
 SIGTERM and tear their lab down) and every stale lab (whose owner died).
 Labs of other live processes (a running "go test", say) are left alone
 unless named by ID or with --all: then their namespaces are removed under
 them, without signalling the process.
 `,
-	examples: `
+	Examples: `
   vlink-lab down
   vlink-lab down 4242-0
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		all := fs.Bool("all", false, "also take down labs of other live processes")
 		wait := fs.Duration("wait", 10*time.Second, "how long a \"vlink-lab up\" gets to take its lab down after SIGTERM before the lab is removed under it")
 		return func(ctx context.Context, e *env, args []string) error {
@@ -440,7 +445,7 @@ them, without signalling the process.
 			}
 			return errors.Join(errs...)
 		}
-	},
+	}),
 }
 
 // stopHolder sends SIGTERM to the "vlink-lab up" holding a lab and waits
@@ -469,19 +474,20 @@ func stopHolder(ctx context.Context, inf lab.Info, wait time.Duration) error {
 	return lab.Remove(inf)
 }
 
-var profilesCmd = &command{
-	name:     "profiles",
-	summary:  "list the built-in topologies, or print one as a file",
-	synopsis: "[NAME]",
-	about: `
+var profilesCmd = &cli.Command{
+	Name:     "profiles",
+	Summary:  "list the built-in topologies, or print one as a file",
+	Synopsis: "[NAME]",
+	About: `
 Without NAME, lists the built-in profiles. With NAME, prints that profile as
 a topology file (TOML), to copy and change.
 `,
-	examples: `
+	Examples: `
   vlink-lab profiles
   vlink-lab profiles wan50 > my.toml
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		return func(ctx context.Context, e *env, args []string) error {
 			switch len(args) {
 			case 0:
@@ -505,14 +511,14 @@ a topology file (TOML), to copy and change.
 			}
 			return usagef("want at most one NAME")
 		}
-	},
+	}),
 }
 
-var ceilingCmd = &command{
-	name:     "ceiling",
-	summary:  "measure the highest rate the delay line carries",
-	synopsis: "[--time DURATION] [--rounds N]",
-	about: `
+var ceilingCmd = &cli.Command{
+	Name:     "ceiling",
+	Summary:  "measure the highest rate the delay line carries",
+	Synopsis: "[--time DURATION] [--rounds N]",
+	About: `
 Measures the lab's own ceiling: iperf3 through a delay line with no delay
 next to a veth pair in the same run (1 and 8 streams), then through a delay
 line with 50 ms RTT (1, 8 and 16 streams), first unlimited (the line is the
@@ -525,11 +531,12 @@ of two). The ceiling is the highest limit at which the line added at most
 least half of the rounds. Figures taken through the lab are only trustworthy below it. Takes about 10 x --time
 x --rounds.
 `,
-	examples: `
+	Examples: `
   vlink-lab ceiling
   vlink-lab ceiling --time 10s --rounds 3
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		dur := fs.Duration("time", 5*time.Second, "length of each iperf3 run")
 		rounds := fs.Int("rounds", 1, "repeat the series this many times, interleaved")
 		return func(ctx context.Context, e *env, args []string) error {
@@ -556,7 +563,7 @@ x --rounds.
 			}
 			return nil
 		}
-	},
+	}),
 }
 
 func printHeader(e *env) {
@@ -576,11 +583,11 @@ func printRow(e *env, m lab.Measurement) {
 		m.Label, limit, m.Streams, m.Mbps(), m.Retransmits, m.CPUPerGB(), m.LabCPUPerGB(), late)
 }
 
-var benchCmd = &command{
-	name:     "bench",
-	summary:  "measure iperf3 through profiles, with 1 to N streams",
-	synopsis: "[--streams LIST] [--time DURATION] [--rounds N] PROFILE|FILE...",
-	about: `
+var benchCmd = &cli.Command{
+	Name:     "bench",
+	Summary:  "measure iperf3 through profiles, with 1 to N streams",
+	Synopsis: "[--streams LIST] [--time DURATION] [--rounds N] PROFILE|FILE...",
+	About: `
 Brings each topology up in turn and runs iperf3 from --client to --server
 with each number of parallel streams (-P), printing the rate received, the
 sender's retransmissions, the CPU seconds per GB of the two iperf3 processes
@@ -588,12 +595,13 @@ sender's retransmissions, the CPU seconds per GB of the two iperf3 processes
 line's own added delay. These are the baselines for what parallel TCP can do
 on each link.
 `,
-	examples: `
+	Examples: `
   vlink-lab bench wan50 wan50-clean
   vlink-lab bench --streams 1 --time 20s wan100m
   vlink-lab bench --iperf3-args "-C bbr" wan50
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	Args: true,
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		streams := fs.String("streams", "1,2,4,8,16", "comma-separated numbers of parallel streams")
 		dur := fs.Duration("time", 10*time.Second, "length of each iperf3 run")
 		rounds := fs.Int("rounds", 1, "repeat each topology's series this many times, interleaved")
@@ -657,7 +665,7 @@ on each link.
 			}
 			return nil
 		}
-	},
+	}),
 }
 
 // clientRate is the rate limit of the first link of the client's, in the

@@ -25,23 +25,9 @@ const (
 
 func main() { program.Main() }
 
-// A command is one subcommand.
-type command struct {
-	name     string
-	summary  string // one line, for the top-level list
-	synopsis string // after "vlink-lab NAME"
-	about    string // what it does, for --help
-	examples string // commands that run as written
-	// flags defines the command's flags on fs and returns what runs it
-	// with the positional arguments.
-	flags func(fs *flag.FlagSet) func(ctx context.Context, e *env, args []string) error
-}
-
 type env struct {
 	stdout, stderr io.Writer
 }
-
-var commands = []*command{upCmd, execCmd, listCmd, downCmd, profilesCmd, ceilingCmd, benchCmd}
 
 var program = &cli.Program{
 	Name: "vlink-lab",
@@ -62,25 +48,18 @@ firewalls. It needs root.
   2  usage error
   "exec" exits with the command's own status.
 `,
-	Commands: cliCommands(),
+	Commands: []*cli.Command{upCmd, execCmd, listCmd, downCmd, profilesCmd, ceilingCmd, benchCmd},
 }
 
-// cliCommands adapts the commands, which return errors, to cli's exit
-// codes.
-func cliCommands() []*cli.Command {
-	var cs []*cli.Command
-	for _, c := range commands {
-		cs = append(cs, &cli.Command{
-			Name: c.name, Summary: c.summary, Synopsis: c.synopsis, About: c.about, Examples: c.examples, Args: true,
-			Flags: func(fs *flag.FlagSet) cli.Runner {
-				runner := c.flags(fs)
-				return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-					return cli.Fail(stderr, "vlink-lab "+c.name, runner(ctx, &env{stdout: stdout, stderr: stderr}, args))
-				}
-			},
-		})
+// withEnv runs a command, which returns an error, with its env, and
+// turns the error into cli's exit code.
+func withEnv(flags func(fs *flag.FlagSet) func(context.Context, *env, []string) error) func(*flag.FlagSet) cli.Runner {
+	return func(fs *flag.FlagSet) cli.Runner {
+		run := flags(fs)
+		return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+			return cli.Fail(stderr, fs.Name(), run(ctx, &env{stdout: stdout, stderr: stderr}, args))
+		}
 	}
-	return cs
 }
 
 // run is the whole program with its environment passed in, so tests call
@@ -90,7 +69,3 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 var usagef = cli.Usagef
-
-// errExit makes the command exit with a given status, having said
-// everything already (exec passes its command's status on).
-type errExit = cli.ExitError

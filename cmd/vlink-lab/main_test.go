@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,14 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/cli/clitest"
+
 	"go.uber.org/goleak"
 
 	"github.com/vlink-dev/vlink/integration/lab"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-var update = flag.Bool("update", false, "rewrite USAGE.txt from the commands' --help")
 
 func runSync(args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
@@ -34,13 +33,13 @@ func TestHelp(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "Usage:") {
 		t.Fatalf("--help: %d\n%s", code, out)
 	}
-	for _, c := range commands {
-		if !strings.Contains(out, "  "+c.name+" ") {
-			t.Errorf("top-level help does not list %s", c.name)
+	for _, c := range program.Commands {
+		if !strings.Contains(out, "  "+c.Name+" ") {
+			t.Errorf("top-level help does not list %s", c.Name)
 		}
-		for _, args := range [][]string{{c.name, "--help"}, {"help", c.name}, {c.name, "-h"}} {
+		for _, args := range [][]string{{c.Name, "--help"}, {"help", c.Name}, {c.Name, "-h"}} {
 			code, out, errOut := runSync(args...)
-			if code != exitOK || !strings.HasPrefix(out, "Usage: vlink-lab "+c.name) || !strings.Contains(out, "Exit codes:") || errOut != "" {
+			if code != exitOK || !strings.HasPrefix(out, "Usage: vlink-lab "+c.Name) || !strings.Contains(out, "Exit codes:") || errOut != "" {
 				t.Errorf("%v: exit %d, stdout\n%s\nstderr %s", args, code, out, errOut)
 			}
 		}
@@ -111,27 +110,7 @@ func TestProfiles(t *testing.T) {
 
 // TestUsageFile keeps USAGE.txt equal to the commands' --help; run with
 // -update to rewrite it.
-func TestUsageFile(t *testing.T) {
-	var b strings.Builder
-	_, top, _ := runSync("--help")
-	b.WriteString("$ vlink-lab --help\n" + top)
-	for _, c := range commands {
-		_, help, _ := runSync(c.name, "--help")
-		b.WriteString("\n$ vlink-lab " + c.name + " --help\n" + help)
-	}
-	if *update {
-		if err := os.WriteFile("USAGE.txt", []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile("USAGE.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != b.String() {
-		t.Errorf("USAGE.txt is out of date; run go test ./cmd/vlink-lab -run TestUsageFile -update")
-	}
-}
+func TestUsageFile(t *testing.T) { clitest.UsageFile(t, program) }
 
 // buildBinary builds vlink-lab for the tests that run it as a program
 // ("up --detach" starts its own executable again).

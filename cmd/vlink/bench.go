@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/units"
 	"github.com/vlink-dev/vlink/vlink/layer"
 
@@ -26,11 +27,11 @@ import (
 	"github.com/vlink-dev/vlink/vlink"
 )
 
-var benchCmd = &command{
-	name:     "bench",
-	summary:  "measure every stack against raw TCP on loopback: throughput, latency, compression",
-	synopsis: "[--size SIZE] [--stacks LIST] [--data text|random|both] [--rounds N] [--json]",
-	about: `
+var benchCmd = &cli.Command{
+	Name:     "bench",
+	Summary:  "measure every stack against raw TCP on loopback: throughput, latency, compression",
+	Synopsis: "[--size SIZE] [--stacks LIST] [--data text|random|both] [--rounds N] [--json]",
+	About: `
 Measures, on loopback and with no setup, what each stack costs and gains
 against raw TCP (net.Dial to net.Listen), which is measured in the same run
 as the baseline. It starts its own servers: a raw TCP one and a VLink
@@ -56,7 +57,7 @@ sides; on a real link only the link's speed is shared.
 
 Progress goes to stderr, the table (or --json) to stdout.
 `,
-	examples: `
+	Examples: `
   # Every registered filter and multi-link layer, 64 MiB of each kind of
   # data, 5 rounds:
   vlink bench
@@ -64,7 +65,7 @@ Progress goes to stderr, the table (or --json) to stdout.
   # A quick look at two stacks, for scripts:
   vlink bench --size 8M --stacks tcp,zstd:level=1,lz4 --data text --rounds 1 --json
 `,
-	flags: benchFlags,
+	Flags: withEnv(benchFlags),
 }
 
 const (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -20,11 +21,11 @@ const (
 	exitSignalOffset = 128 // plus N: the program was killed by signal N
 )
 
-var execCmd = &command{
-	name:     "exec",
-	summary:  "run an unmodified program with its TCP connections on vlink stacks",
-	synopsis: "[--stack STACK [--via HOST:PORT] | --config FILE] [flags] -- PROGRAM [ARGS...]",
-	about: `
+var execCmd = &cli.Command{
+	Name:     "exec",
+	Summary:  "run an unmodified program with its TCP connections on vlink stacks",
+	Synopsis: "[--stack STACK [--via HOST:PORT] | --config FILE] [flags] -- PROGRAM [ARGS...]",
+	About: `
 Runs PROGRAM with a preload shim (LD_PRELOAD) that sends its TCP connections
 where the rules say, as vlink.Dial would for a Go program: direct, through
 a stack (and a vlink serve gateway), or refused. Nothing in the program
@@ -63,7 +64,7 @@ bad command line. SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed on to
 PROGRAM; so are SIGINT and SIGQUIT, unless they came from the terminal,
 which sends them to PROGRAM itself.
 `,
-	examples: `
+	Examples: `
   # With "vlink serve --listen 0.0.0.0:7000 --allow '*:*' --key-file k"
   # on the gateway: curl reaches a host only the gateway can resolve,
   # zstd-compressed up to the gateway:
@@ -76,8 +77,8 @@ which sends them to PROGRAM itself.
   # See every decision the agent makes:
   vlink exec --log-level debug --stack lz4 --via 10.0.0.1:7000 -- ssh build.corp
 `,
-	flags: execFlags,
-	args:  true,
+	Args:  true,
+	Flags: withEnv(execFlags),
 }
 
 type execOptions struct {

@@ -9,28 +9,29 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
-var layersCmd = &command{
-	name:     "layers",
-	summary:  "list the registered layers and their parameters",
-	synopsis: "[flags]",
-	about: `
+var layersCmd = &cli.Command{
+	Name:     "layers",
+	Summary:  "list the registered layers and their parameters",
+	Synopsis: "[flags]",
+	About: `
 Lists every layer this binary knows, by name: its kind (factory: makes the
 byte stream, at the bottom of a stack; filter: transforms it, mirrored by
 the peer), what it does, and its parameters with their type, default and
 bounds. Stacks name layers and set parameters as in zstd:level=3+tcp.
 `,
-	examples: `
+	Examples: `
   vlink layers
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env) int {
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env) int {
 		return func(ctx context.Context, e *env) int {
 			printLayers(e)
 			return exitOK
 		}
-	},
+	}),
 }
 
 func printLayers(e *env) {
@@ -61,24 +62,24 @@ func printLayers(e *env) {
 	}
 }
 
-var versionCmd = &command{
-	name:     "version",
-	summary:  "print the version of vlink and of Go it was built with",
-	synopsis: "[flags]",
-	about: `
+var versionCmd = &cli.Command{
+	Name:     "version",
+	Summary:  "print the version of vlink and of Go it was built with",
+	Synopsis: "[flags]",
+	About: `
 Prints the module version (a release tag, a pseudo-version from the VCS
 when built in a checkout, or "(devel)"), the VCS revision if known, and the
 Go version and platform.
 `,
-	examples: `
+	Examples: `
   vlink version
 `,
-	flags: func(fs *flag.FlagSet) func(context.Context, *env) int {
+	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env) int {
 		return func(ctx context.Context, e *env) int {
 			fmt.Fprintln(e.stdout, versionString())
 			return exitOK
 		}
-	},
+	}),
 }
 
 func versionString() string {

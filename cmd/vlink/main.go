@@ -29,21 +29,6 @@ const (
 
 func main() { program.Main() }
 
-// A command is one subcommand: its help text and what runs it.
-type command struct {
-	name     string
-	summary  string // one line, for the top-level list
-	synopsis string // after "vlink NAME"
-	about    string // what it does, for --help
-	examples string // commands that run as written
-	// flags defines the command's flags on fs and returns the function
-	// that runs it once they are parsed.
-	flags func(fs *flag.FlagSet) func(ctx context.Context, env *env) int
-	// args: the command takes arguments after its flags (env.args), as
-	// exec takes the program to run.
-	args bool
-}
-
 // env is what a command runs with.
 type env struct {
 	stdout, stderr io.Writer
@@ -51,8 +36,6 @@ type env struct {
 	level          slog.Level
 	args           []string // after the flags, for commands that take them
 }
-
-var commands = []*command{serveCmd, tunnelCmd, socksCmd, execCmd, benchCmd, layersCmd, versionCmd}
 
 var program = &cli.Program{
 	Name: "vlink",
@@ -70,28 +53,21 @@ runs unmodified programs on them.
   1  runtime failure
   2  usage error
 `,
-	Commands: cliCommands(),
+	Commands: []*cli.Command{serveCmd, tunnelCmd, socksCmd, execCmd, benchCmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
 }
 
-// cliCommands gives every command the --log-level flag and its logger.
-func cliCommands() []*cli.Command {
-	var cs []*cli.Command
-	for _, c := range commands {
-		cs = append(cs, &cli.Command{
-			Name: c.name, Summary: c.summary, Synopsis: c.synopsis, About: c.about, Examples: c.examples, Args: c.args,
-			Flags: func(fs *flag.FlagSet) cli.Runner {
-				level := levelFlag{slog.LevelInfo}
-				fs.Var(&level, "log-level", "log at `LEVEL` and above: debug, info, warn or error")
-				runner := c.flags(fs)
-				return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-					log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
-					return runner(ctx, &env{stdout: stdout, stderr: stderr, log: log, level: level.Level, args: args})
-				}
-			},
-		})
+// withEnv gives a command the --log-level flag and runs it with its env.
+func withEnv(flags func(fs *flag.FlagSet) func(context.Context, *env) int) func(*flag.FlagSet) cli.Runner {
+	return func(fs *flag.FlagSet) cli.Runner {
+		level := levelFlag{slog.LevelInfo}
+		fs.Var(&level, "log-level", "log at `LEVEL` and above: debug, info, warn or error")
+		run := flags(fs)
+		return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+			log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
+			return run(ctx, &env{stdout: stdout, stderr: stderr, log: log, level: level.Level, args: args})
+		}
 	}
-	return cs
 }
 
 // run is the whole program with its environment passed in, so tests call

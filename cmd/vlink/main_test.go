@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"flag"
 	"io"
 	"net"
 	"os"
@@ -20,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/cli/clitest"
+
 	"go.uber.org/goleak"
 
 	"github.com/vlink-dev/vlink/internal/testenv"
@@ -29,8 +30,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-var update = flag.Bool("update", false, "rewrite USAGE.txt from the commands' --help")
 
 // output is a command's stdout or stderr, written while the test reads.
 type output struct{ testnet.Buffer }
@@ -544,14 +543,14 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, c := range commands {
-		t.Run(c.name, func(t *testing.T) {
-			for _, args := range [][]string{{c.name, "--help"}, {c.name, "-h"}, {"help", c.name}} {
+	for _, c := range program.Commands {
+		t.Run(c.Name, func(t *testing.T) {
+			for _, args := range [][]string{{c.Name, "--help"}, {c.Name, "-h"}, {"help", c.Name}} {
 				code, stdout, stderr := runSync(args...)
 				if code != exitOK || stderr != "" {
 					t.Errorf("%v: exit code %d, stderr %q", args, code, stderr)
 				}
-				for _, want := range []string{"Usage: vlink " + c.name, "Flags:", "--log-level LEVEL", "(default info)", "Examples:\n  ", "Exit codes:"} {
+				for _, want := range []string{"Usage: vlink " + c.Name, "Flags:", "--log-level LEVEL", "(default info)", "Examples:\n  ", "Exit codes:"} {
 					if !strings.Contains(stdout, want) {
 						t.Errorf("%v: no %q in:\n%s", args, want, stdout)
 					}
@@ -567,27 +566,7 @@ func TestHelp(t *testing.T) {
 
 // TestUsageFile keeps USAGE.txt equal to the commands' --help; run with
 // -update to rewrite it.
-func TestUsageFile(t *testing.T) {
-	var b strings.Builder
-	_, top, _ := runSync("--help")
-	b.WriteString("$ vlink --help\n" + top)
-	for _, c := range commands {
-		_, help, _ := runSync(c.name, "--help")
-		b.WriteString("\n$ vlink " + c.name + " --help\n" + help)
-	}
-	if *update {
-		if err := os.WriteFile("USAGE.txt", []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile("USAGE.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != b.String() {
-		t.Errorf("USAGE.txt is out of date; run go test ./cmd/vlink -run TestUsageFile -update")
-	}
-}
+func TestUsageFile(t *testing.T) { clitest.UsageFile(t, program) }
 
 // TestBinary checks the real exit codes of the built command.
 func TestBinary(t *testing.T) {

@@ -10,17 +10,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink/layer"
 
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
-var serveCmd = &command{
-	name:     "serve",
-	summary:  "accept VLink and plain connections on a port and forward them",
-	synopsis: "(--target HOST:PORT | --allow PATTERN ...) [flags]",
-	about: `
+var serveCmd = &cli.Command{
+	Name:     "serve",
+	Summary:  "accept VLink and plain connections on a port and forward them",
+	Synopsis: "(--target HOST:PORT | --allow PATTERN ...) [flags]",
+	About: `
 Accepts VLink connections (from "vlink tunnel", or any program dialing with
 the vlink library) and plain TCP connections on one port, and forwards each:
 
@@ -42,7 +43,7 @@ plain connections are refused unless --plain allow. Listening beyond
 loopback is done only when --listen says so, and is warned about without a
 key.
 `,
-	examples: `
+	Examples: `
   # Forward port 7000 to a local web server; tunnels may use any filter:
   vlink serve --listen 127.0.0.1:7000 --target 127.0.0.1:8000
 
@@ -54,7 +55,7 @@ key.
       --allow 10.0.0.0/8:1-65535 --allow '*.corp.example:443' \
       --layers zstd,lz4 --limit zstd.level=1-9
 `,
-	flags: serveFlags,
+	Flags: withEnv(serveFlags),
 }
 
 type serveOptions struct {

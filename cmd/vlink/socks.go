@@ -10,15 +10,16 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/socks"
+	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
-var socksCmd = &command{
-	name:     "socks",
-	summary:  "a local SOCKS5/SOCKS4 server whose connections follow a stack or the user's rules",
-	synopsis: "[--stack STACK [--via HOST:PORT]] [--config FILE] [flags]",
-	about: `
+var socksCmd = &cli.Command{
+	Name:     "socks",
+	Summary:  "a local SOCKS5/SOCKS4 server whose connections follow a stack or the user's rules",
+	Synopsis: "[--stack STACK [--via HOST:PORT]] [--config FILE] [flags]",
+	About: `
 Serves SOCKS5 (CONNECT), SOCKS4 and SOCKS4a on a local port, so programs that
 already speak SOCKS (curl --socks5-hostname, browsers, git, ssh -o
 ProxyCommand) reach their destinations through any stack, without the
@@ -37,7 +38,7 @@ serves only loopback clients and those --allow-from names: it is never an
 open proxy. With --user and --password-file, SOCKS5 clients must
 authenticate (RFC 1929), and SOCKS4 clients, which cannot, are refused.
 `,
-	examples: `
+	Examples: `
   # Every connection through an SSH bastion; names are resolved there:
   vlink socks --listen 127.0.0.1:1080 --stack ssh:host=bastion.example
   curl --socks5-hostname 127.0.0.1:1080 http://internal-name/
@@ -49,7 +50,7 @@ authenticate (RFC 1929), and SOCKS4 clients, which cannot, are refused.
   vlink socks --listen 0.0.0.0:1080 --allow-from 10.1.0.0/16 \
       --user team --password-file socks.pw --stack ssh:host=bastion.example
 `,
-	flags: socksFlags,
+	Flags: withEnv(socksFlags),
 }
 
 type socksOptions struct {

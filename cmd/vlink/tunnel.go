@@ -7,14 +7,15 @@ import (
 	"net"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
-var tunnelCmd = &command{
-	name:     "tunnel",
-	summary:  "carry local TCP connections through a stack to a VLink server",
-	synopsis: "--to HOST:PORT [--stack STACK] [--via HOST:PORT] [flags]",
-	about: `
+var tunnelCmd = &cli.Command{
+	Name:     "tunnel",
+	Summary:  "carry local TCP connections through a stack to a VLink server",
+	Synopsis: "--to HOST:PORT [--stack STACK] [--via HOST:PORT] [flags]",
+	About: `
 Listens on a local port (plain TCP, for any program) and carries each
 connection it accepts through a stack to --to:
 
@@ -35,7 +36,7 @@ parameters after ':' (zstd:level=3+tcp); tcp is implied at the bottom.
 logged at debug, failures (a refusal and its reason, an unreachable
 server) at info.
 `,
-	examples: `
+	Examples: `
   # With the first "vlink serve" example running: local port 8080 reaches
   # the server's target, compressed with zstd over the wire:
   vlink tunnel --listen 127.0.0.1:8080 --to 127.0.0.1:7000 --stack zstd
@@ -51,7 +52,7 @@ server) at info.
   vlink tunnel --listen-stack ssh:host=bastion.example --listen 127.0.0.1:8080 \
       --to 127.0.0.1:8000 --stack tcp
 `,
-	flags: tunnelFlags,
+	Flags: withEnv(tunnelFlags),
 }
 
 type tunnelOptions struct {

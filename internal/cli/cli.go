@@ -101,6 +101,20 @@ func (p *Program) Run(ctx context.Context, args []string, stdout, stderr io.Writ
 	return p.runCommand(ctx, c, rest, stdout, stderr)
 }
 
+// Help is the program's whole help as a user pages through it: "PROGRAM
+// --help" and what it prints, then the same for every command. The
+// USAGE.txt beside each binary holds it.
+func (p *Program) Help() string {
+	var b strings.Builder
+	b.WriteString("$ " + p.Name + " --help\n")
+	p.usage(&b)
+	for _, c := range p.Commands {
+		b.WriteString("\n$ " + p.Name + " " + c.Name + " --help\n")
+		p.runCommand(context.Background(), c, []string{"--help"}, &b, io.Discard)
+	}
+	return b.String()
+}
+
 func (p *Program) lookup(name string) *Command {
 	for _, c := range p.Commands {
 		if c.Name == name {
