@@ -4,20 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"runtime"
-	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/units"
@@ -77,12 +72,6 @@ const (
 	benchIOTimeout  = 5 * time.Minute
 )
 
-// Request bytes: the first byte a bench client sends says what it wants.
-const (
-	modeDrain = 'D' // read to EOF, answer the count as 8 bytes big endian
-	modeEcho  = 'E' // echo everything back
-)
-
 type benchOptions struct {
 	size          sizeFlag
 	stacks, data  string
@@ -108,33 +97,11 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 
 // A benchTarget is one thing measured: raw TCP, or a stack.
 type benchTarget struct {
-	name string
-	dial func(ctx context.Context) (net.Conn, error)
-	wire *atomic.Int64   // bytes its server read from the wire
-	rtts []time.Duration // every round's
-}
-
-// benchRow is one line of the results.
-type benchRow struct {
-	Stack        string    `json:"stack"`
-	Data         string    `json:"data"`
-	MBps         float64   `json:"mb_per_s"`
-	RoundsMBps   []float64 `json:"mb_per_s_rounds"`
-	Ratio        float64   `json:"ratio_to_raw"`
-	LatencyNs    int64     `json:"latency_ns"`
-	LatencyRatio float64   `json:"latency_ratio_to_raw"`
-	WirePerByte  float64   `json:"wire_bytes_per_byte"`
-}
-
-type benchReport struct {
-	Go         string     `json:"go"`
-	OS         string     `json:"os"`
-	Arch       string     `json:"arch"`
-	GOMAXPROCS int        `json:"gomaxprocs"`
-	Size       int64      `json:"size"`
-	Rounds     int        `json:"rounds"`
-	Pings      int        `json:"pings"`
-	Results    []benchRow `json:"results"`
+	name  string
+	dial  func(ctx context.Context) (net.Conn, error)
+	close func()          // releases what dial keeps; nil if nothing
+	wire  *atomic.Int64   // bytes its server read from the wire
+	rtts  []time.Duration // every round's
 }
 
 func (o *benchOptions) check() (stacks []vlink.Stack, kinds []string, err error) {
@@ -204,21 +171,67 @@ func (o *benchOptions) run(ctx context.Context, e *env) error {
 		return err
 	}
 	size := int64(o.size)
-	corpusLen := int(min(size, benchCorpusMax))
-	corpora := map[string][]byte{}
-	for _, k := range kinds {
-		if k == "text" {
-			corpora[k] = textCorpus(corpusLen)
-		} else {
-			corpora[k] = randomCorpus(corpusLen)
-		}
-	}
-
 	srv, err := startBenchServers()
 	if err != nil {
 		return err
 	}
 	defer srv.close()
+	targets := benchTargets(srv, stacks)
+	defer func() {
+		for _, t := range targets {
+			if t.close != nil {
+				t.close() // a mux session lives as long as its Dialer
+			}
+		}
+	}()
+
+	progress := func(format string, args ...any) {
+		if e.level <= slog.LevelInfo {
+			fmt.Fprintf(e.stderr, "bench: "+format+"\n", args...)
+		}
+	}
+	progress("%d stacks besides raw TCP, %s of %s per run, %d round(s); GOMAXPROCS=%d",
+		len(stacks), units.FormatSize(size), strings.Join(kinds, " and "), o.rounds, runtime.GOMAXPROCS(0))
+	corpora := benchCorpora(kinds, size)
+	// An unmeasured pass first: connections, pools and codecs warm up.
+	for _, t := range targets {
+		for _, k := range kinds {
+			warm := min(size, benchWarmupSize)
+			if _, _, err := benchThroughput(ctx, t, corpora[k], warm); err != nil {
+				return fmt.Errorf("%s, %s data: %w", t.name, k, err)
+			}
+		}
+	}
+	m, err := o.measure(ctx, targets, kinds, corpora, progress)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	report := o.report(targets, kinds, m)
+	if o.json {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(report)
+	}
+	printBenchTable(e.stdout, &report)
+	return nil
+}
+
+// benchCorpora returns the data of each kind, up to benchCorpusMax bytes.
+func benchCorpora(kinds []string, size int64) map[string][]byte {
+	n := int(min(size, benchCorpusMax))
+	corpora := map[string][]byte{}
+	for _, k := range kinds {
+		if k == "text" {
+			corpora[k] = textCorpus(n)
+		} else {
+			corpora[k] = randomCorpus(n)
+		}
+	}
+	return corpora
+}
+
+// benchTargets returns raw TCP, the baseline, then one target per stack.
+func benchTargets(srv *benchServers, stacks []vlink.Stack) []*benchTarget {
 	targets := []*benchTarget{{
 		name: "raw",
 		dial: func(ctx context.Context) (net.Conn, error) {
@@ -229,52 +242,52 @@ func (o *benchOptions) run(ctx context.Context, e *env) error {
 	}}
 	for _, s := range stacks {
 		d := &vlink.Dialer{Stack: s}
-		defer d.Close() // a mux session lives as long as its Dialer
 		targets = append(targets, &benchTarget{
 			name: s.String(),
 			dial: func(ctx context.Context) (net.Conn, error) {
 				return d.DialContext(ctx, "tcp", srv.vl.Addr().String())
 			},
-			wire: &srv.vlWire,
+			close: func() { d.Close() },
+			wire:  &srv.vlWire,
 		})
 	}
+	return targets
+}
 
-	progress := func(format string, args ...any) {
-		if e.level <= slog.LevelInfo {
-			fmt.Fprintf(e.stderr, "bench: "+format+"\n", args...)
-		}
-	}
-	progress("%d stacks besides raw TCP, %s of %s per run, %d round(s); GOMAXPROCS=%d",
-		len(stacks), units.FormatSize(size), strings.Join(kinds, " and "), o.rounds, runtime.GOMAXPROCS(0))
-	// An unmeasured pass first: connections, pools and codecs warm up.
-	for _, t := range targets {
-		for _, k := range kinds {
-			warm := min(size, benchWarmupSize)
-			if _, _, err := benchThroughput(ctx, t, corpora[k], warm); err != nil {
-				return fmt.Errorf("%s, %s data: %w", t.name, k, err)
-			}
-		}
-	}
-	type key struct{ target, kind string }
-	mbps := map[key][]float64{}
-	wire := map[key]float64{}
+// benchKey names one series: a target and a kind of data.
+type benchKey struct{ target, kind string }
+
+// benchMeasures are what the rounds measured.
+type benchMeasures struct {
+	mbps map[benchKey][]float64 // every round's throughput
+	wire map[benchKey]float64   // wire bytes per application byte, last round
+}
+
+// measure runs the rounds: each target's throughput on each kind of data,
+// then every target's latency, so that drift on the machine affects all
+// alike.
+func (o *benchOptions) measure(ctx context.Context, targets []*benchTarget, kinds []string, corpora map[string][]byte,
+	progress func(string, ...any)) (benchMeasures, error) {
+	size := int64(o.size)
+	m := benchMeasures{mbps: map[benchKey][]float64{}, wire: map[benchKey]float64{}}
 	for round := 1; round <= o.rounds; round++ {
 		for _, t := range targets {
 			var line strings.Builder
 			for _, k := range kinds {
 				took, w, err := benchThroughput(ctx, t, corpora[k], size)
 				if err != nil {
-					return interrupted(ctx, fmt.Errorf("%s, %s data: %w", t.name, k, err))
+					return m, fmt.Errorf("%s, %s data: %w", t.name, k, err)
 				}
+				key := benchKey{t.name, k}
 				rate := float64(size) / took.Seconds() / 1e6
-				mbps[key{t.name, k}] = append(mbps[key{t.name, k}], rate)
-				wire[key{t.name, k}] = float64(w) / float64(size)
-				fmt.Fprintf(&line, "  %s %.1f MB/s, wire %.3f", k, rate, float64(w)/float64(size))
+				m.mbps[key] = append(m.mbps[key], rate)
+				m.wire[key] = float64(w) / float64(size)
+				fmt.Fprintf(&line, "  %s %.1f MB/s, wire %.3f", k, rate, m.wire[key])
 			}
 			progress("round %d/%d  %-14s%s", round, o.rounds, t.name, line.String())
 		}
 		if err := benchLatency(ctx, targets, o.pings); err != nil {
-			return interrupted(ctx, err)
+			return m, err
 		}
 		var line strings.Builder
 		for _, t := range targets {
@@ -282,83 +295,7 @@ func (o *benchOptions) run(ctx context.Context, e *env) error {
 		}
 		progress("round %d/%d  latency%s", round, o.rounds, line.String())
 	}
-
-	report := benchReport{
-		Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0),
-		Size: size, Rounds: o.rounds, Pings: o.pings,
-	}
-	raw := targets[0]
-	rawRTT := median(raw.rtts)
-	for _, t := range targets {
-		rtt := median(t.rtts)
-		for _, k := range kinds {
-			rounds := mbps[key{t.name, k}]
-			m := medianFloat(rounds)
-			report.Results = append(report.Results, benchRow{
-				Stack: t.name, Data: k, MBps: m, RoundsMBps: rounds,
-				Ratio:        m / medianFloat(mbps[key{raw.name, k}]),
-				LatencyNs:    rtt.Nanoseconds(),
-				LatencyRatio: float64(rtt) / float64(rawRTT),
-				WirePerByte:  wire[key{t.name, k}],
-			})
-		}
-	}
-	if o.json {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(report)
-	}
-	printBenchTable(e.stdout, &report)
-	return nil
-}
-
-func printBenchTable(w io.Writer, r *benchReport) {
-	fmt.Fprintf(w, "# %s per run, median of %d round(s), %d pings per round; %s %s/%s, GOMAXPROCS=%d\n",
-		units.FormatSize(r.Size), r.Rounds, r.Pings, r.Go, r.OS, r.Arch, r.GOMAXPROCS)
-	rows := [][]string{{"STACK", "DATA", "MB/s", "xRAW", "LATENCY", "xRAW", "WIRE/BYTE"}}
-	for _, row := range r.Results {
-		rows = append(rows, []string{row.Stack, row.Data,
-			strconv.FormatFloat(row.MBps, 'f', 1, 64), strconv.FormatFloat(row.Ratio, 'f', 2, 64),
-			formatLatency(time.Duration(row.LatencyNs)), strconv.FormatFloat(row.LatencyRatio, 'f', 2, 64),
-			strconv.FormatFloat(row.WirePerByte, 'f', 3, 64)})
-	}
-	printColumns(w, rows, 2)
-}
-
-// printColumns prints rows as a table: the first left columns aligned
-// left, numbers aligned right.
-func printColumns(w io.Writer, rows [][]string, left int) {
-	widths := make([]int, len(rows[0]))
-	for _, row := range rows {
-		for i, cell := range row {
-			widths[i] = max(widths[i], utf8.RuneCountInString(cell))
-		}
-	}
-	var b strings.Builder
-	for _, row := range rows {
-		b.Reset()
-		for i, cell := range row {
-			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell))
-			if i > 0 {
-				b.WriteString("  ")
-			}
-			if i < left {
-				b.WriteString(cell)
-				if i < len(row)-1 {
-					b.WriteString(pad)
-				}
-			} else {
-				b.WriteString(pad)
-				b.WriteString(cell)
-			}
-		}
-		b.WriteByte('\n')
-		io.WriteString(w, b.String())
-	}
-}
-
-func formatLatency(d time.Duration) string {
-	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 1, 64) + "µs"
+	return m, nil
 }
 
 // benchThroughput sends size bytes of corpus (repeated as needed) and
@@ -477,169 +414,6 @@ func interrupted(ctx context.Context, err error) error {
 	}
 	return err
 }
-
-func median(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func medianFloat(f []float64) float64 {
-	if len(f) == 0 {
-		return 0
-	}
-	s := slices.Clone(f)
-	slices.Sort(s)
-	if len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
-// benchServers are the servers a bench measures against: raw TCP and a
-// VLink listener, each counting the bytes it reads from the wire.
-type benchServers struct {
-	raw     net.Listener
-	vl      *vlink.Listener
-	rawWire atomic.Int64
-	vlWire  atomic.Int64
-
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
-
-func startBenchServers() (*benchServers, error) {
-	s := &benchServers{conns: map[net.Conn]struct{}{}}
-	rawL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	s.raw = &countingListener{Listener: rawL, n: &s.rawWire}
-	vlL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		rawL.Close()
-		return nil, err
-	}
-	var lc vlink.ListenConfig // the zero policy mirrors every registered filter and multi-link layer
-	if s.vl, err = lc.NewListener(&countingListener{Listener: vlL, n: &s.vlWire}); err != nil {
-		rawL.Close()
-		vlL.Close()
-		return nil, err
-	}
-	for _, l := range []net.Listener{s.raw, s.vl} {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				s.mu.Lock()
-				s.conns[c] = struct{}{}
-				s.mu.Unlock()
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					serveBench(c)
-					s.mu.Lock()
-					delete(s.conns, c)
-					s.mu.Unlock()
-				}()
-			}
-		}()
-	}
-	return s, nil
-}
-
-func (s *benchServers) close() {
-	s.raw.Close()
-	s.vl.Close()
-	s.mu.Lock()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-}
-
-// serveBench answers one bench connection: drain or echo.
-func serveBench(c net.Conn) {
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(benchIOTimeout))
-	var mode [1]byte
-	if _, err := io.ReadFull(c, mode[:]); err != nil {
-		return
-	}
-	switch mode[0] {
-	case modeDrain:
-		// Read with a plain loop, not io.Copy, so that every stack is read
-		// the same way, through the same buffer size.
-		buf := make([]byte, 2*benchChunk)
-		var n int64
-		for {
-			m, err := c.Read(buf)
-			n += int64(m)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return
-			}
-		}
-		var ack [8]byte
-		binary.BigEndian.PutUint64(ack[:], uint64(n))
-		c.Write(ack[:])
-	case modeEcho:
-		buf := make([]byte, 4<<10)
-		for {
-			m, err := c.Read(buf)
-			if m > 0 {
-				if _, werr := c.Write(buf[:m]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-}
-
-// countingListener counts the bytes read from the connections it accepts.
-type countingListener struct {
-	net.Listener
-	n *atomic.Int64
-}
-
-func (l *countingListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{Conn: c, n: l.n}, nil
-}
-
-// countingConn counts the bytes read from it. It keeps half-close, which
-// the bench's protocol relies on.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-var _ netconn.CloseWriter = (*countingConn)(nil)
-
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-func (c *countingConn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
 
 // sizeFlag is a byte count with an optional K, M or G suffix (powers of
 // 1024).
