@@ -16,9 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // The VLink handshake as it is on the wire (vlink/frame.go): the magic,

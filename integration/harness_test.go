@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
-
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 

@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // TestCurlDownload downloads a 50 MiB file from python3's http.server with

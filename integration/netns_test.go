@@ -16,7 +16,6 @@ import (
 	"testing"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
-
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 

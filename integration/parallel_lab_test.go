@@ -18,9 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/realserver"
-
 	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
-
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )

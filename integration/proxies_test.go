@@ -11,10 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // sshLayer is the ssh layer's text for a test sshd, with extra parameters.

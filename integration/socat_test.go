@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // TestSocatPlainClient connects socat, a program that knows nothing of

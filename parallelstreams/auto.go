@@ -4,9 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Auto mode. The dialer starts with two substreams and doubles them while

@@ -11,14 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"go.uber.org/goleak"
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
 	_ "github.com/vlink-dev/vlink/filters/compress"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

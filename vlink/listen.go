@@ -10,10 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Defaults for a zero ListenConfig.

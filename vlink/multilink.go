@@ -10,9 +10,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // recurse without end.

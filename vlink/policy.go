@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // MinKeySize is the shortest pre-shared key accepted.

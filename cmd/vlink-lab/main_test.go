@@ -13,11 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/cli/clitest"
-
 	"go.uber.org/goleak"
 
 	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/cli/clitest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -16,10 +16,9 @@ import (
 
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/units"
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 var benchCmd = &cli.Command{

@@ -19,10 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/cli/clitest"
-
 	"go.uber.org/goleak"
 
+	"github.com/vlink-dev/vlink/internal/cli/clitest"
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"

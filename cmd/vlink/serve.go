@@ -11,10 +11,9 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 var serveCmd = &cli.Command{

@@ -13,12 +13,11 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/txthinking/socks5"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // A Server is the SOCKS front end of vlink socks: it takes SOCKS4, SOCKS4a

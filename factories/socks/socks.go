@@ -28,11 +28,10 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Version is a SOCKS protocol version.

@@ -7,10 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // listener accepts the connections an SSH server forwards from the port

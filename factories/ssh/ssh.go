@@ -43,12 +43,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Defaults for zero Options fields.

@@ -14,12 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -11,14 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"golang.org/x/net/nettest"
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // farFuture, as a controller's last probe, keeps it from probing.

@@ -13,14 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/vlink-dev/vlink/filters/identity"
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // BenchmarkLink measures auto against plain TCP, identity and every fixed

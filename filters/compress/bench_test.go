@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/filters/identity"
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 const benchCorpus = 8 << 20

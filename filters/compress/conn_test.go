@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"golang.org/x/net/nettest"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // hideType hides the concrete type of a connection, so the writer cannot

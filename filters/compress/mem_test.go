@@ -5,9 +5,8 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/vlink-dev/vlink/filters/identity"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // idleHeap opens n connection pairs over loopback TCP, wraps them with f

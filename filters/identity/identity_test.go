@@ -10,12 +10,11 @@ import (
 	"net"
 	"testing"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

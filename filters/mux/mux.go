@@ -33,9 +33,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink/layer"
-
 	"github.com/xtaci/smux"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Defaults of the layer's parameters.

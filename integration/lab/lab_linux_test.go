@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/internal/testnet"
-
 	"go.uber.org/goleak"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // envCrashChild makes the test binary act as a lab owner that gets
