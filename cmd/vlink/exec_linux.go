@@ -25,23 +25,9 @@ import (
 // returns its exit code once it and every process it left behind are gone.
 func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config) (int, error) {
 	name := e.args[0]
-	path, err := exec.LookPath(name)
+	path, code, err := findProgram(e, o, name)
 	if err != nil {
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-			return exitNotFound, fmt.Errorf("%s: program not found", name)
-		}
-		return exitCannotRun, err
-	}
-	if err := preload.Inspect(path); err != nil {
-		var ue *preload.UnreachableError
-		if !errors.As(err, &ue) {
-			return exitCannotRun, err
-		}
-		if !o.allowBypass {
-			return exitExecFailed, fmt.Errorf("%v; carry its connections with vlink tunnel instead, "+
-				"or run it anyway with --allow-bypass (its connections then go direct)", err)
-		}
-		e.log.Warn("running a program the shim cannot reach: its connections bypass vlink", "why", err.Error())
+		return code, err
 	}
 	shim, err := preload.ShimPath("")
 	if err != nil {
@@ -73,35 +59,69 @@ func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config)
 		}
 		return exitExecFailed, err
 	}
-	waited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(waited)
-	}()
-	done := ctx.Done()
-	pass := func(s os.Signal) {
-		if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
-			return // the terminal sent it to the program's process group too
-		}
-		cmd.Process.Signal(s)
-	}
-	for running := true; running; {
-		select {
-		case s := <-sigs:
-			pass(s)
-		case <-done:
-			done = nil // a cancelled context stands for SIGTERM
-			cmd.Process.Signal(syscall.SIGTERM)
-		case <-waited:
-			running = false
-		}
-	}
-	code := exitCode(cmd.ProcessState)
+	code, done := waitProgram(ctx.Done(), cmd, sigs)
 
 	// The processes it left behind (reparented to us) still use the agent.
 	if left := children(); len(left) > 0 {
 		e.log.Info("the program exited; waiting for the processes it left running", "pids", fmt.Sprint(left))
 	}
+	waitLeftBehind(done, sigs)
+	return code, nil
+}
+
+// findProgram looks the program up in PATH and checks that the shim can
+// reach its connections, or that the user allowed it not to.
+func findProgram(e *env, o *execOptions, name string) (path string, code int, err error) {
+	path, err = exec.LookPath(name)
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return "", exitNotFound, fmt.Errorf("%s: program not found", name)
+		}
+		return "", exitCannotRun, err
+	}
+	if err := preload.Inspect(path); err != nil {
+		var ue *preload.UnreachableError
+		if !errors.As(err, &ue) {
+			return "", exitCannotRun, err
+		}
+		if !o.allowBypass {
+			return "", exitExecFailed, fmt.Errorf("%v; carry its connections with vlink tunnel instead, "+
+				"or run it anyway with --allow-bypass (its connections then go direct)", err)
+		}
+		e.log.Warn("running a program the shim cannot reach: its connections bypass vlink", "why", err.Error())
+	}
+	return path, exitOK, nil
+}
+
+// waitProgram passes the signals vlink exec receives on to the program
+// until it exits, and returns its exit code. done closing (the command's
+// context ending) stands for SIGTERM, once: the done returned is nil if
+// it was passed on already.
+func waitProgram(done <-chan struct{}, cmd *exec.Cmd, sigs <-chan os.Signal) (int, <-chan struct{}) {
+	waited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(waited)
+	}()
+	for {
+		select {
+		case s := <-sigs:
+			if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
+				continue // the terminal sent it to the program's process group too
+			}
+			cmd.Process.Signal(s)
+		case <-done:
+			done = nil
+			cmd.Process.Signal(syscall.SIGTERM)
+		case <-waited:
+			return exitCode(cmd.ProcessState), done
+		}
+	}
+}
+
+// waitLeftBehind reaps the processes the program left running, which
+// became ours, passing signals on to them, until none is left.
+func waitLeftBehind(done <-chan struct{}, sigs <-chan os.Signal) {
 	reaped := make(chan struct{})
 	go func() {
 		defer close(reaped)
@@ -127,7 +147,7 @@ func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config)
 				syscall.Kill(pid, syscall.SIGTERM)
 			}
 		case <-reaped:
-			return code, nil
+			return
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package ssh
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -42,95 +43,122 @@ func resolve(o Options) (target, error) {
 	return resolveDepth(o, 0)
 }
 
+// resolveDepth is resolve for a server reached through depth ProxyJump
+// hops.
 func resolveDepth(o Options, depth int) (target, error) {
 	t := target{alias: o.Host}
-	spec := o.Host
-	var specUser string
-	if i := strings.LastIndexByte(spec, '@'); i >= 0 {
-		specUser, spec = spec[:i], spec[i+1:]
-		if specUser == "" {
-			return t, fmt.Errorf("host %q: empty user before @", o.Host)
-		}
-	}
-	specPort := 0
-	if h, p, err := net.SplitHostPort(spec); err == nil {
-		n, err := strconv.ParseUint(p, 10, 16)
-		if err != nil || n == 0 {
-			return t, fmt.Errorf("host %q: bad port %q", o.Host, p)
-		}
-		spec, specPort = h, int(n)
-	} else if strings.HasPrefix(spec, "[") && strings.HasSuffix(spec, "]") {
-		spec = spec[1 : len(spec)-1]
-	}
-	if spec == "" {
-		return t, fmt.Errorf("host %q: no host name", o.Host)
-	}
-	if err := checkHostName(spec); err != nil {
+	specUser, spec, specPort, err := parseHost(o.Host)
+	if err != nil {
 		return t, err
 	}
 	t.alias = spec
-
 	cfgs, err := loadConfigs(o.ConfigFile)
 	if err != nil {
 		return t, err
 	}
-	get := func(key string) string {
-		for _, c := range cfgs {
-			if v, err := c.Get(spec, key); err == nil && v != "" {
-				return v
-			}
-		}
-		return ""
-	}
-	getAll := func(key string) []string {
-		var all []string
-		for _, c := range cfgs {
-			if vs, err := c.GetAll(spec, key); err == nil {
-				all = append(all, vs...)
-			}
-		}
-		return all
-	}
+	cfg := hostConfig{cfgs: cfgs, host: spec}
 
 	t.hostname = spec
-	if hn := get("HostName"); hn != "" {
+	if hn := cfg.get("HostName"); hn != "" {
 		t.hostname = strings.ReplaceAll(strings.ReplaceAll(hn, "%h", spec), "%%", "%")
 		if err := checkHostName(t.hostname); err != nil {
 			return t, fmt.Errorf("HostName of %s in the ssh config: %w", spec, err)
 		}
 	}
-	switch {
-	case o.Port > 0:
-		t.port = o.Port
-	case specPort > 0:
-		t.port = specPort
-	case get("Port") != "":
-		n, err := strconv.ParseUint(get("Port"), 10, 16)
-		if err != nil || n == 0 {
-			return t, fmt.Errorf("Port %q of %s in the ssh config", get("Port"), spec)
-		}
-		t.port = int(n)
-	default:
-		t.port = 22
+	if t.port, err = resolvePort(o, specPort, cfg); err != nil {
+		return t, err
 	}
 	localUser := ""
 	if u, err := user.Current(); err == nil {
 		localUser = u.Username
 	}
-	switch {
-	case o.User != "":
-		t.user = o.User
-	case specUser != "":
-		t.user = specUser
-	case get("User") != "":
-		t.user = get("User")
-	default:
-		t.user = localUser
-	}
+	t.user = cmp.Or(o.User, specUser, cfg.get("User"), localUser)
 	if t.user == "" {
 		return t, errors.New("no user to log in as: give user")
 	}
+	t.identities, t.defaultIdentities = resolveIdentities(o, cfg, t, localUser)
+	if t.jumps, err = resolveJumps(o, cfg, depth); err != nil {
+		return t, err
+	}
+	return t, nil
+}
 
+// parseHost splits the host option, [USER@]HOST[:PORT] (a literal IPv6
+// address in brackets), into its parts; port is 0 if not given.
+func parseHost(host string) (userName, name string, port int, err error) {
+	name = host
+	if i := strings.LastIndexByte(name, '@'); i >= 0 {
+		userName, name = name[:i], name[i+1:]
+		if userName == "" {
+			return "", "", 0, fmt.Errorf("host %q: empty user before @", host)
+		}
+	}
+	if h, p, err := net.SplitHostPort(name); err == nil {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return "", "", 0, fmt.Errorf("host %q: bad port %q", host, p)
+		}
+		name, port = h, int(n)
+	} else if strings.HasPrefix(name, "[") && strings.HasSuffix(name, "]") {
+		name = name[1 : len(name)-1]
+	}
+	if name == "" {
+		return "", "", 0, fmt.Errorf("host %q: no host name", host)
+	}
+	if err := checkHostName(name); err != nil {
+		return "", "", 0, err
+	}
+	return userName, name, port, nil
+}
+
+// hostConfig is what the ssh config files say about one host, the first
+// file that says it winning.
+type hostConfig struct {
+	cfgs []*sshconfig.Config
+	host string
+}
+
+func (c hostConfig) get(key string) string {
+	for _, cfg := range c.cfgs {
+		if v, err := cfg.Get(c.host, key); err == nil && v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func (c hostConfig) getAll(key string) []string {
+	var all []string
+	for _, cfg := range c.cfgs {
+		if vs, err := cfg.GetAll(c.host, key); err == nil {
+			all = append(all, vs...)
+		}
+	}
+	return all
+}
+
+// resolvePort takes the port option, then the host's, then the config's,
+// then 22.
+func resolvePort(o Options, specPort int, cfg hostConfig) (int, error) {
+	switch p := cfg.get("Port"); {
+	case o.Port > 0:
+		return o.Port, nil
+	case specPort > 0:
+		return specPort, nil
+	case p != "":
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return 0, fmt.Errorf("Port %q of %s in the ssh config", p, cfg.host)
+		}
+		return int(n), nil
+	}
+	return 22, nil
+}
+
+// resolveIdentities returns the key files to try: the option's, else the
+// config's (with ssh's ~ and % expansions), else ssh's defaults, which
+// may be missing (defaulted is then true).
+func resolveIdentities(o Options, cfg hostConfig, t target, localUser string) (files []string, defaulted bool) {
 	home, _ := os.UserHomeDir()
 	expand := func(p string) string {
 		if p == "~" || strings.HasPrefix(p, "~/") {
@@ -139,38 +167,44 @@ func resolveDepth(o Options, depth int) (target, error) {
 		r := strings.NewReplacer("%d", home, "%u", localUser, "%h", t.hostname, "%r", t.user, "%%", "%")
 		return r.Replace(p)
 	}
-	switch ids := getAll("IdentityFile"); {
-	case len(o.IdentityFiles) > 0:
-		for _, p := range o.IdentityFiles {
-			t.identities = append(t.identities, expand(p))
-		}
-	case len(ids) > 0:
-		for _, p := range ids {
-			t.identities = append(t.identities, expand(p))
-		}
-	default:
-		t.defaultIdentities = true
+	ids := o.IdentityFiles
+	if len(ids) == 0 {
+		ids = cfg.getAll("IdentityFile")
+	}
+	if len(ids) == 0 {
 		for _, n := range []string{"id_ed25519", "id_ecdsa", "id_rsa"} {
-			t.identities = append(t.identities, filepath.Join(home, ".ssh", n))
+			files = append(files, filepath.Join(home, ".ssh", n))
 		}
+		return files, true
 	}
+	for _, p := range ids {
+		files = append(files, expand(p))
+	}
+	return files, false
+}
 
-	if pj := get("ProxyJump"); pj != "" && pj != "none" {
-		if depth >= maxJumps {
-			return t, fmt.Errorf("ProxyJump chain longer than %d hops (a loop in the ssh config?)", maxJumps)
-		}
-		for _, hop := range strings.Split(pj, ",") {
-			hop = strings.TrimSpace(strings.TrimPrefix(hop, "ssh://"))
-			jo := o
-			jo.Host, jo.Port, jo.User, jo.Netcat = hop, 0, "", false
-			jt, err := resolveDepth(jo, depth+1)
-			if err != nil {
-				return t, fmt.Errorf("ProxyJump %s of %s: %w", hop, spec, err)
-			}
-			t.jumps = append(t.jumps, &Factory{o: jo, t: jt})
-		}
+// resolveJumps resolves the config's ProxyJump hops, each with the same
+// options but its own host.
+func resolveJumps(o Options, cfg hostConfig, depth int) ([]*Factory, error) {
+	pj := cfg.get("ProxyJump")
+	if pj == "" || pj == "none" {
+		return nil, nil
 	}
-	return t, nil
+	if depth >= maxJumps {
+		return nil, fmt.Errorf("ProxyJump chain longer than %d hops (a loop in the ssh config?)", maxJumps)
+	}
+	var jumps []*Factory
+	for _, hop := range strings.Split(pj, ",") {
+		hop = strings.TrimSpace(strings.TrimPrefix(hop, "ssh://"))
+		jo := o
+		jo.Host, jo.Port, jo.User, jo.Netcat = hop, 0, "", false
+		jt, err := resolveDepth(jo, depth+1)
+		if err != nil {
+			return nil, fmt.Errorf("ProxyJump %s of %s: %w", hop, cfg.host, err)
+		}
+		jumps = append(jumps, &Factory{o: jo, t: jt})
+	}
+	return jumps, nil
 }
 
 // checkHostName refuses host names that could only be an attempt to
