@@ -196,6 +196,7 @@ func BenchmarkIdleConns(b *testing.B) {
 		b.ReportMetric(m[0], "tunnel-KiB/conn")
 		b.ReportMetric(m[1], "serve-KiB/conn")
 		b.ReportMetric(base[0], "plain-tunnel-KiB/conn")
+		testnet.CheckTarget(b, "tunnel --stack zstd, KiB per idle connection", m[0], "<=", 64)
 		b.Logf("%d idle connections: tunnel --stack zstd %.1f KiB/conn, serve %.1f KiB/conn; baseline tunnel --stack tcp %.1f KiB/conn",
 			n, m[0], m[1], base[0])
 	}

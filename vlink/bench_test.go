@@ -143,6 +143,7 @@ func BenchmarkDialPaired(b *testing.B) {
 		b.ReportMetric(mb/took[0].Seconds(), "net-MB/s")
 		b.ReportMetric(mb/took[1].Seconds(), "vlink-MB/s")
 		b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "vlink/net")
+		testnet.CheckTarget(b, "vlink.Dial / net.Dial, bulk", took[0].Seconds()/took[1].Seconds(), ">=", 0.97)
 	})
 	b.Run("roundtrip", func(b *testing.B) {
 		cs := dial(echo)
@@ -171,5 +172,6 @@ func BenchmarkDialPaired(b *testing.B) {
 		b.ReportMetric(float64(took[0].Microseconds())/n, "net-µs/rtt")
 		b.ReportMetric(float64(took[1].Microseconds())/n, "vlink-µs/rtt")
 		b.ReportMetric(took[1].Seconds()/took[0].Seconds(), "vlink/net")
+		testnet.CheckTarget(b, "vlink.Dial / net.Dial, round trip time", took[1].Seconds()/took[0].Seconds(), "<=", 1.05)
 	})
 }

@@ -32,38 +32,16 @@
 # for instance the WAN lab's, give its namespaces and the server's address
 # instead: NETNS_CLIENT, NETNS_SERVER, SERVER_ADDR (nothing is shaped
 # then).
-set -euo pipefail
-set -m
-
 RATE=${RATE:-100mbit}
 SIZE=${SIZE:-64M}
 REPS=${REPS:-3}
 KINDS=${KINDS:-"text random"}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-here=$root/integration/bench
-
-[ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces, tc)" >&2; exit 1; }
-for p in ip tc ssh ssh-keygen python3; do
-  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-[ -x /usr/sbin/sshd ] || { echo "needs /usr/sbin/sshd (integration/deps.sh installs it)" >&2; exit 1; }
+. "$(dirname "$0")/lib.sh"
+need_root "network namespaces, tc"
+need ip tc ssh ssh-keygen sshd python3
 
 size=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$SIZE")
-work=$(mktemp -d)
-pids=()
-made_ns=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${VLINK:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
-  VLINK=$work/vlink
-fi
+build_vlink
 
 if [ -n "${NETNS_CLIENT:-}" ]; then
   cns=$NETNS_CLIENT sns=${NETNS_SERVER:?NETNS_SERVER too} srv=${SERVER_ADDR:?SERVER_ADDR too}
@@ -86,8 +64,8 @@ fi
 inc() { ip netns exec "$cns" "$@"; }
 ins() { ip netns exec "$sns" "$@"; }
 
-# wait_listen NS PORT: until a TCP socket listens on PORT in NS.
-wait_listen() {
+# wait_listen_ns NS PORT: until a TCP socket listens on PORT in NS.
+wait_listen_ns() {
   local hex
   hex=$(printf ':%04X' "$2")
   for _ in $(seq 300); do
@@ -127,7 +105,7 @@ ins /usr/sbin/sshd -D -e -f "$work/sshd_config" 2>"$work/sshd.log" &
 pids+=($!)
 ins "$VLINK" serve --listen "$srv:$serve" --target "127.0.0.1:$sink" --log-level warn 2>"$work/serve.log" &
 pids+=($!)
-wait_listen "$sns" "$sink"; wait_listen "$sns" "$sshp"; wait_listen "$sns" "$serve"
+wait_listen_ns "$sns" "$sink"; wait_listen_ns "$sns" "$sshp"; wait_listen_ns "$sns" "$serve"
 
 ssh_opts=(-N -o BatchMode=yes -o StrictHostKeyChecking=yes -o "UserKnownHostsFile=$work/known_hosts"
   -o ExitOnForwardFailure=yes -i "$work/id" -p "$sshp")
@@ -141,7 +119,7 @@ inc "$VLINK" tunnel --listen "127.0.0.1:$ports_auto" --to "$srv:$serve" --stack 
 pids+=($!)
 inc "$VLINK" tunnel --listen "127.0.0.1:$ports_plain" --to "$srv:$sink" --stack tcp --log-level warn &
 pids+=($!)
-for p in $ports_ssh $ports_sshc $ports_zstd $ports_auto $ports_plain; do wait_listen "$cns" "$p"; done
+for p in $ports_ssh $ports_sshc $ports_zstd $ports_auto $ports_plain; do wait_listen_ns "$cns" "$p"; done
 
 declare -A port=([direct]="$srv $sink" [plain]="127.0.0.1 $ports_plain" [ssh]="127.0.0.1 $ports_ssh"
   [ssh-C]="127.0.0.1 $ports_sshc" [zstd]="127.0.0.1 $ports_zstd" [adaptive]="127.0.0.1 $ports_auto")
@@ -165,6 +143,7 @@ done
 echo "$env_line"
 python3 - "$work" "$REPS" "$size" "$KINDS" "${paths[@]}" <<'PY'
 import statistics, sys
+import targets
 work, reps, size, kinds, paths = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5:]
 print(f"median of {reps} runs, MB/s of application bytes (min..max); x plain = / plain stack; x ssh-C = / ssh -C")
 for kind in kinds:
@@ -177,7 +156,8 @@ for kind in kinds:
     for p in paths:
         print(f"  {p:<7} {med[p]:7.1f} {rng[p][0]:7.1f}..{rng[p][1]:6.1f} {med[p] / med['plain']:8.2f} {med[p] / med['ssh-C']:8.2f}")
     if kind == "text":
-        print(f"  target zstd >= 3x plain: {med['zstd'] / med['plain']:.2f}x; adaptive {med['adaptive'] / med['plain']:.2f}x")
+        targets.check("zstd / plain, text", med['zstd'] / med['plain'], ">=", 3)
+        print(f"  adaptive / plain, text: {med['adaptive'] / med['plain']:.2f}x")
     if kind == "random":
-        print(f"  target adaptive within 5% of plain: {med['adaptive'] / med['plain']:.3f}")
+        targets.check("adaptive / plain, random (within 5%)", med['adaptive'] / med['plain'], ">=", 0.95)
 PY

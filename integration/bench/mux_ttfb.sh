@@ -18,48 +18,13 @@
 # Needs root. Environment: PROFILE (default wan50-clean: 1 Gbit/s, 50 ms
 # RTT, no loss), N (default 100), VLINK and VLINK_LAB (binaries; default:
 # built from this checkout).
-set -euo pipefail
-
 PROFILE=${PROFILE:-wan50-clean}
 N=${N:-100}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-
-[ "$(id -u)" -eq 0 ] || { echo "mux_ttfb.sh: needs root (network namespaces)" >&2; exit 1; }
-for p in curl python3; do
-  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-lab_id=
-cleanup() {
-  if [ -n "$lab_id" ]; then "$VLINK_LAB" down "$lab_id" >/dev/null 2>&1 || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${VLINK:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
-  VLINK=$work/vlink
-fi
-if [ -z "${VLINK_LAB:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink-lab" ./cmd/vlink-lab)
-  VLINK_LAB=$work/vlink-lab
-fi
-
-lab() { "$VLINK_LAB" exec "$@"; }
-start() {
-  local host=$1
-  shift
-  lab "$host" sh -c 'exec "$@" >/dev/null 2>&1 </dev/null & echo $!' sh "$@"
-}
-wait_port() {
-  for _ in $(seq 200); do
-    lab "$1" sh -c "grep -q ':$(printf '%04X' "$2") 00000000:0000 0A' /proc/net/tcp" && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on port $2 in $1" >&2
-  exit 1
-}
+. "$(dirname "$0")/lib.sh"
+need_root "network namespaces"
+need curl python3
+build_vlink
+build_vlink_lab
 
 out=$("$VLINK_LAB" up --detach "$PROFILE")
 lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
@@ -67,10 +32,10 @@ server=10.77.0.2
 
 mkdir -p "$work/www"
 head -c 1024 /dev/urandom >"$work/www/small"
-start server python3 -m http.server 8000 --bind 127.0.0.1 --directory "$work/www" >/dev/null
-wait_port server 8000
-start server "$VLINK" serve --listen "$server:7000" --target 127.0.0.1:8000 --log-level warn >/dev/null
-wait_port server 7000
+lab_start server python3 -m http.server 8000 --bind 127.0.0.1 --directory "$work/www" >/dev/null
+lab_wait_port server 8000
+lab_start server "$VLINK" serve --listen "$server:7000" --target 127.0.0.1:8000 --log-level warn >/dev/null
+lab_wait_port server 7000
 
 # stack pairs: without mux, then with it.
 stacks=(tcp mux zstd zstd+mux parallel:streams=4 mux+parallel:streams=4)
@@ -79,8 +44,8 @@ p=8300
 for s in "${stacks[@]}"; do
   p=$((p + 1))
   port[$s]=$p
-  start client "$VLINK" tunnel --listen "127.0.0.1:$p" --to "$server:7000" --stack "$s" --log-level warn >/dev/null
-  wait_port client "$p"
+  lab_start client "$VLINK" tunnel --listen "127.0.0.1:$p" --to "$server:7000" --stack "$s" --log-level warn >/dev/null
+  lab_wait_port client "$p"
 done
 
 want=$(sha256sum <"$work/www/small" | cut -d' ' -f1)

@@ -20,62 +20,15 @@
 # "wan50 wan50-clean"), COUNTS (substreams and iperf3 -P values, default
 # "2 4 8 16"), DURATION (iperf3 -t, default 20), REPS (default 3), VLINK
 # and VLINK_LAB (binaries; default: built from this checkout).
-set -euo pipefail
-
 PROFILES=${PROFILES:-"wan50 wan50-clean"}
 COUNTS=${COUNTS:-"2 4 8 16"}
 DURATION=${DURATION:-20}
 REPS=${REPS:-3}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-
-[ "$(id -u)" -eq 0 ] || { echo "parallel_wan.sh: needs root (network namespaces)" >&2; exit 1; }
-for p in iperf3 python3; do
-  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-lab_id=
-cleanup() {
-  if [ -n "$lab_id" ]; then "$VLINK_LAB" down "$lab_id" >/dev/null 2>&1 || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${VLINK:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
-  VLINK=$work/vlink
-fi
-if [ -z "${VLINK_LAB:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink-lab" ./cmd/vlink-lab)
-  VLINK_LAB=$work/vlink-lab
-fi
-
-lab() { "$VLINK_LAB" exec "$@"; }
-
-# cpu_ticks PID...: user+system ticks of the processes.
-cpu_ticks() {
-  local t=0 pid
-  for pid in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done
-  echo "$t"
-}
-
-# start HOST CMD...: starts CMD in HOST's namespace in the background and
-# prints its PID.
-start() {
-  local host=$1
-  shift
-  lab "$host" sh -c 'exec "$@" >/dev/null 2>&1 </dev/null & echo $!' sh "$@"
-}
-
-# wait_port HOST PORT: until something listens on PORT in HOST.
-wait_port() {
-  for _ in $(seq 200); do
-    lab "$1" sh -c "grep -q ':$(printf '%04X' "$2") 00000000:0000 0A' /proc/net/tcp" && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on port $2 in $1" >&2
-  exit 1
-}
+. "$(dirname "$0")/lib.sh"
+need_root "network namespaces"
+need iperf3 python3
+build_vlink
+build_vlink_lab
 
 hz=$(getconf CLK_TCK)
 results=$work/results.txt
@@ -86,18 +39,18 @@ for profile in $PROFILES; do
   lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
   server=10.77.0.2
   lab server iperf3 -s -D -p 5201
-  serve=$(start server "$VLINK" serve --listen "$server:7000" --target 127.0.0.1:5201 --log-level warn)
-  wait_port server 7000
+  serve=$(lab_start server "$VLINK" serve --listen "$server:7000" --target 127.0.0.1:5201 --log-level warn)
+  lab_wait_port server 7000
   declare -A port=()
   tunnels=()
   for n in $COUNTS; do
     port[parallel-$n]=$((8100 + n))
-    tunnels+=("$(start client "$VLINK" tunnel --listen "127.0.0.1:$((8100 + n))" --to "$server:7000" --stack "parallel:streams=$n" --log-level warn)")
-    wait_port client $((8100 + n))
+    tunnels+=("$(lab_start client "$VLINK" tunnel --listen "127.0.0.1:$((8100 + n))" --to "$server:7000" --stack "parallel:streams=$n" --log-level warn)")
+    lab_wait_port client $((8100 + n))
   done
   port[auto-16]=8199
-  tunnels+=("$(start client "$VLINK" tunnel --listen 127.0.0.1:8199 --to "$server:7000" --stack "parallel:streams=16,auto" --log-level warn)")
-  wait_port client 8199
+  tunnels+=("$(lab_start client "$VLINK" tunnel --listen 127.0.0.1:8199 --to "$server:7000" --stack "parallel:streams=16,auto" --log-level warn)")
+  lab_wait_port client 8199
 
   paths=(tcp)
   for k in $COUNTS; do paths+=("iperf3-P$k"); done
@@ -139,6 +92,7 @@ done
 
 python3 - "$results" <<'PY'
 import statistics, sys
+import targets
 rows = {}
 for line in open(sys.argv[1]):
     profile, path, mbps, nbytes, icpu, vcpu = line.split()
@@ -158,5 +112,6 @@ for profile, paths in rows.items():
         if f"parallel-{k}" in paths and f"iperf3-P{k}" in paths:
             p = statistics.median(r[0] for r in paths[f"parallel-{k}"])
             i = statistics.median(r[0] for r in paths[f"iperf3-P{k}"])
-            print(f"  parallel-{k}: {p / base:.2f}x a single TCP flow (target >= 4), {p / i:.2f}x iperf3 -P {k} (target >= 0.9)")
+            targets.check(f"parallel-{k} / a single TCP flow", p / base, ">=", 4)
+            targets.check(f"parallel-{k} / iperf3 -P {k}", p / i, ">=", 0.9)
 PY

@@ -19,44 +19,15 @@
 # Environment: DURATION (iperf3 -t, default 5), REPS (default 5), CONNECTS
 # (default 10000), VLINK (a vlink binary; default: built from this
 # checkout), PORT_BASE (default 25300; uses PORT_BASE+1..+3).
-set -euo pipefail
-set -m
 
 DURATION=${DURATION:-5}
 REPS=${REPS:-5}
 CONNECTS=${CONNECTS:-10000}
 PORT_BASE=${PORT_BASE:-25300}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-
-for p in iperf3 python3 cc; do
-  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${VLINK:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
-  VLINK=$work/vlink
-fi
+. "$(dirname "$0")/lib.sh"
+need iperf3 python3 cc
+build_vlink
 cc -O2 -Wall -Wextra -o "$work/connlat" "$root/integration/bench/connlat.c" -pthread
-
-wait_listen() {
-  local hex
-  hex=$(printf '0100007F:%04X' "$1")
-  for _ in $(seq 200); do
-    grep -q " $hex 00000000:0000 0A " /proc/net/tcp && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on port $1" >&2
-  exit 1
-}
 
 srv=$((PORT_BASE + 1)) gw=$((PORT_BASE + 2)) tun=$((PORT_BASE + 3))
 iperf3 -s -B 127.0.0.1 -p "$srv" >"$work/iperf3-server.log" 2>&1 &
@@ -112,6 +83,7 @@ done
 echo "$env_line"
 python3 - "$work" "$REPS" "$DURATION" "$CONNECTS" <<'PY'
 import json, re, statistics, sys
+import targets
 work, reps, duration, connects = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def gbits(path):
     out = []
@@ -133,8 +105,10 @@ def paired(a, b):
     r = [x / y for x, y in zip(gbits(a), gbits(b))]
     return f"{statistics.median(r):.3f} ({min(r):.2f}..{max(r):.2f})"
 print(f"  plain-again / plain       = {med['plain-again'] / med['plain']:.3f} of the medians; paired per run {paired('plain-again', 'plain')}  (the same path twice: the noise floor)")
-print(f"  shim-direct / plain       = {med['shim-direct'] / med['plain']:.3f} of the medians; paired per run {paired('shim-direct', 'plain')}  (target >= 0.98)")
-print(f"  shim-zstd / tunnel-zstd   = {med['shim-zstd'] / med['tunnel-zstd']:.3f} of the medians; paired per run {paired('shim-zstd', 'tunnel-zstd')}  (target >= 0.9)")
+print(f"  shim-direct / plain       = {med['shim-direct'] / med['plain']:.3f} of the medians; paired per run {paired('shim-direct', 'plain')}")
+targets.check("shim-direct / plain", med['shim-direct'] / med['plain'], ">=", 0.98)
+print(f"  shim-zstd / tunnel-zstd   = {med['shim-zstd'] / med['tunnel-zstd']:.3f} of the medians; paired per run {paired('shim-zstd', 'tunnel-zstd')}")
+targets.check("shim-zstd / tunnel-zstd", med['shim-zstd'] / med['tunnel-zstd'], ">=", 0.9)
 def cpu_per_gb(path):
     # The iperf3 client's own CPU (the process the shim is loaded into)
     # per GB sent: contention slows a run down but adds little CPU to it.
@@ -159,6 +133,7 @@ for path in ("plain", "shim", "shim-nocache"):
         p99.append(float(re.search(r"p99=([0-9.]+)", t).group(1)))
     m[path] = statistics.median(meds)
     print(f"  {path:<12} {m[path]:7.2f}  ({min(meds):.2f}..{max(meds):.2f})  p99 {statistics.median(p99):.1f}")
-print(f"  added by the shim, cached verdict   = {m['shim'] - m['plain']:.2f} us  (target <= 50)")
+print(f"  added by the shim, cached verdict   = {m['shim'] - m['plain']:.2f} us")
+targets.check("connect latency added by the shim, cached verdict", m['shim'] - m['plain'], "<=", 50, " us")
 print(f"  added by the shim, asking the agent = {m['shim-nocache'] - m['plain']:.2f} us")
 PY

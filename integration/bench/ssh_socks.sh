@@ -19,51 +19,19 @@
 # (default 100), VLINK (a vlink binary; default: built from this checkout),
 # PORT_BASE (default 31400; uses PORT_BASE+1..+16, which must be free).
 # Needs root (sshd).
-set -euo pipefail
-set -m
 
 DURATION=${DURATION:-5}
 REPS=${REPS:-3}
 CONNS=${CONNS:-100}
 PORT_BASE=${PORT_BASE:-31400}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-
-for p in iperf3 socat python3 ssh ssh-keygen; do
-  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-for p in /usr/sbin/sshd /usr/sbin/danted; do
-  [ -x "$p" ] || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-[ "$(id -u)" -eq 0 ] || { echo "needs root (sshd)" >&2; exit 1; }
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${VLINK:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
-  VLINK=$work/vlink
-fi
-
-wait_listen() {
-  local hex
-  hex=$(printf '0100007F:%04X' "$1")
-  for _ in $(seq 400); do
-    grep -q " $hex 00000000:0000 0A " /proc/net/tcp && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on port $1" >&2
-  exit 1
-}
+. "$(dirname "$0")/lib.sh"
+need iperf3 socat python3 ssh ssh-keygen sshd danted
+need_root sshd
+build_vlink
 
 p() { echo $((PORT_BASE + $1)); }
 for i in $(seq 1 16); do
-  if grep -q " $(printf '0100007F:%04X' "$(p "$i")") 00000000:0000 0A " /proc/net/tcp; then
+  if ! port_free "$(p "$i")"; then
     echo "port $(p "$i") is in use: set PORT_BASE to a free range" >&2
     exit 1
   fi
@@ -141,8 +109,6 @@ start_openssh() { # name port cipher-option...
   port[$name]=$lport
   client[$name]=$!
 }
-# cpu_ticks PID: user+system time of PID, in ticks.
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 start_vlink vlink-aes128gcm "$(p 5)" "127.0.0.1:$iperf_port" "$vssh,cipher=aes128-gcm@openssh.com"
 start_vlink vlink-chacha20 "$(p 6)" "127.0.0.1:$iperf_port" "$vssh,cipher=chacha20-poly1305@openssh.com"
 start_vlink vlink-default "$(p 7)" "127.0.0.1:$iperf_port" "$vssh"
@@ -196,6 +162,7 @@ done
 echo "$env_line"
 python3 - "$work" "$REPS" "$DURATION" "$default_cipher" "$go_default" "$(getconf CLK_TCK)" <<'PY'
 import json, statistics, sys
+import targets
 work, reps, duration, ossh_default, go_default, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 paths = ["direct", "relay-tcp", "openssh-aes128gcm", "vlink-aes128gcm", "openssh-chacha20", "vlink-chacha20",
          "openssh-default", "vlink-default", "socks5-dante"]
@@ -218,7 +185,8 @@ for p in paths:
     c = "-" if p == "direct" else f"{cpu[p]:.3f}"
     print(f"{p:<20} {med[p]:7.2f}  {rng[p][0]:6.2f}..{rng[p][1]:6.2f}  {med[p] / med['direct']:8.2f}  {c:>15}")
 for c in ("aes128gcm", "chacha20", "default"):
-    print(f"vlink / OpenSSH ({c}) = {med['vlink-' + c] / med['openssh-' + c]:.2f} (target >= 0.8); CPU per GB vlink / OpenSSH = {cpu['vlink-' + c] / cpu['openssh-' + c]:.2f}")
+    print(f"vlink / OpenSSH ({c}) = {med['vlink-' + c] / med['openssh-' + c]:.2f}; CPU per GB vlink / OpenSSH = {cpu['vlink-' + c] / cpu['openssh-' + c]:.2f}")
+    targets.check(f"vlink / OpenSSH, {c}", med['vlink-' + c] / med['openssh-' + c], ">=", 0.8)
 print(f"socks5 via dante / direct = {med['socks5-dante'] / med['direct']:.2f}; / plain vlink relay = {med['socks5-dante'] / med['relay-tcp']:.2f}")
 PY
 

@@ -13,49 +13,14 @@
 # Environment: DURATION (iperf3 -t, default 10), REPS (default 3), STREAMS
 # (default "1 4"), VLINK (a vlink binary; default: built from this
 # checkout), PORT_BASE (default 25200; uses PORT_BASE+1..+3).
-set -euo pipefail
-set -m # background jobs in their own process groups, so cleanup reaches socat's children
 
 DURATION=${DURATION:-10}
 REPS=${REPS:-3}
 STREAMS=${STREAMS:-"1 4"}
 PORT_BASE=${PORT_BASE:-25200}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-
-for p in iperf3 socat python3; do
-  command -v "$p" >/dev/null || { echo "needs $p (integration/deps.sh installs it)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${VLINK:-}" ]; then
-  (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
-  VLINK=$work/vlink
-fi
-
-# wait_listen PORT: until a socket listens on 127.0.0.1:PORT.
-wait_listen() {
-  local hex
-  hex=$(printf '0100007F:%04X' "$1")
-  for _ in $(seq 200); do
-    grep -q " $hex 00000000:0000 0A " /proc/net/tcp && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on port $1" >&2
-  exit 1
-}
-
-# cpu_ticks PID: user+system time of PID and of its reaped children, in ticks.
-cpu_ticks() {
-  awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"
-}
+. "$(dirname "$0")/lib.sh"
+need iperf3 socat python3
+build_vlink
 
 srv=$((PORT_BASE + 1)) socat_port=$((PORT_BASE + 2)) vlink_port=$((PORT_BASE + 3))
 
@@ -79,11 +44,11 @@ for rep in $(seq "$REPS"); do
     for i in 0 1 2; do
       path=${paths[$(( (i + rep) % 3 ))]}
       before=0
-      [ -n "${relay[$path]:-}" ] && before=$(cpu_ticks "${relay[$path]}")
+      [ -n "${relay[$path]:-}" ] && before=$(cpu_ticks_all "${relay[$path]}")
       iperf3 -c 127.0.0.1 -p "${port[$path]}" -t "$DURATION" -P "$n" --json >"$work/$path-$n-$rep.json"
       sleep 0.5 # let socat reap its children, so their CPU time is counted
       ticks=0
-      [ -n "${relay[$path]:-}" ] && ticks=$(( $(cpu_ticks "${relay[$path]}") - before ))
+      [ -n "${relay[$path]:-}" ] && ticks=$(( $(cpu_ticks_all "${relay[$path]}") - before ))
       echo "$ticks" >"$work/$path-$n-$rep.cpu"
       echo "rep $rep -P $n $path: $(python3 -c 'import json,sys; print("%.2f Gbit/s" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$work/$path-$n-$rep.json")" >&2
     done
@@ -93,6 +58,7 @@ done
 echo "$env_line"
 python3 - "$work" "$REPS" "$STREAMS" "$(getconf CLK_TCK)" "$DURATION" <<'EOF'
 import json, statistics, sys
+import targets
 work, reps, streams, hz, duration = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4]), sys.argv[5]
 print(f"iperf3 -t {duration}, {reps} runs each, median (min..max); relay CPU = CPU seconds of the relay process per GB relayed")
 print(f"{'streams':>7}  {'path':<6}  {'Gbit/s':>7}  {'min..max':>13}  {'x socat':>7}  {'x direct':>8}  {'relay CPU s/GB':>14}")
@@ -113,5 +79,5 @@ for n in streams:
     for path in ("direct", "socat", "vlink"):
         print(f"{n:>7}  {path:<6}  {med[path]:7.2f}  {rng[path][0]:6.2f}..{rng[path][1]:6.2f}  "
               f"{med[path] / med['socat']:7.2f}  {med[path] / med['direct']:8.2f}  {cpu[path]:>14}")
-    print(f"{'':>7}  vlink / socat = {med['vlink'] / med['socat']:.2f} (target >= 1.5)")
+    targets.check(f"vlink / socat, -P {n}", med['vlink'] / med['socat'], ">=", 1.5)
 EOF

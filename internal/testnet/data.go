@@ -55,3 +55,26 @@ func Sum(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+// CheckTarget holds a benchmark's figure, measured against its baseline
+// in the same run, to the target docs/BENCHMARKS.md sets: op is ">=" or
+// "<=". It logs the check and fails the benchmark on a miss, so that
+// "go test -bench" (never run by CI, where noise would make it flaky)
+// exits non-zero when a target is missed.
+func CheckTarget(tb testing.TB, name string, got float64, op string, limit float64) {
+	tb.Helper()
+	var ok bool
+	switch op {
+	case ">=":
+		ok = got >= limit
+	case "<=":
+		ok = got <= limit
+	default:
+		tb.Fatalf("CheckTarget %s: unknown comparison %q", name, op)
+	}
+	if !ok {
+		tb.Errorf("target %s: %.3f %s %v: MISSED", name, got, op, limit)
+		return
+	}
+	tb.Logf("target %s: %.3f %s %v: met", name, got, op, limit)
+}

@@ -1,0 +1,117 @@
+# Shared by the bench scripts; source it first:
+#
+#   . "$(dirname "$0")/lib.sh"
+#
+# It sets root (the module root) and work (a temporary folder), and on exit
+# stops every process group in pids, takes down the lab in lab_id, deletes
+# the namespaces in made_ns and removes work. The helpers:
+#
+#   need PROGRAM...      exit unless each is installed (sbin included)
+#   need_root WHY        exit unless run as root
+#   build_vlink          set VLINK to a vlink built from the checkout, unless given
+#   build_vlink_lab      the same for VLINK_LAB
+#   port_free PORT       whether nothing listens on 127.0.0.1:PORT
+#   wait_listen PORT     wait until something listens on 127.0.0.1:PORT
+#   cpu_ticks PID...     user+system clock ticks of the processes
+#   cpu_ticks_all PID    the same, with the children it has reaped
+#   lab HOST CMD...      run CMD in a lab host (vlink-lab exec)
+#   lab_start HOST CMD...  start CMD in the background there, print its pid
+#   lab_wait_port HOST PORT  wait until something listens on PORT there
+#
+# Targets are checked by targets.py (see there), which the scripts' Python
+# reports import: a script that ran to the end but missed a target exits
+# with status 3.
+
+set -euo pipefail
+set -m # background jobs in their own process groups, so cleanup reaches their children
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+here=$root/integration/bench
+export PATH=$PATH:/usr/sbin:/sbin
+work=$(mktemp -d)
+export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH} VLINK_BENCH_MISSED=$work/missed
+pids=()
+made_ns=()
+lab_id=
+
+cleanup() {
+  local status=$?
+  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ -n "$lab_id" ]; then "$VLINK_LAB" down "$lab_id" >/dev/null 2>&1 || true; fi
+  for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  if [ "$status" -eq 0 ] && [ -s "$work/missed" ]; then
+    echo "$(basename "$0"): missed $(wc -l <"$work/missed") target(s): $(paste -sd, "$work/missed")" >&2
+    status=3
+  fi
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+
+need() {
+  local p
+  for p in "$@"; do
+    command -v "$p" >/dev/null || { echo "$(basename "$0"): needs $p (integration/deps.sh installs it)" >&2; exit 1; }
+  done
+}
+
+need_root() {
+  [ "$(id -u)" -eq 0 ] || { echo "$(basename "$0"): needs root ($1)" >&2; exit 1; }
+}
+
+build_vlink() {
+  if [ -z "${VLINK:-}" ]; then
+    (cd "$root" && go build -o "$work/vlink" ./cmd/vlink)
+    VLINK=$work/vlink
+  fi
+}
+
+build_vlink_lab() {
+  if [ -z "${VLINK_LAB:-}" ]; then
+    (cd "$root" && go build -o "$work/vlink-lab" ./cmd/vlink-lab)
+    VLINK_LAB=$work/vlink-lab
+  fi
+}
+
+port_free() {
+  ! grep -q " $(printf '0100007F:%04X' "$1") 00000000:0000 0A " /proc/net/tcp
+}
+
+wait_listen() {
+  local _
+  for _ in $(seq 400); do
+    port_free "$1" || return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $1" >&2
+  exit 1
+}
+
+cpu_ticks() {
+  local t=0 pid
+  for pid in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done
+  echo "$t"
+}
+
+cpu_ticks_all() {
+  awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"
+}
+
+lab() { "$VLINK_LAB" exec "$@"; }
+
+lab_start() {
+  local host=$1
+  shift
+  lab "$host" sh -c 'exec "$@" >/dev/null 2>&1 </dev/null & echo $!' sh "$@"
+}
+
+lab_wait_port() {
+  local _
+  for _ in $(seq 200); do
+    lab "$1" sh -c "grep -q ':$(printf '%04X' "$2") 00000000:0000 0A' /proc/net/tcp" && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $2 in $1" >&2
+  exit 1
+}
