@@ -1,6 +1,6 @@
 // Package netconn makes vlink connections first-class net.Conn and
 // net.Listener values: relaying, conn wrappers, deadlines and interrupts,
-// the pacing of accept loops, conformance.
+// the pacing of accept loops.
 //
 // [Relay] joins two connections, as a tunnel, a forwarder or a proxy does.
 // Between two TCP connections it moves the bytes inside the kernel

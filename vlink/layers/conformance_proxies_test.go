@@ -1,4 +1,4 @@
-package netconn_test
+package layers_test
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package netconn_test
+package layers_test
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func stacks(t *testing.T) map[string]vlink.Stack {
 		case spec.Kind == layer.KindFactory && spec.Terminal:
 			out[spec.Name] = vlink.MustParse(spec.Name)
 		default:
-			t.Errorf("layer %s (%s) has no conformance fixture: add one to netconn (conformance_%s_test.go)", spec.Name, spec.Kind, spec.Name)
+			t.Errorf("layer %s (%s) has no conformance fixture: add one to vlink/layers (conformance_%s_test.go)", spec.Name, spec.Kind, spec.Name)
 		}
 	}
 	// Deeper stacks, so layering itself is covered.

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package netconn_test
+package layers_test
 
 import (
 	"testing"
