@@ -5,8 +5,85 @@ import (
 	"time"
 )
 
-// The auto layer's controller. The package documentation says what it
-// does and why; the constants below are its tuning.
+// The auto layer's controller: what it does and why, then its tuning.
+//
+// A fixed codec is a guess: zstd triples a 100 Mbit/s link's goodput on
+// text, and divides a loopback connection's by twenty. The auto layer
+// (AdOC's idea, adaptive online compression) guesses no more. Its frames
+// are the same, except that each compressed frame names its codec, so the
+// reader follows whatever the writer chooses, block by block; the level
+// only matters to the writer. The writer moves on a ladder of rungs: off,
+// then codec-level settings from the fastest to the strongest (by default
+// s2-1, s2-2, zstd-1, zstd-6; see [AutoConfig]).
+//
+// AdOC puts a queue between a compressing thread and a sending thread and
+// watches it: when data piles up, the link drains slower than the
+// compressor produces, so the CPU has time to spare and a stronger level
+// pays; when the queue runs dry, the compressor is the bottleneck and a
+// faster level, down to none, pays. Our writer has no queue of its own
+// (every Write is on the wire, or in the socket, when it returns): the
+// socket's send buffer is the queue. The controller watches it from above:
+// the time each Write spends compressing and in the socket and, where the
+// kernel tells (tcp_info on Linux), how many bytes wait unsent in the
+// socket and how fast the peer acknowledges.
+//
+// Rather than climb blindly from level to level, it keeps a small model,
+// updated every epoch (1 MiB of application bytes and 50 ms, or 100 ms
+// spent in Write):
+//
+//   - the link rate B, in wire bytes per second, measured when the link
+//     limits the writer: 256 KiB or more wait unsent in the socket, as
+//     tcp_info says, the rate being what the peer acknowledged (without
+//     tcp_info: the writer spends a good share of its time in the socket,
+//     or it is at off, where the socket is all there is, the rate being
+//     what it wrote; a writer starved of CPU looks the same, which is why
+//     tcp_info is preferred). Otherwise only a lower bound is known, and
+//     the estimate grows, doubling every second spent writing, until the
+//     link pushes back: that is how a link that became faster is found;
+//   - each rung's compression speed C (application bytes per second of
+//     CPU), measured whenever the rung compresses, built-in priors scaled
+//     to this machine until then;
+//   - the data's compressibility: rung j's ratio is 1 + rho_j*kappa, where
+//     kappa follows the data (measured every epoch at the current rung;
+//     at off, by a probe block) and rho_j, each rung's strength relative
+//     to the others, comes from the priors and is refined by probe blocks.
+//
+// Compression and transmission overlap (the kernel sends while the writer
+// compresses the next block), so rung j's predicted goodput is
+// min(C_j, B*R_j), and off's is B. At the end of each epoch the controller
+// moves to the best rung of the model: down, to a cheaper rung, as soon as
+// one is predicted within 3% of the current one; up only for a predicted
+// gain of 10%. The asymmetry is the hysteresis: neither move qualifies an
+// immediate move back, and equal predictions (random data, where every
+// ratio is 1) settle on the cheapest rung. A move may skip rungs, so a
+// cold start or a change of data or link reaches the new best rung in an
+// epoch or two.
+//
+// Epochs in which the application, not the link or the CPU, set the pace
+// (the writer spent less than half the time in Write) teach nothing about
+// the link; idle time does not age the link estimate either. When
+// tcp_info shows the peer's receive window holding the sender back, the
+// peer reads slower than the link carries: compressing more would only
+// give it more to decode, so every rung is predicted at the peer's pace
+// and the cheapest wins. A move down that only the grown estimate
+// justified is an exploration, and so is the move to the cheaper rung the
+// controller makes after 4 s on a rung even when the model says no (a
+// rate measured while the writer's own work slows the socket, as on
+// loopback where the writing thread does the kernel's work for the peer,
+// can make every rung but a cheaper one look right). When an exploration
+// does not pay and the controller climbs back, the doubling time doubles,
+// up to 4 s (and the forced period with it, up to 16 s), so a connection
+// at its best rung pays for a one-epoch exploration every few seconds at
+// most. Probe blocks (at most
+// one every 200 ms, compressed at another rung and sent as they are,
+// since frames name their codec) keep the estimates fresh: at off the
+// first codec rung, to notice compressible data again; when the link
+// limits, the next stronger rung, whose CPU is free then.
+//
+// The cost: two or three clock reads per block, a tcp_info read and a few dozen
+// floating-point operations per epoch, no allocation, and about 1 KiB per
+// connection that has written (the estimates). Control is per direction:
+// each side's writer decides for what it sends.
 
 // Controller tuning.
 const (
