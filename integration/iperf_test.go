@@ -5,10 +5,12 @@ package integration
 import (
 	"encoding/json"
 	"net"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -51,8 +53,8 @@ func runIperf3(tb testing.TB, addr string, args ...string) iperfResult {
 func TestIperf3(t *testing.T) {
 	testenv.Programs(t, "iperf3")
 	_, srv := startIperf3Server(t)
-	_, serve := startVLink(t, "serve", "--target", srv)
-	_, tun := startVLink(t, "tunnel", "--to", serve, "--stack", "zstd")
+	serve, gw := startVLink(t, "serve", "--target", srv, "--log-level", "debug")
+	_, tun := startVLink(t, "tunnel", "--to", gw, "--stack", "zstd")
 
 	for _, tc := range []struct {
 		name string
@@ -69,5 +71,21 @@ func TestIperf3(t *testing.T) {
 			t.Logf("sent %d MB, received %d MB, %s Gbit/s", r.End.SumSent.Bytes/1e6, r.End.SumReceived.Bytes/1e6,
 				strconv.FormatFloat(r.End.SumReceived.BitsPerSecond/1e9, 'f', 2, 64))
 		})
+	}
+	// Each run opened a control and a data connection; serve must have
+	// accepted every one as a VLink connection with the zstd stack, not
+	// as a plain one relayed around it.
+	accepted := regexp.MustCompile(`msg="vlink: accepted" [^\n]*stack=(\S+)`).FindAllStringSubmatch(serve.Output(), -1)
+	if len(accepted) < 4 {
+		t.Fatalf("serve accepted %d VLink connections, want at least 4 (two runs of a control and a data connection); log:\n%s",
+			len(accepted), realserver.Tail(serve.Output(), 3000))
+	}
+	for _, m := range accepted {
+		if m[1] != "zstd" {
+			t.Errorf("serve accepted a connection with the stack %q, want zstd", m[1])
+		}
+	}
+	if m := regexp.MustCompile(`msg="vlink: accepted plain"[^\n]*`).FindString(serve.Output()); m != "" {
+		t.Errorf("a connection reached serve without the stack: %s", m)
 	}
 }
