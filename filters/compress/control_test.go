@@ -84,10 +84,12 @@ type sim struct {
 
 func newSim(t *testing.T, link simLink, data simData, kernel bool) *sim {
 	t.Helper()
-	a, err := NewAuto(AutoConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	return newSimOn(t, mustAuto(t, AutoConfig{}), link, data, kernel)
+}
+
+// newSimOn is newSim on a's ladder; data must name each of its rungs.
+func newSimOn(t *testing.T, a *Auto, link simLink, data simData, kernel bool) *sim {
+	t.Helper()
 	s := &sim{t: t, rungs: a.rungs, link: &link, data: data, kernel: kernel, now: time.Unix(1e9, 0)}
 	var sample func() linkSample
 	if kernel {
