@@ -1,61 +1,326 @@
 package mux
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
-// junk is a layer.Junction for the fuzz target: it drains every stream
-// the session delivers.
-type junk struct{ done chan struct{} }
+// fuzzWait bounds every wait of FuzzSession: far beyond what a session
+// needs on a loaded machine, so it only catches a session that hangs.
+const fuzzWait = 10 * time.Second
 
-func (j junk) Deliver(c net.Conn) error {
+// junk is a layer.Junction for the fuzz target: it reads every stream the
+// session delivers to its end, as a listener would, and records how each
+// ended. Streams stay open until the test closes them, so a stream the
+// peer finished is never forgotten by smux and opened again.
+type junk struct {
+	done chan struct{}
+
+	mu        sync.Mutex
+	delivered map[uint32]*received
+	streams   []net.Conn
+	changed   chan struct{} // a stream was delivered
+	wg        sync.WaitGroup
+}
+
+// received is how one delivered stream ended: the bytes it read and the
+// error that stopped it (nil for a clean end of stream).
+type received struct {
+	twice bool // the same stream id was delivered again
+	n     int64
+	err   error
+}
+
+func newJunk() *junk {
+	return &junk{done: make(chan struct{}), delivered: map[uint32]*received{}, changed: make(chan struct{}, 1)}
+}
+
+func (j *junk) Deliver(c net.Conn) error {
+	id := c.(*stream).st.ID()
+	r := &received{}
+	j.mu.Lock()
+	if old := j.delivered[id]; old != nil {
+		old.twice = true
+	} else {
+		j.delivered[id] = r
+	}
+	j.streams = append(j.streams, c)
+	j.mu.Unlock()
+	select {
+	case j.changed <- struct{}{}:
+	default:
+	}
+	j.wg.Add(1)
 	go func() {
-		c.SetDeadline(time.Now().Add(time.Second))
-		io.Copy(io.Discard, c)
-		c.Close()
+		defer j.wg.Done()
+		r.n, r.err = io.Copy(io.Discard, c)
 	}()
 	return nil
 }
-func (j junk) State(string, func() any) any { return nil }
-func (j junk) Done() <-chan struct{}        { return j.done }
-func (j junk) Timeout() time.Duration       { return time.Second }
-func (j junk) MaxPending() int              { return 16 }
-func (j junk) RemoteAddr() net.Addr         { return nil }
 
-// FuzzSession feeds arbitrary bytes to the listening side of a session:
-// smux's frame decoder and our stream wrapper must fail cleanly, never
-// panic or hang.
+func (j *junk) count() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.delivered)
+}
+
+// endConn is the connection under the session: it tells when the session
+// closes it, the end of the session as its peer sees it.
+type endConn struct {
+	net.Conn
+	once  sync.Once
+	ended chan struct{}
+}
+
+func (c *endConn) Close() error {
+	c.once.Do(func() { close(c.ended) })
+	return c.Conn.Close()
+}
+
+func (j *junk) State(string, func() any) any { return nil }
+func (j *junk) Done() <-chan struct{}        { return j.done }
+func (j *junk) Timeout() time.Duration       { return time.Second }
+func (j *junk) MaxPending() int              { return 16 }
+func (j *junk) RemoteAddr() net.Addr         { return nil }
+
+// Frame commands of smux's protocol version 2.
+const (
+	cmdSYN byte = iota
+	cmdFIN
+	cmdPSH
+	cmdNOP
+	cmdUPD
+)
+
+// sent is what the peer sent one stream: payload bytes before its FIN,
+// in all, and whether a FIN came.
+type sent struct {
+	beforeFIN, total int64
+	fin              bool
+}
+
+// script is what a correct session must make of the peer's bytes, read
+// frame by frame as smux reads them: the streams opened, and whether a
+// frame it must reject (a wrong version, an unknown command, a length
+// the command forbids) came before the bytes ran out.
+type script struct {
+	opened   map[uint32]*sent
+	bad      string // why the first rejected frame is rejected, "" if none
+	badAt    int    // and its offset
+	complete bool   // the bytes end on a frame boundary
+}
+
+func readScript(b []byte) script {
+	s := script{opened: map[uint32]*sent{}}
+	for off := 0; ; {
+		if off == len(b) {
+			s.complete = true
+			return s
+		}
+		if len(b)-off < 8 {
+			return s
+		}
+		h := b[off : off+8]
+		cmd, n, sid := h[1], int(binary.LittleEndian.Uint16(h[2:])), binary.LittleEndian.Uint32(h[4:])
+		st := s.opened[sid]
+		switch {
+		case h[0] != 2:
+			s.bad = fmt.Sprintf("version %d", h[0])
+		case cmd > cmdUPD:
+			s.bad = fmt.Sprintf("command %d", cmd)
+		case cmd == cmdUPD && n != 8, cmd != cmdUPD && cmd != cmdPSH && n != 0:
+			s.bad = fmt.Sprintf("command %d with %d bytes", cmd, n)
+		}
+		if s.bad != "" {
+			s.badAt = off
+			return s
+		}
+		if len(b)-off-8 < n {
+			return s // smux waits for the rest of the frame
+		}
+		switch {
+		case cmd == cmdSYN && st == nil:
+			s.opened[sid] = &sent{}
+		case cmd == cmdFIN && st != nil:
+			st.fin = true
+		case cmd == cmdPSH && st != nil:
+			st.total += int64(n)
+			if !st.fin {
+				st.beforeFIN += int64(n)
+			}
+		}
+		off += 8 + n
+	}
+}
+
+// FuzzSession feeds arbitrary bytes to the accepting side of a session,
+// as a hostile dialer would, and checks what the listener sees: the
+// streams opened are delivered (no other); a stream the peer did not
+// finish never ends as if it had, but with ErrSessionClosed; a frame
+// smux must reject ends the session at once, with the peer's connection
+// still open; the end of the connection ends it too. Nothing hangs,
+// panics, leaves a goroutine behind or allocates out of proportion to the
+// input, and each input's session is over before the next starts.
 func FuzzSession(f *testing.F) {
-	// A SYN, a PSH with data and a FIN for stream 3, in version 2 frames.
 	frame := func(cmd byte, sid uint32, data []byte) []byte {
 		b := []byte{2, cmd, byte(len(data)), byte(len(data) >> 8), byte(sid), byte(sid >> 8), byte(sid >> 16), byte(sid >> 24)}
 		return append(b, data...)
 	}
-	var seed []byte
-	seed = append(seed, frame(0, 3, nil)...)          // SYN
-	seed = append(seed, frame(2, 3, []byte("hi"))...) // PSH
-	seed = append(seed, frame(1, 3, nil)...)          // FIN
-	f.Add(seed)
-	f.Add(frame(2, 5, []byte("data for a stream never opened")))
-	f.Add([]byte{9, 9, 9, 9, 9, 9, 9, 9})
-	f.Add(frame(0, 3, nil)[:5])
+	join := func(frames ...[]byte) []byte {
+		var b []byte
+		for _, f := range frames {
+			b = append(b, f...)
+		}
+		return b
+	}
+	for _, seed := range [][]byte{
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("hi")), frame(cmdFIN, 3, nil)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("never finished"))),
+		join(frame(cmdSYN, 3, nil), frame(cmdSYN, 5, nil), frame(cmdFIN, 3, nil), frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("late"))),
+		frame(cmdPSH, 5, []byte("data for a stream never opened")),
+		join(frame(cmdNOP, 0, nil), frame(cmdUPD, 3, make([]byte, 8))),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("then garbage")), []byte{9, 9, 9, 9, 9, 9, 9, 9}),
+		join(frame(cmdSYN, 3, nil), frame(7, 3, nil)),
+		join(frame(cmdSYN, 3, nil), frame(cmdFIN, 3, []byte("x"))),
+		frame(cmdUPD, 3, make([]byte, 4)),
+		frame(cmdSYN, 3, nil)[:5],
+		frame(cmdPSH, 3, make([]byte, 100))[:50],
+	} {
+		f.Add(seed)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		near, far := net.Pipe()
+		if len(data) > 4<<20 {
+			// Data for streams that ended stays in the session's 8 MiB
+			// receive buffer until they close (the test closes them
+			// last): past it, flow control rightly stops reading.
+			t.Skip("input larger than the session's receive buffer")
+		}
+		want := readScript(data)
+		ignore := goleak.IgnoreCurrent()
+		var m0 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+
+		pipe, far := net.Pipe()
+		defer far.Close() // on a failure, frees the goroutines below
+		near := &endConn{Conn: pipe, ended: make(chan struct{})}
 		l, err := New(Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		j := junk{done: make(chan struct{})}
-		defer close(j.done)
+		j := newJunk()
+		defer close(j.done) // after the checks: the session must end without the listener closing
 		if err := l.Accept(near, j); err != nil {
 			t.Fatal(err)
 		}
-		go io.Copy(io.Discard, far)
-		far.SetWriteDeadline(time.Now().Add(time.Second))
-		far.Write(data)
+		wrote := make(chan struct{})
+		go func() {
+			far.Write(data) // ends when the session has read it all, or either end closes
+			close(wrote)
+		}()
+		// The peer reads what the session sends (window updates).
+		peerDone := make(chan struct{})
+		go func() {
+			io.Copy(io.Discard, far)
+			close(peerDone)
+		}()
+		deadline := time.NewTimer(fuzzWait) // for the whole input
+		defer deadline.Stop()
+
+		if want.bad != "" {
+			select {
+			case <-near.ended:
+			case <-deadline.C:
+				t.Fatalf("%s at offset %d: the session is still open after %v", want.bad, want.badAt, fuzzWait)
+			}
+		} else {
+			select {
+			case <-wrote:
+			case <-deadline.C:
+				t.Fatal("the session stopped reading well-formed frames")
+			}
+			for j.count() < len(want.opened) {
+				select {
+				case <-j.changed:
+				case <-deadline.C:
+					t.Fatalf("%d of the %d streams opened were delivered", j.count(), len(want.opened))
+				}
+			}
+			select {
+			case <-near.ended:
+				t.Fatal("well-formed frames ended the session")
+			default:
+			}
+		}
 		far.Close()
+		select {
+		case <-near.ended:
+		case <-deadline.C:
+			t.Fatalf("the session is still open %v after its connection ended", fuzzWait)
+		}
+		// The session closed its connection after its last Deliver: every
+		// stream is counted.
+		readersDone := make(chan struct{})
+		go func() {
+			j.wg.Wait()
+			close(readersDone)
+		}()
+		select {
+		case <-readersDone:
+		case <-deadline.C:
+			t.Fatalf("streams still reading %v after their session ended", fuzzWait)
+		}
+		<-wrote
+		<-peerDone
+
+		for id, r := range j.delivered {
+			st := want.opened[id]
+			switch {
+			case st == nil:
+				t.Errorf("stream %d delivered, never opened", id)
+			case r.twice:
+				t.Errorf("stream %d delivered twice", id)
+			case r.err == nil && !st.fin:
+				t.Errorf("stream %d ended cleanly after %d bytes, but the peer never finished it: want ErrSessionClosed", id, r.n)
+			case r.err != nil && !errors.Is(r.err, ErrSessionClosed):
+				t.Errorf("stream %d ended with %v, want ErrSessionClosed or a clean end", id, r.err)
+			case r.n > st.total || r.err == nil && r.n < st.beforeFIN:
+				t.Errorf("stream %d read %d bytes (%v); the peer sent %d, %d before its FIN", id, r.n, r.err, st.total, st.beforeFIN)
+			}
+		}
+		for _, c := range j.streams {
+			c.Close()
+		}
+
+		var m1 runtime.MemStats
+		runtime.ReadMemStats(&m1)
+		// A frame's payload is read into a buffer of up to twice its
+		// size, and the last may claim 64 KiB it never sends; a stream
+		// (8 bytes of SYN) costs about 3 KiB. A session costs about
+		// 150 KiB: 512 KiB and 4 KiB per input byte cover all that, not a
+		// per-stream buffer of the window's size.
+		if got, limit := m1.TotalAlloc-m0.TotalAlloc, uint64(512<<10+4<<10*len(data)); got > limit {
+			t.Errorf("%d bytes allocated for %d bytes of input, want at most %d", got, len(data), limit)
+		}
+		// The session's goroutines end with it; they may take a moment.
+		for {
+			err := goleak.Find(ignore)
+			if err == nil {
+				break
+			}
+			select {
+			case <-deadline.C:
+				t.Fatalf("goroutines left behind %v after the session ended: %v", fuzzWait, err)
+			default:
+			}
+		}
 	})
 }
