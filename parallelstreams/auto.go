@@ -30,28 +30,46 @@ type grower struct {
 	address string
 	lower   layer.Lower
 	id      sessionID
+	fake    *autoFake // tests only; nil in production
+}
+
+// autoFake stands in, in tests, for the loop's ticker and what it
+// measures, so that a test chooses each round's readings and sees each
+// decision without waiting for time to pass. Tests set Layer.autoFake;
+// production leaves it nil and pays one nil check per round.
+type autoFake struct {
+	tick       <-chan time.Time          // one round per value
+	measure    func() (time.Time, int64) // replaces time.Now and the credit
+	backlogged func() bool               // replaces the queue check
+	done       chan<- struct{}           // closed when the loop returns
 }
 
 func (g *grower) run() {
 	defer g.s.wg.Done()
-	tick := time.NewTicker(autoInterval)
-	defer tick.Stop()
+	var tick <-chan time.Time
+	if g.fake != nil {
+		defer close(g.fake.done)
+		tick = g.fake.tick
+	} else {
+		t := time.NewTicker(autoInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	lastTime, last := g.measure()
 	var (
-		best     float64
-		last     = g.credit()
-		lastTime = time.Now()
-		settle   = autoSettle
-		misses   int
+		best   float64
+		settle = autoSettle
+		misses int
 	)
 	for {
 		select {
-		case <-tick.C:
+		case <-tick:
 		case <-g.s.die:
 			return
 		case <-g.s.closing:
 			return
 		}
-		now, c := time.Now(), g.credit()
+		now, c := g.measure()
 		rate := float64(c-last) / now.Sub(lastTime).Seconds()
 		last, lastTime = c, now
 		if settle > 0 {
@@ -77,14 +95,23 @@ func (g *grower) run() {
 	}
 }
 
-func (g *grower) credit() int64 {
+// measure returns the time and the credit the peer has granted so far,
+// which grows with what its application reads.
+func (g *grower) measure() (time.Time, int64) {
+	if g.fake != nil {
+		return g.fake.measure()
+	}
+	now := time.Now()
 	g.s.mu.Lock()
 	defer g.s.mu.Unlock()
-	return g.s.credit
+	return now, g.s.credit
 }
 
 // backlogged reports whether data waits for a substream right now.
 func (g *grower) backlogged() bool {
+	if g.fake != nil {
+		return g.fake.backlogged()
+	}
 	g.s.mu.Lock()
 	defer g.s.mu.Unlock()
 	return len(g.s.queue) > 0

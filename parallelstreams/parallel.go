@@ -77,6 +77,8 @@ type Layer struct {
 	Auto         bool          // grow from 2 while throughput improves
 	Window       int           // receive window in bytes
 	StallTimeout time.Duration // a substream's write may block this long
+
+	autoFake *autoFake // tests only: drives the auto-grow loop
 }
 
 var _ layer.MultiLink = (*Layer)(nil)
@@ -120,7 +122,7 @@ func (l *Layer) Dial(ctx context.Context, network, address string, lower layer.L
 	}
 	s := newSession(id, int64(l.Window), l.StallTimeout, conns)
 	if l.Auto && l.Streams > n {
-		s.grower = &grower{s: s, layer: l, network: network, address: address, lower: lower, id: id}
+		s.grower = &grower{s: s, layer: l, network: network, address: address, lower: lower, id: id, fake: l.autoFake}
 		s.wg.Add(1)
 		go s.grower.run()
 	}

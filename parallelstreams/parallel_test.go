@@ -504,7 +504,8 @@ func TestForwardTarget(t *testing.T) {
 }
 
 // TestAutoGrow: in auto mode the dialer adds substreams to a live
-// session, the listener takes them in, and the stream stays intact.
+// session, the listener takes them in, and the stream stays intact. It
+// grows by hand; when to grow is TestAutoGrowDecisions'.
 func TestAutoGrow(t *testing.T) {
 	l := listen(t, vlink.ListenConfig{})
 	c, s := dialPair(t, l, "parallel:streams=6,auto")

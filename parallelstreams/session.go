@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -406,6 +407,10 @@ func (s *Session) fileData(seq uint64, data []byte) error {
 		return fmt.Errorf("%w: data block %d received twice", ErrProtocol, seq)
 	case s.finRecv && seq >= s.finSeq:
 		return fmt.Errorf("%w: data block %d after the fin at %d", ErrProtocol, seq, s.finSeq)
+	case seq == math.MaxUint64:
+		// maxSeq, seq+1, would wrap to 0 and let a fin below this block
+		// end the stream without it. No real stream numbers this far.
+		return fmt.Errorf("%w: data block number %d out of range", ErrProtocol, seq)
 	}
 	cost := int64(len(data)) + blockCost
 	if s.buffered+cost > s.window+MaxBlock+blockCost {
@@ -481,6 +486,9 @@ func (s *Session) Read(p []byte) (int, error) {
 			// if data is waiting.
 			return 0, s.opError("read", os.ErrDeadlineExceeded)
 		}
+		// Death is seen before the blocks are: what was filed before it
+		// (a fin, then the peer closing) is then read, not lost to it.
+		dead := s.isDead()
 		s.mu.Lock()
 		n := 0
 		for n < len(p) {
@@ -499,7 +507,7 @@ func (s *Session) Read(p []byte) (int, error) {
 			return n, nil
 		case eof:
 			return 0, io.EOF
-		case s.isDead():
+		case dead:
 			return 0, s.failure("read")
 		}
 		select {
@@ -519,6 +527,7 @@ func (s *Session) WriteTo(w io.Writer) (int64, error) {
 		if s.isClosing() {
 			return total, s.opError("read", net.ErrClosed)
 		}
+		dead := s.isDead() // before the blocks, as in Read
 		s.mu.Lock()
 		b := s.nextBlockLocked()
 		eof := b == nil && s.finRecv && s.next == s.finSeq
@@ -541,7 +550,7 @@ func (s *Session) WriteTo(w io.Writer) (int64, error) {
 		switch {
 		case eof:
 			return total, nil
-		case s.isDead():
+		case dead:
 			return total, s.failure("read")
 		case s.rdl.Exceeded():
 			return total, s.opError("read", os.ErrDeadlineExceeded)
