@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
@@ -345,12 +346,17 @@ func TestRTT(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
+	// The default buffer holds 256 such datagrams (832 bytes of skb
+	// each): a reader that lost its CPU for 20 ms would lose some.
+	const burst = 300
+	if err := setRcvbufForce(pc.(*net.UDPConn), burst*2048); err != nil {
+		t.Fatal(err)
+	}
 	s, err := l.DialContext(context.Background(), "c", "udp", pc.LocalAddr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	const burst = 300
 	for i := range burst {
 		s.Write(binary.BigEndian.AppendUint32(nil, uint32(i)))
 		if i%50 == 49 {
@@ -378,6 +384,14 @@ func TestRTT(t *testing.T) {
 // the other direction loses nothing, and the delay line's own count
 // agrees. Then TCP carries data intact over a lossy line, which makes
 // the delay line cut TCP super-packets around lost segments.
+//
+// Only the delay line may lose a datagram, so the test leaves the
+// kernel no reason to: the sender waits for the line to have read each
+// batch (the sending TUN device's queue never fills), and the receiving
+// socket's buffer holds every datagram, read only once the line has
+// written them all. (A receiver that had to keep up with the line lost
+// datagrams to its socket buffer under -race: UDP RcvbufErrors in b,
+// beyond the line's own losses.)
 func TestLoss(t *testing.T) {
 	topo := Topology{
 		Seed:  1, // reproducible
@@ -389,48 +403,58 @@ func TestLoss(t *testing.T) {
 	}
 	l := New(t, topo)
 
+	const n, p, batch = 4000, 0.05, 100
 	pc, err := l.ListenPacket("b", "udp", l.Addr("b").String()+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pc.Close()
+	// Room for all n datagrams (each costs its skb's truesize, under
+	// 1 KiB here, not its 5 bytes); beyond net.core.rmem_max, so forced
+	// (root has CAP_NET_ADMIN).
+	if err := setRcvbufForce(pc.(*net.UDPConn), n*2048); err != nil {
+		t.Fatal(err)
+	}
 	s, err := l.DialContext(context.Background(), "a", "udp", pc.LocalAddr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	const n, p = 4000, 0.05
-	received := make(chan int)
-	go func() {
-		got := 0
-		buf := make([]byte, 64)
-		for {
-			pc.SetReadDeadline(time.Now().Add(time.Second))
-			if _, _, err := pc.ReadFrom(buf); err != nil {
-				received <- got
-				return
-			}
-			got++
-		}
-	}()
 	for i := range n {
 		if _, err := s.Write([]byte("probe")); err != nil {
 			t.Fatal(err)
 		}
-		if i%100 == 99 {
-			time.Sleep(time.Millisecond) // stay under the receiver's socket buffer
+		if i%batch == batch-1 || i == n-1 {
+			sent := uint64(i + 1)
+			waitLine(t, l, 0, fmt.Sprintf("the line to read %d datagrams", sent), func(d DirStats) bool { return d.Packets >= sent })
 		}
 	}
-	got := <-received
+	st := waitLine(t, l, 0, "the line to deliver or drop every datagram", func(d DirStats) bool {
+		return d.Sent+d.Lost+d.Overflow+d.WriteErrors >= d.Packets
+	})
+	got := 0
+	buf := make([]byte, 64)
+	pc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for uint64(got) < st.AtoB.Sent {
+		if _, _, err := pc.ReadFrom(buf); err != nil {
+			t.Fatalf("received %d of the %d datagrams the line delivered (%v); b's UDP receive buffer errors: %s",
+				got, st.AtoB.Sent, err, udpRcvbufErrors(l, "b"))
+		}
+		got++
+	}
+	pc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, _, err := pc.ReadFrom(buf); err == nil {
+		t.Errorf("more datagrams arrived than the %d the line delivered", st.AtoB.Sent)
+	}
 	lost := n - got
 	// mean 200, standard deviation 13.8: ±5 sd
 	t.Logf("%d of %d datagrams lost (%.2f%%, configured %.0f%%)", lost, n, 100*float64(lost)/n, 100*p)
 	if lost < 131 || lost > 269 {
 		t.Errorf("%d of %d lost, want about %d", lost, n, int(n*p))
 	}
-	st := l.Stats()[0]
-	if st.AtoB.Lost != uint64(lost) || st.AtoB.Packets != n {
-		t.Errorf("the delay line counted %d lost of %d, the receiver missed %d of %d", st.AtoB.Lost, st.AtoB.Packets, lost, n)
+	if st.AtoB.Lost != uint64(lost) || st.AtoB.Packets != n || st.AtoB.Overflow != 0 || st.AtoB.WriteErrors != 0 {
+		t.Errorf("the delay line counted %d lost (%d overflow, %d write errors) of %d, the receiver missed %d of %d",
+			st.AtoB.Lost, st.AtoB.Overflow, st.AtoB.WriteErrors, st.AtoB.Packets, lost, n)
 	}
 	if st.BtoA.Lost != 0 {
 		t.Errorf("the lossless direction lost %d", st.BtoA.Lost)
@@ -490,6 +514,73 @@ func TestLoss(t *testing.T) {
 	if st.AtoB.Writes >= st.AtoB.Packets {
 		t.Errorf("%d writes for %d segments: no super-packets", st.AtoB.Writes, st.AtoB.Packets)
 	}
+}
+
+// waitLine waits until the counters of the lab's delay line k (its A
+// to B direction) satisfy ok, and returns them; what says what it waits
+// for, if it times out.
+func waitLine(t *testing.T, l *Lab, k int, what string, ok func(DirStats) bool) LinkStats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := l.Stats()[k]
+		if ok(st.AtoB) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %+v", what, st.AtoB)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// setRcvbufForce sets c's receive buffer to size bytes (the kernel
+// doubles it), past net.core.rmem_max.
+func setRcvbufForce(c *net.UDPConn, size int) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// udpRcvbufErrors returns host's UDP RcvbufErrors: datagrams its sockets'
+// full buffers dropped.
+func udpRcvbufErrors(l *Lab, host string) string {
+	var v string
+	err := l.Do(host, func() error {
+		// thread-self: /proc/net is the namespace of the process's main
+		// thread, not of this one.
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "Udp:" {
+				continue
+			}
+			if names == nil {
+				names = f
+				continue
+			}
+			if i := slices.Index(names, "RcvbufErrors"); i > 0 && i < len(f) {
+				v = f[i]
+			}
+		}
+		return nil
+	})
+	if err != nil || v == "" {
+		return fmt.Sprintf("unknown (%v)", err)
+	}
+	return v
 }
 
 // TestRate checks with iperf3 that rate limits hold, on a veth pair and
