@@ -107,6 +107,7 @@ func BenchmarkLink(b *testing.B) {
 				a := mbps[len(mbps)-1]
 				b.ReportMetric(a/mbps[0], "x_tcp")
 				b.ReportMetric(a/best, "x_best")
+				checkLinkTargets(b, l.name+"/"+kind, mbps, slices.IndexFunc(stacks, func(s stack) bool { return s.name == "zstd" }), best)
 				b.ReportMetric(0, "ns/op")
 				var total int64
 				for _, u := range ac.used {
@@ -120,6 +121,24 @@ func BenchmarkLink(b *testing.B) {
 					l.name, kind, a, bestName, best, mbps[0], roundsMBps(len(data), rounds[len(rounds)-1]), auto.rungs[ac.cur].name, ac.epochs, ac.moves, ac.explorations, strings.Join(share, ", "))
 			})
 		}
+	}
+}
+
+// checkLinkTargets holds one link and corpus of BenchmarkLink to the
+// targets of docs/BENCHMARKS.md (Adaptive compression): adaptive within
+// 10% of the best fixed stack on every link; on the 100 Mbit/s link,
+// zstd at least 3x plain TCP on text and adaptive within 5% of plain TCP
+// on random bytes. mbps holds each stack's median MB/s: plain TCP first,
+// adaptive last, zstd at index zstd.
+func checkLinkTargets(b *testing.B, run string, mbps []float64, zstd int, best float64) {
+	b.Helper()
+	tcp, auto := mbps[0], mbps[len(mbps)-1]
+	testnet.CheckTarget(b, run+": adaptive / best fixed stack", auto/best, ">=", 0.9)
+	switch run {
+	case "100M/text":
+		testnet.CheckTarget(b, run+": zstd / tcp", mbps[zstd]/tcp, ">=", 3)
+	case "100M/random":
+		testnet.CheckTarget(b, run+": adaptive / tcp", auto/tcp, ">=", 0.95)
 	}
 }
 
