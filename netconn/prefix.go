@@ -85,13 +85,29 @@ func (c *prefixConn) CloseWrite() error { return CloseWrite(c.Conn) }
 // NetConn returns the connection below.
 func (c *prefixConn) NetConn() net.Conn { return c.Conn }
 
+// An Aborter is a connection with its own way of ending as a failure: a
+// framed layer, whose Close sends its end marker, implements Abort to
+// close without it (and to abort the connection below), so the peer sees
+// an error rather than a clean end.
+type Aborter interface {
+	Abort() error
+}
+
 // Abort closes c so that its peer sees a failure, not an end of stream:
-// where the connection at the bottom of c's wrappers is TCP, it is reset
-// (SO_LINGER 0) rather than closed with a FIN. A relay or a multi-link
-// layer that fails in the middle of a stream aborts, so nothing
-// downstream mistakes a truncated stream for a complete one.
+// the first Aborter among c and its wrappers aborts (which reaches the
+// bottom), or else where the connection at the bottom of c's wrappers is
+// TCP, it is reset (SO_LINGER 0) rather than closed with a FIN. A relay or
+// a multi-link layer that fails in the middle of a stream aborts, so
+// nothing downstream mistakes a truncated stream for a complete one.
 func Abort(c net.Conn) error {
 	for inner := c; inner != nil; {
+		if a, ok := inner.(Aborter); ok {
+			err := a.Abort()
+			if inner != c {
+				c.Close() // the wrappers above: their Close closes what is closed
+			}
+			return err
+		}
 		if tc, ok := inner.(*net.TCPConn); ok {
 			tc.SetLinger(0)
 			break

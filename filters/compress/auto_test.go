@@ -98,7 +98,7 @@ func TestAutoFrames(t *testing.T) {
 					t.Errorf("rung %s sent %d bytes of text raw", r.name, h.RawLen())
 				}
 			}
-			got, err := readAuto(t, a, wire)
+			got, err := readAuto(t, a, ended(wire))
 			want := append(append(bytes.Clone(text), random...), text[:10]...)
 			if err != nil || !bytes.Equal(got, want) {
 				t.Fatalf("read back %d bytes, %v; want %d", len(got), err, len(want))
@@ -279,7 +279,10 @@ func TestAutoNettest(t *testing.T) {
 			x, y := net.Pipe()
 			c1, _ = a.Client(x)
 			c2, _ = a.Server(y)
-			return c1, c2, func() { c1.Close(); c2.Close() }, nil
+			// Both ends close at once, and an unbuffered pipe takes the end
+			// frame each Close lingers to send only from a reader: close the
+			// pipes too, so neither linger waits for its 10 s.
+			return c1, c2, func() { c1.Close(); c2.Close(); x.Close(); y.Close() }, nil
 		})
 	})
 }
@@ -396,6 +399,7 @@ func TestNoAllocsAuto(t *testing.T) {
 	for j := range a.rungs {
 		wire = append(wire, encodeAuto(t, a, j, text, random, text[:100])...)
 	}
+	wire = ended(wire)
 	src := bytes.NewReader(wire)
 	r := newAutoConn(&fakeConn{r: src}, a)
 	buf := make([]byte, 256<<10)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
 )
 
 // Writer tuning.
@@ -69,9 +71,10 @@ type conn struct {
 }
 
 var (
-	_ net.Conn    = (*conn)(nil)
-	_ io.WriterTo = (*conn)(nil)
-	_ closeWriter = (*conn)(nil)
+	_ net.Conn        = (*conn)(nil)
+	_ io.WriterTo     = (*conn)(nil)
+	_ closeWriter     = (*conn)(nil)
+	_ netconn.Aborter = (*conn)(nil)
 )
 
 type closeWriter interface{ CloseWrite() error }
@@ -105,6 +108,21 @@ func (c *conn) CloseWrite() error {
 		c.dropTail()
 		return c.opErr("close", net.ErrClosed)
 	}
+	if err := c.sendEnd(); err != nil {
+		return err
+	}
+	if !c.shutDone {
+		c.shutDone = true
+		if cw, ok := c.c.(closeWriter); ok {
+			return cw.CloseWrite()
+		}
+	}
+	return nil
+}
+
+// sendEnd sends what a deadline left of the last frame and the end
+// frame, unless it was sent. It holds wmu.
+func (c *conn) sendEnd() error {
 	if c.werr != nil {
 		return c.werr
 	}
@@ -120,34 +138,69 @@ func (c *conn) CloseWrite() error {
 			return err
 		}
 	}
-	if err := c.flushTail(); err != nil {
-		return err
-	}
-	if !c.shutDone {
-		c.shutDone = true
-		if cw, ok := c.c.(closeWriter); ok {
-			return cw.CloseWrite()
-		}
-	}
-	return nil
+	return c.flushTail()
 }
 
-// Close closes the underlying connection, which unblocks any Read or
-// Write. Later calls return an error matching net.ErrClosed.
+// closeLinger bounds how long a closed connection still tries to send
+// its end frame to a peer that does not read.
+const closeLinger = 10 * time.Second
+
+// Close closes the connection as a socket's close does: unless the
+// writing side was shut down already, the end frame is still sent, in the
+// background for up to closeLinger, so the peer reads what was written
+// and then io.EOF. If a Write is in progress or failed, the stream is cut
+// short and no end frame is sent: the peer's Read fails with
+// io.ErrUnexpectedEOF. Close unblocks any Read or Write at once; later
+// calls return an error matching net.ErrClosed.
 func (c *conn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return c.opErr("close", net.ErrClosed)
 	}
-	err := c.c.Close()
-	// Return the buffers unless a Read or Write holds them: that one
-	// returns them when it sees the close.
-	if c.rmu.TryLock() {
-		c.releaseRead()
-		c.rmu.Unlock()
+	// A Write in progress holds wmu: Close must not wait for it.
+	if c.wmu.TryLock() {
+		if !c.wshut && c.werr == nil {
+			netconn.InterruptRead(c.c)
+			go c.linger()
+			return nil
+		}
+		c.dropTail()
+		c.wmu.Unlock()
+	}
+	return c.closeBelow(c.c.Close())
+}
+
+// linger sends the end frame, then closes the connection below. It holds
+// wmu, which Close took.
+func (c *conn) linger() {
+	defer c.wmu.Unlock()
+	c.c.SetWriteDeadline(time.Now().Add(closeLinger))
+	c.sendEnd()
+	c.dropTail()
+	c.closeBelow(c.c.Close())
+}
+
+// Abort closes the connection without its end frame and aborts the one
+// below (netconn.Abort), so the peer sees a failure, never an end of
+// stream: relays and multi-link layers call it when the other side of a
+// stream failed.
+func (c *conn) Abort() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.opErr("close", net.ErrClosed)
 	}
 	if c.wmu.TryLock() {
 		c.dropTail()
 		c.wmu.Unlock()
+	}
+	return c.closeBelow(netconn.Abort(c.c))
+}
+
+// closeBelow returns the read buffers once the connection below is
+// closed, unless a Read holds them: that one returns them when it sees
+// the close.
+func (c *conn) closeBelow(err error) error {
+	if c.rmu.TryLock() {
+		c.releaseRead()
+		c.rmu.Unlock()
 	}
 	return err
 }

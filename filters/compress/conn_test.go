@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -50,7 +51,10 @@ func TestNettest(t *testing.T) {
 					a, b := net.Pipe()
 					c1, _ = f.Client(a)
 					c2, _ = f.Server(b)
-					return c1, c2, func() { c1.Close(); c2.Close() }, nil
+					// Both ends close at once, and an unbuffered pipe takes the end
+					// frame each Close lingers to send only from a reader: close the
+					// pipes too, so neither linger waits for its 10 s.
+					return c1, c2, func() { c1.Close(); c2.Close(); a.Close(); b.Close() }, nil
 				})
 			})
 		}
@@ -189,7 +193,7 @@ func (d *dribbleConn) Read(p []byte) (int, error) {
 func TestReadDeadlineMidFrame(t *testing.T) {
 	text, random := textCorpus(300<<10), testnet.RandomBytes(200<<10, 7)
 	for _, name := range codecNames {
-		wire := encode(t, name, defaultLevel(name), text[:5], text, random, text[:1000])
+		wire := ended(encode(t, name, defaultLevel(name), text[:5], text, random, text[:1000]))
 		want := append(append(append(append([]byte{}, text[:5]...), text...), random...), text[:1000]...)
 		for _, step := range []int{1, 3, 4096} {
 			for _, bufSize := range []int{7, 64 << 10, 1 << 20} {
@@ -352,6 +356,89 @@ func TestClose(t *testing.T) {
 	}
 }
 
+// TestEnds checks how each way of ending a connection reaches the peer,
+// which reads everything first: Close and CloseWrite end the stream
+// cleanly (Close even when the peer is slow to read and the end frame
+// must wait), while Abort, a Close that cuts a Write short, and a
+// connection that ends under the layer without an end frame are errors,
+// never io.EOF.
+func TestEnds(t *testing.T) {
+	data := testnet.RandomBytes(8<<20, 3) // more than the socket buffers hold
+	for _, tc := range []struct {
+		name   string
+		end    func(c net.Conn, below *net.TCPConn) // after a Write of data, or during it
+		during bool                                 // end while the Write still runs
+		clean  bool                                 // the peer must read io.EOF after data
+	}{
+		{"Close", func(c net.Conn, _ *net.TCPConn) { c.Close() }, false, true},
+		{"CloseWrite", func(c net.Conn, _ *net.TCPConn) { c.(closeWriter).CloseWrite() }, false, true},
+		{"Abort", func(c net.Conn, _ *net.TCPConn) { c.(netconn.Aborter).Abort() }, false, false},
+		{"netconn.Abort", func(c net.Conn, _ *net.TCPConn) { netconn.Abort(c) }, false, false},
+		{"the connection below closed", func(_ net.Conn, below *net.TCPConn) { below.Close() }, false, false},
+		{"Close during a Write", func(c net.Conn, _ *net.TCPConn) { c.Close() }, true, false},
+	} {
+		for _, name := range append([]string{"adaptive"}, codecNames...) {
+			t.Run(tc.name+"/"+name, func(t *testing.T) {
+				a, b := testnet.TCPPair(t)
+				var f layer.Filter = mustAuto(t, AutoConfig{})
+				if name != "adaptive" {
+					f = mustNew(t, name, defaultLevel(name))
+				}
+				c, _ := f.Client(a)
+				s, _ := f.Server(b)
+				defer s.Close()
+				defer c.Close()
+				// The peer reads as the data comes, so the end is sent while
+				// the socket buffers are full: Close's end frame waits. It
+				// reads only after the end when that must cut a Write.
+				ended := make(chan struct{})
+				type result struct {
+					got []byte
+					err error
+				}
+				read := make(chan result, 1)
+				go func() {
+					if tc.during {
+						<-ended
+					}
+					s.SetReadDeadline(time.Now().Add(10 * time.Second))
+					got, err := io.ReadAll(s)
+					read <- result{got, err}
+				}()
+				wrote := make(chan error, 1)
+				go func() { _, err := c.Write(data); wrote <- err }()
+				if tc.during {
+					time.Sleep(50 * time.Millisecond) // the Write blocks: nobody reads
+				} else if err := <-wrote; err != nil {
+					t.Fatal(err)
+				}
+				tc.end(c, a)
+				close(ended)
+				r := <-read
+				got, err := r.got, r.err
+				switch {
+				case tc.clean && (err != nil || !bytes.Equal(got, data)):
+					t.Fatalf("peer read %d of %d bytes, then %v; want them all, then io.EOF", len(got), len(data), err)
+				case !tc.clean && err == nil:
+					t.Fatalf("peer read %d of %d bytes, then a clean end; want an error", len(got), len(data))
+				case !tc.clean && errors.Is(err, os.ErrDeadlineExceeded):
+					t.Fatalf("peer read %d of %d bytes, then nothing for 10 s; want an error", len(got), len(data))
+				case !tc.clean && !tc.during && !bytes.Equal(got, data[:len(got)]):
+					t.Fatalf("peer read %d bytes that differ from what was sent", len(got))
+				}
+				if !tc.clean {
+					t.Logf("peer read %d of %d bytes, then %v", len(got), len(data), err)
+				}
+				if tc.during {
+					if err := <-wrote; !errors.Is(err, net.ErrClosed) {
+						t.Errorf("the Write Close cut short: %v, want net.ErrClosed", err)
+					}
+				}
+			})
+		}
+	}
+}
+
 func TestCloseWrite(t *testing.T) {
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
@@ -484,7 +571,7 @@ func TestLevels(t *testing.T) {
 		for level := s.minLevel; level <= s.maxLevel; level++ {
 			t.Run(fmt.Sprintf("%s-%d", s.name, level), func(t *testing.T) {
 				wire := encode(t, s.name, level, text)
-				got, err := io.ReadAll(newConn(&fakeConn{r: bytes.NewReader(wire)}, s.name, mustNew(t, s.name, level).codec))
+				got, err := io.ReadAll(newConn(&fakeConn{r: bytes.NewReader(ended(wire))}, s.name, mustNew(t, s.name, level).codec))
 				if err != nil || !bytes.Equal(got, text) {
 					t.Fatalf("round trip: %d bytes, %v", len(got), err)
 				}
@@ -528,7 +615,7 @@ func TestNoAllocs(t *testing.T) {
 			codec := mustNew(t, name, defaultLevel(name)).codec
 			w := newConn(&fakeConn{w: io.Discard}, name, codec)
 			w.vectored = true
-			wire := encode(t, name, defaultLevel(name), text, random, text[:100])
+			wire := ended(encode(t, name, defaultLevel(name), text, random, text[:100]))
 			src := bytes.NewReader(wire)
 			r := newConn(&fakeConn{r: src}, name, codec)
 			buf := make([]byte, 256<<10)

@@ -79,10 +79,11 @@ func TestCorruptFrames(t *testing.T) {
 		{"truncated header", frame(frameRaw, 3, []byte("abc"))[:4], io.ErrUnexpectedEOF, 0},
 		{"truncated raw payload", frame(frameRaw, 3, []byte("abc"))[:9], io.ErrUnexpectedEOF, 2},
 		{"truncated compressed payload", frame(frameCompressed, 100, make([]byte, 50))[:30], io.ErrUnexpectedEOF, 0},
-		{"clean end", frame(frameRaw, 3, []byte("abc")), nil, 3},
+		{"no end frame", frame(frameRaw, 3, []byte("abc")), io.ErrUnexpectedEOF, 3},
 		{"end frame", append(frame(frameRaw, 3, []byte("abc")), frame(frameEnd, 0, nil)...), nil, 3},
 		{"bytes after end frame", append(frame(frameEnd, 0, nil), 1, 2, 3), nil, 0},
-		{"empty stream", nil, nil, 0},
+		{"empty stream", nil, io.ErrUnexpectedEOF, 0},
+		{"end frame alone", frame(frameEnd, 0, nil), nil, 0},
 	}
 	for _, name := range codecNames {
 		good := compressedFrame(t, name, text)
@@ -98,7 +99,8 @@ func TestCorruptFrames(t *testing.T) {
 			{name + " payload truncated", frame(frameCompressed, len(text), good[headerSize:len(good)-1]), ErrCorrupt, 0},
 			{name + " payload garbage", frame(frameCompressed, len(text), bytes.Repeat([]byte{0xff}, n)), ErrCorrupt, 0},
 			{name + " payload zeros", frame(frameCompressed, len(text), make([]byte, n)), ErrCorrupt, 0},
-			{name + " good", good, nil, len(text)},
+			{name + " good", ended(good), nil, len(text)},
+			{name + " good, no end frame", good, io.ErrUnexpectedEOF, len(text)},
 		}...)
 	}
 	for _, tc := range tests {
@@ -229,7 +231,7 @@ func TestZstdHandMadeFrames(t *testing.T) {
 		n    int
 	}{{[]byte{0x20, 200}, 200}, {[]byte{0x60, 0xe8, 0x02}, 1000}, {[]byte{0x40, 6 << 3, 0xe8, 0x02}, 1000}} {
 		desc, n := tc.desc, tc.n
-		got, err := readBoth(t, "zstd", frame(frameCompressed, n, zstdFrame(desc, n)))
+		got, err := readBoth(t, "zstd", ended(frame(frameCompressed, n, zstdFrame(desc, n))))
 		if err != nil || !bytes.Equal(got, bytes.Repeat([]byte("A"), n)) {
 			t.Fatalf("desc %x: %d bytes, %v", desc, len(got), err)
 		}

@@ -22,7 +22,7 @@ func FuzzAuto(f *testing.F) {
 	a := mustAuto(f, AutoConfig{Codecs: codecNames, MaxLevel: 22})
 	text, random := textCorpus(5000), testnet.RandomBytes(3000, 7)
 	for j := range a.rungs {
-		f.Add(encodeAuto(f, a, j, text))
+		f.Add(ended(encodeAuto(f, a, j, text)))
 		f.Add(encodeAuto(f, a, j, text[:100], random, text[:70], text[100:]))
 	}
 	f.Add([]byte{})
@@ -44,7 +44,7 @@ func fuzzDecoder(f *testing.F, name string) {
 	s, _ := lookupCodec(name)
 	text, random := textCorpus(5000), testnet.RandomBytes(3000, 7)
 	for _, level := range []int{s.minLevel, s.defLevel, s.maxLevel} {
-		f.Add(encode(f, name, level, text))
+		f.Add(ended(encode(f, name, level, text)))
 		f.Add(encode(f, name, level, text[:100], random, text[:70], text[100:]))
 	}
 	f.Add([]byte{})
@@ -105,7 +105,7 @@ func fuzzStreams(f *testing.F, name string, newReader func([]byte) *conn, typ fu
 func TestFuzzSeedsDecode(t *testing.T) {
 	text := textCorpus(5000)
 	for _, name := range codecNames {
-		got, err := readBoth(t, name, encode(t, name, defaultLevel(name), text))
+		got, err := readBoth(t, name, ended(encode(t, name, defaultLevel(name), text)))
 		if err != nil || !bytes.Equal(got, text) {
 			t.Fatalf("%s: %d bytes, %v", name, len(got), err)
 		}

@@ -105,6 +105,12 @@ func encode(tb testing.TB, name string, level int, writes ...[]byte) []byte {
 	return wire.Bytes()
 }
 
+// ended returns wire followed by an end frame: a whole stream, as a writer
+// that called CloseWrite sent it.
+func ended(wire []byte) []byte {
+	return append(bytes.Clone(wire), frame(frameEnd, 0, nil)...)
+}
+
 // frame builds one frame by hand.
 func frame(t frameType, rawLen int, payload []byte) []byte {
 	var h header

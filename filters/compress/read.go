@@ -1,6 +1,7 @@
 package compress
 
 import (
+	"fmt"
 	"io"
 	"net"
 )
@@ -311,9 +312,15 @@ func (c *conn) drain(p []byte) int {
 	return n
 }
 
+// errNoEnd is the failure of a stream whose connection ended before its
+// end frame: the peer was killed, or a hop cut the stream short. Only the
+// end frame is a clean end.
+var errNoEnd = fmt.Errorf("%w: the stream ended without its end frame", io.ErrUnexpectedEOF)
+
 // readErr sorts an error of the underlying Read. Deadlines and transport
-// errors are returned unchanged and leave the frame state as it is; EOF
-// is clean only between frames.
+// errors are returned unchanged and leave the frame state as it is; the
+// end of the connection is always a failure (a clean end is the end
+// frame, which nextFrame handles).
 func (c *conn) readErr(err error) error {
 	if c.closed.Load() {
 		c.releaseRead()
@@ -325,8 +332,7 @@ func (c *conn) readErr(err error) error {
 	if c.hdrN > 0 || c.inComp || c.rawLeft > 0 {
 		return c.fail(io.ErrUnexpectedEOF)
 	}
-	c.rerr = io.EOF
-	return io.EOF
+	return c.fail(errNoEnd)
 }
 
 // fail ends the read side for good.
