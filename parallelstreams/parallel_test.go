@@ -128,6 +128,44 @@ func TestSubstreamCut(t *testing.T) {
 	}
 }
 
+// TestAbort: a session ended by netconn.Abort (what a relay does when the
+// other side failed) fails its peer's Read; one ended by Close gives the
+// peer everything written, then io.EOF.
+func TestAbort(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{})
+	for _, tc := range []struct {
+		name  string
+		end   func(net.Conn) error
+		clean bool
+	}{
+		{"Close", func(c net.Conn) error { return c.Close() }, true},
+		{"netconn.Abort", netconn.Abort, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, s := dialPair(t, l, "parallel:streams=3")
+			data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
+			if _, err := c.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(s, make([]byte, 1<<10)); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.end(c); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			s.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(s)
+			n := len(got) + 1<<10
+			switch {
+			case tc.clean && (err != nil || n != len(data)):
+				t.Fatalf("peer read %d of %d bytes, then %v; want them all, then io.EOF", n, len(data), err)
+			case !tc.clean && (err == nil || errors.Is(err, os.ErrDeadlineExceeded)):
+				t.Fatalf("peer read %d of %d bytes, then %v; want an error", n, len(data), err)
+			}
+		})
+	}
+}
+
 // cutter reads from r and calls cut once after `after` bytes.
 type cutter struct {
 	r     io.Reader

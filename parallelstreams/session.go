@@ -620,7 +620,11 @@ var (
 	// errClosed ends a session closed by its application once all it
 	// wrote is sent.
 	errClosed = fmt.Errorf("session closed: %w", net.ErrClosed)
+	// errAborted ends a session its application aborted.
+	errAborted = fmt.Errorf("session aborted: %w", net.ErrClosed)
 )
+
+var _ netconn.Aborter = (*Session)(nil)
 
 // Write queues p for the substreams. It returns once p is queued, not
 // sent; a small write goes out at once in a block of its own, or joins
@@ -749,6 +753,28 @@ func (s *Session) Close() error {
 			s.releaseBuffers()
 		}()
 	})
+	if !first {
+		return s.opError("close", net.ErrClosed)
+	}
+	return nil
+}
+
+// Abort ends the session as a failure, as a relay does when the other
+// side of its stream failed: nothing more is sent, no end of stream, and
+// the substreams are reset, so the peer fails rather than reading an end.
+// Read and Write return net.ErrClosed at once. After Close, it cuts
+// Close's linger short.
+func (s *Session) Abort() error {
+	first := false
+	s.closeOnce.Do(func() {
+		first = true
+		close(s.closing)
+		go func() {
+			<-s.die
+			s.releaseBuffers()
+		}()
+	})
+	s.fail(errAborted)
 	if !first {
 		return s.opError("close", net.ErrClosed)
 	}
