@@ -157,9 +157,10 @@ func (a *Agent) Name() string { return a.name }
 // Env returns the environment variable that points a shim at this agent.
 func (a *Agent) Env() string { return EnvAgent + "=" + a.name }
 
-// Close stops the agent: it closes its sockets, the shims' channels and
-// every connection it relays, aborts dials in progress, and waits for its
-// goroutines.
+// Close stops the agent: it closes its sockets and the shims' channels,
+// aborts every connection it relays (a reset: a program must not take a
+// cut stream for a complete one) and the dials in progress, and waits for
+// its goroutines.
 func (a *Agent) Close() error {
 	a.once.Do(func() {
 		a.mu.Lock()
@@ -170,7 +171,11 @@ func (a *Agent) Close() error {
 			a.relay6.Close()
 		}
 		for c := range a.conns {
-			c.Close()
+			if nc, ok := c.(net.Conn); ok {
+				netconn.Abort(nc)
+			} else {
+				c.Close()
+			}
 		}
 		for _, o := range a.orphans {
 			o.timer.Stop()

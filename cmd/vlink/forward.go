@@ -77,13 +77,13 @@ func (t *tracker) spawn(f func()) {
 }
 
 // add registers connections being relayed. Once the connections have been
-// cut it closes them instead and returns false.
+// cut it aborts them instead and returns false.
 func (t *tracker) add(cs ...net.Conn) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cut {
 		for _, c := range cs {
-			c.Close()
+			netconn.Abort(c)
 		}
 		return false
 	}
@@ -128,14 +128,15 @@ func (t *tracker) shutdown(grace time.Duration) (cut int) {
 	return cut
 }
 
-// closeAll closes every tracked connection, aborts the dials in progress,
+// closeAll aborts every tracked connection (a reset, so that neither
+// end takes a cut stream for a complete one) and the dials in progress,
 // and makes add refuse new connections.
 func (t *tracker) closeAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cut = true
 	for c := range t.conns {
-		c.Close()
+		netconn.Abort(c)
 		delete(t.conns, c)
 	}
 	t.cancel()

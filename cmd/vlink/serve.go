@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
@@ -334,7 +335,7 @@ func (s *server) handle(c *vlink.Conn) {
 		d := net.Dialer{Timeout: s.dialTimeout}
 		tc, err := d.DialContext(s.t.ctx, "tcp", s.target)
 		if err != nil {
-			c.Close()
+			netconn.Abort(c) // a reset, never a clean empty stream
 			if !errors.Is(err, context.Canceled) {
 				s.log.Warn("target unreachable: plain connection closed", append(attrs, "err", err)...)
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -156,7 +157,8 @@ func (o *tunnelOptions) handle(e *env, t *tracker, d *vlink.Dialer, c net.Conn) 
 	e.log.Debug("connection", attrs...)
 	rc, err := d.DialContext(t.ctx, "tcp", o.to)
 	if err != nil {
-		c.Close()
+		// A reset: the client must not read a clean, empty stream.
+		netconn.Abort(c)
 		if !errors.Is(err, context.Canceled) {
 			e.log.Info("cannot reach destination", append(attrs, "err", err)...)
 		}
