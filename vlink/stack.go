@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -57,7 +58,7 @@ type StackError struct {
 
 func (e *StackError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "vlink: stack %q", e.Stack)
+	fmt.Fprintf(&b, "vlink: stack %q", redactStack(e.Stack))
 	if e.Index > 0 {
 		fmt.Fprintf(&b, ": layer %d", e.Index)
 		if e.Layer != "" {
@@ -69,6 +70,27 @@ func (e *StackError) Error() string {
 }
 
 func (e *StackError) Unwrap() error { return e.Err }
+
+// redactStack replaces the value of every parameter whose name says it
+// may be a secret (secret.Name) by "REDACTED", in a stack's text form as
+// given, well-formed or not: errors print the stack.
+func redactStack(text string) string {
+	layers := strings.Split(text, "+")
+	for i, l := range layers {
+		name, params, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		kvs := strings.Split(params, ",")
+		for j, kv := range kvs {
+			if k, _, ok := strings.Cut(kv, "="); ok && secret.Name(k) {
+				kvs[j] = k + "=REDACTED"
+			}
+		}
+		layers[i] = name + ":" + strings.Join(kvs, ",")
+	}
+	return strings.Join(layers, "+")
+}
 
 // Parse parses and validates a stack's text form against the registry.
 func Parse(text string) (Stack, error) {

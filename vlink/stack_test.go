@@ -181,3 +181,25 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestStackErrorRedacts: a secret written in a stack by mistake is never
+// echoed by the error that refuses it, well-formed stack or not.
+func TestStackErrorRedacts(t *testing.T) {
+	for _, text := range []string{
+		"ssh:host=x,password=hunter2+zstd",
+		"zstd+socks5:user=u,secret=hunter2",
+		"http:token=hunter2,,=+",
+		"tcp+nosuch:key=hunter2",
+		"ssh:host=x,psk=hunter2 ",
+	} {
+		t.Run(text, func(t *testing.T) {
+			_, err := Parse(text)
+			if err == nil {
+				t.Fatal("parsed")
+			}
+			if msg := err.Error(); strings.Contains(msg, "hunter2") || !strings.Contains(msg, "REDACTED") {
+				t.Errorf("error %q", msg)
+			}
+		})
+	}
+}

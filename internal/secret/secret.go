@@ -56,3 +56,21 @@ func Password(file, env string) (string, error) {
 	}
 	return "", nil
 }
+
+// Name reports whether a parameter named name may hold a secret itself
+// (password, secret, token, psk, key, ...), so that its value is never
+// printed: a user who wrote one in a stack by mistake must not see it
+// echoed in an error or a log. Names of places that hold a secret
+// (password-file, password-env) and of checks (host-key-check) are not.
+func Name(name string) bool {
+	n := strings.ToLower(name)
+	if strings.HasSuffix(n, "-file") || strings.HasSuffix(n, "-env") || strings.HasSuffix(n, "-check") {
+		return false
+	}
+	for _, s := range []string{"pass", "secret", "token", "psk", "credential", "private"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return n == "key" || strings.HasSuffix(n, "-key") || strings.HasSuffix(n, "_key")
+}

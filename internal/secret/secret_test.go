@@ -63,3 +63,18 @@ func TestPassword(t *testing.T) {
 		})
 	}
 }
+
+func TestName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"password": true, "passwd": true, "Password": true, "pass": true, "secret": true, "token": true,
+		"psk": true, "key": true, "private-key": true, "api_key": true, "credentials": true,
+		"password-file": false, "password-env": false, "host-key-check": false, "known-hosts": false,
+		"identity": false, "user": false, "host": false, "keepalive": false, "streams": false,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := Name(name); got != want {
+				t.Errorf("Name(%q) = %t, want %t", name, got, want)
+			}
+		})
+	}
+}
