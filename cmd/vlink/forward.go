@@ -153,6 +153,12 @@ func (t *tracker) active() int {
 // directions end, and logs the outcome: at debug when all went well, at
 // info when the relay failed.
 func (t *tracker) relay(log *slog.Logger, a, b net.Conn, attrs ...any) {
+	t.relayIdle(log, 0, a, b, attrs...)
+}
+
+// relayIdle is relay resetting both connections once a's carried no byte
+// for idle (0: never).
+func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, a, b net.Conn, attrs ...any) {
 	if !t.add(a, b) {
 		return
 	}
@@ -160,7 +166,9 @@ func (t *tracker) relay(log *slog.Logger, a, b net.Conn, attrs ...any) {
 	t.relays++
 	t.mu.Unlock()
 	start := time.Now()
+	w := netconn.WatchIdle(idle, a, a, b)
 	up, down, err := netconn.Relay(a, b)
+	idled := w.Stop()
 	attrs = append(attrs, "bytes_up", up, "bytes_down", down, "took", time.Since(start).Round(time.Millisecond))
 	t.mu.Lock()
 	t.relays--
@@ -168,8 +176,12 @@ func (t *tracker) relay(log *slog.Logger, a, b net.Conn, attrs ...any) {
 	delete(t.conns, b)
 	cut := t.cut
 	t.mu.Unlock()
-	if cut {
+	switch {
+	case cut:
 		log.Debug("connection cut at shutdown", attrs...)
+		return
+	case idled:
+		log.Info("connection reset: idle", append(attrs, "idle_timeout", idle)...)
 		return
 	}
 	if err != nil {

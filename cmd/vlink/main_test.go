@@ -415,6 +415,50 @@ func TestServeGracefulShutdown(t *testing.T) {
 	}
 }
 
+// TestServeIdleTimeout: a plain connection idle for --idle-timeout is
+// reset (the client reads an error, serve logs it); one that keeps
+// carrying bytes, in either direction, is not.
+func TestServeIdleTimeout(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	be := newBackend(t)
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--target", be.addr(), "--idle-timeout", idle.String())
+	srvAddr := srv.addr(t)
+	for _, tc := range []struct {
+		name   string
+		active bool
+	}{{"idle", false}, {"active", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			be.handlers <- func(c net.Conn) { io.Copy(c, c) }
+			c, err := net.Dial("tcp", srvAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * idle))
+			one := make([]byte, 1)
+			for i := range 10 {
+				if !tc.active && i > 0 {
+					break
+				}
+				if _, err := c.Write(one); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, one); err != nil {
+					t.Fatalf("echo %d: %v", i, err)
+				}
+				time.Sleep(idle / 3)
+			}
+			if tc.active {
+				return // 10 echoes over 3 idle periods: not cut
+			}
+			if _, err := c.Read(one); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("read on an idle connection: %v, want a reset", err)
+			}
+			srv.stderr.waitFor(t, `level=INFO msg="connection reset: idle".*idle_timeout=300ms`)
+		})
+	}
+}
+
 func TestBench(t *testing.T) {
 	args := []string{"bench", "--size", "1M", "--stacks", "tcp,zstd", "--rounds", "1", "--pings", "100"}
 	t.Run("table", func(t *testing.T) {

@@ -63,6 +63,7 @@ type serveOptions struct {
 	listenStack                            string
 	allow, limits                          listFlag
 	handshakeTimeout, dialTimeout, grace   time.Duration
+	idleTimeout                            time.Duration
 }
 
 func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -77,6 +78,7 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -86,10 +88,14 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	}
 }
 
+// defaultIdleTimeout is --idle-timeout's default.
+const defaultIdleTimeout = time.Hour
+
 // server is a running "vlink serve".
 type server struct {
 	target      string
 	dialTimeout time.Duration
+	idleTimeout time.Duration // plain relays only
 	log         *slog.Logger
 	t           *tracker
 }
@@ -106,8 +112,8 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"grace", o.grace}} {
-		if d.v < 0 || (d.v == 0 && d.name != "grace") {
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"grace", o.grace}, {"idle-timeout", o.idleTimeout}} {
+		if d.v < 0 || (d.v == 0 && d.name != "grace" && d.name != "idle-timeout") {
 			return usagef("--%s %v: want a positive duration", d.name, d.v)
 		}
 	}
@@ -117,7 +123,7 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		}
 	}
 
-	s := &server{target: o.target, dialTimeout: o.dialTimeout, log: e.log, t: newTracker()}
+	s := &server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout, log: e.log, t: newTracker()}
 	var listenStack vlink.Stack
 	if o.listenStack != "" {
 		if listenStack, err = vlink.Parse(o.listenStack); err != nil {
@@ -342,7 +348,7 @@ func (s *server) handle(c *vlink.Conn) {
 			return
 		}
 		s.log.Debug("forwarding", attrs...)
-		s.t.relay(s.log, c, tc, attrs...)
+		s.t.relayIdle(s.log, s.idleTimeout, c, tc, attrs...)
 		return
 	}
 	to := h.Target
