@@ -114,7 +114,8 @@ type Listener struct {
 	log     *slog.Logger
 
 	ready  chan *Conn
-	sem    chan struct{}
+	shed   *shedder      // bounds the accepted connections in handshake
+	sem    chan struct{} // bounds the nested handshakes (Junction.Deliver)
 	done   chan struct{}
 	ctx    context.Context // cancelled by Close, for Admit
 	cancel context.CancelFunc
@@ -226,6 +227,7 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 	if l.cfg.MaxHandshakes <= 0 {
 		l.cfg.MaxHandshakes = DefaultMaxHandshakes
 	}
+	l.shed = newShedder(l.cfg.MaxHandshakes)
 	l.sem = make(chan struct{}, l.cfg.MaxHandshakes)
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -298,14 +300,15 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		backoff.Reset()
-		select {
-		case l.sem <- struct{}{}:
-		case <-l.done:
+		// Never wait for a slot: that would let dialers that stay silent
+		// keep everyone out. The shedder makes room instead.
+		if !l.shed.admit(c) {
 			c.Close()
-			return
+			l.log.Info("vlink: refused: every handshake slot is held by an authenticated dialer", "remote", c.RemoteAddr().String(), "max", l.cfg.MaxHandshakes)
+			continue
 		}
 		if !l.track(c) {
-			<-l.sem
+			l.shed.done(c)
 			c.Close()
 			return
 		}
@@ -338,10 +341,14 @@ func (l *Listener) serve(raw net.Conn) {
 	defer l.wg.Done()
 	c, err := l.handshake(raw)
 	l.untrack(raw)
-	<-l.sem
+	shed := l.shed.done(raw)
 	if err != nil {
 		raw.Close()
-		l.logFailure(raw.RemoteAddr(), err)
+		if shed {
+			l.log.Debug("vlink: shed to make room for another handshake", "remote", raw.RemoteAddr().String())
+		} else {
+			l.logFailure(raw.RemoteAddr(), err)
+		}
 		return
 	}
 	l.queue(c)
@@ -428,6 +435,8 @@ func (l *Listener) handshake(raw net.Conn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Past the policy, and with a key, proven: no longer sheddable.
+	l.shed.authenticated(raw)
 	return l.finish(raw, h, deadline, 0)
 }
 
