@@ -22,13 +22,15 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// recorder is a terminal factory for tests, "rec:id=NAME,hang-after=N":
-// TCP that records every connection it dials under NAME, and makes every
-// dial after the first N (if N > 0) wait until its context ends, so a test
-// can cut a substream or leave a session incomplete.
+// recorder is a terminal factory for tests,
+// "rec:id=NAME,hang-after=N,local=IP": TCP that records every connection
+// it dials under NAME, and makes every dial after the first N (if N > 0)
+// wait until its context ends, so a test can cut a substream or leave a
+// session incomplete; it dials from IP if given.
 type recorder struct {
 	id        string
 	hangAfter int
+	local     string
 }
 
 var recorded = struct {
@@ -44,9 +46,10 @@ func init() {
 		Params: []layer.Param{
 			{Name: "id", Type: layer.TypeString},
 			{Name: "hang-after", Type: layer.TypeInt, Min: 0, Max: 1000},
+			{Name: "local", Type: layer.TypeString},
 		},
 		New: func(a layer.Args) (any, error) {
-			return &recorder{id: a.String("id"), hangAfter: a.Int("hang-after")}, nil
+			return &recorder{id: a.String("id"), hangAfter: a.Int("hang-after"), local: a.String("local")}, nil
 		},
 	})
 }
@@ -61,6 +64,9 @@ func (r *recorder) DialContext(ctx context.Context, network, address string, _ l
 		return nil, ctx.Err()
 	}
 	var d net.Dialer
+	if r.local != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(r.local)}
+	}
 	c, err := d.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err

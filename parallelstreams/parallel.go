@@ -81,7 +81,7 @@ type Layer struct {
 	autoFake *autoFake // tests only: drives the auto-grow loop
 }
 
-var _ layer.MultiLink = (*Layer)(nil)
+var _ layer.Reserver = (*Layer)(nil)
 
 // ErrIncomplete is matched by the error of a dial whose session the
 // listener did not complete, and logged by a listener that gave up on a
@@ -147,14 +147,23 @@ func (l *Layer) dialSubstream(ctx context.Context, network, address string, lowe
 	return c, nil
 }
 
-// Accept reads a substream's join header and files it with its session,
-// which goes to j.Deliver once complete.
-func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
-	t := j.State("parallel", func() any { return newTable(j) }).(*table)
-	if !t.reserve(j.MaxPending()) {
-		c.Close()
-		return fmt.Errorf("%w: %d substreams already wait for their sessions", ErrIncomplete, j.MaxPending())
+// Reserve holds room in the listener's table for one more substream from
+// j's dialer (see [table.reserve] for the bounds). The listener calls it
+// before it accepts the substream's hello, so a full table refuses the
+// hello as busy.
+func (l *Layer) Reserve(j layer.Junction) (release func(), err error) {
+	t := tableOf(j)
+	src := sourceOf(j.RemoteAddr())
+	if err := t.reserve(src, j.MaxPending(), l.Streams); err != nil {
+		return nil, err
 	}
-	go t.admit(c, l, j)
+	return func() { t.release(src) }, nil
+}
+
+// Accept reads a substream's join header and files it with its session,
+// which goes to j.Deliver once complete. The substream's room in the
+// table was reserved by Reserve.
+func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
+	go tableOf(j).admit(c, l, j)
 	return nil
 }

@@ -8,8 +8,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -391,55 +389,6 @@ func TestIncompleteSession(t *testing.T) {
 	if _, err := io.ReadFull(s, b); err != nil || string(b) != "ok" {
 		t.Fatalf("after an incomplete session: %q, %v", b, err)
 	}
-}
-
-// TestPendingCap: the substreams a listener holds for incomplete sessions
-// are capped (MaxHandshakes); those beyond are closed at once.
-func TestPendingCap(t *testing.T) {
-	l := listen(t, vlink.ListenConfig{HandshakeTimeout: 30 * time.Second, MaxHandshakes: 4})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var ids []string
-	var wg sync.WaitGroup
-	for range 2 {
-		id := uniqueID()
-		ids = append(ids, id)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d := &vlink.Dialer{Stack: vlink.MustParse("parallel:streams=4+rec:id=" + id + ",hang-after=3")}
-			d.DialContext(ctx, "tcp", l.Addr().String())
-		}()
-	}
-	var subs []net.Conn
-	deadline := time.Now().Add(10 * time.Second)
-	for len(subs) < 6 && time.Now().Before(deadline) {
-		subs = append(recordedConns(ids[0]), recordedConns(ids[1])...)
-		time.Sleep(5 * time.Millisecond)
-	}
-	if len(subs) != 6 {
-		t.Fatalf("%d substreams dialed, want 6", len(subs))
-	}
-	var closed atomic.Int32
-	var reads sync.WaitGroup
-	for _, c := range subs {
-		reads.Add(1)
-		go func() {
-			defer reads.Done()
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			// Closed: an end, or a reset when the join header the dialer
-			// sent after the hello was still unread at the close.
-			if _, err := c.Read(make([]byte, 1)); errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
-				closed.Add(1)
-			}
-		}()
-	}
-	reads.Wait()
-	if closed := closed.Load(); closed != 2 {
-		t.Errorf("%d of 6 held substreams were closed at once, want 2 (cap 4)", closed)
-	}
-	cancel()
-	wg.Wait()
 }
 
 // TestPolicy: the listener's policy bounds the substreams a dialer may

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Errors a program can test with errors.Is. Refusals from a peer come as a
@@ -20,6 +22,10 @@ var (
 	// ErrUnreachable is matched when a forwarding peer could not reach the
 	// target.
 	ErrUnreachable = errors.New("target unreachable")
+	// ErrBusy is matched when the peer is out of room for the connection
+	// (a multi-link layer's table is full, or it is shutting down): try
+	// again later. It is layer.ErrBusy, which layers wrap too.
+	ErrBusy = layer.ErrBusy
 	// ErrNotVLink is matched when the peer did not answer the hello as a
 	// VLink listener does (a plain server, or a proxy in the way).
 	ErrNotVLink = errors.New("peer is not a vlink listener")
@@ -74,6 +80,8 @@ func (c RefuseCode) sentinel() error {
 		return ErrNotAllowed
 	case CodeUnreachable:
 		return ErrUnreachable
+	case CodeBusy:
+		return ErrBusy
 	}
 	return nil
 }

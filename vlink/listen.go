@@ -449,6 +449,8 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 	start := time.Now()
 	mirrored := h.Stack.Layers
 	var ml layer.MultiLink
+	var j *junction      // where what ml builds comes back
+	release := func() {} // gives back the room a layer.Reserver holds
 	if len(mirrored) > 0 {
 		_, v, err := mirrored[0].build()
 		if err != nil {
@@ -462,6 +464,14 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 			}
 			if h.Target != "" {
 				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
+			}
+			j = &junction{l: l, authenticated: h.Authenticated, depth: depth + 1, remote: h.RemoteAddr}
+			// Before the accept: once it is sent, the dialer can no
+			// longer be told that the layer has no room.
+			if r, ok := ml.(layer.Reserver); ok {
+				if release, err = r.Reserve(j); err != nil {
+					return nil, sendRefusal(raw, refuse(CodeBusy, "layer %s: %v", mirrored[0].Name, err))
+				}
 			}
 		}
 	}
@@ -483,6 +493,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 		if c, ok := admitted.(io.Closer); ok {
 			c.Close()
 		}
+		release()
 		return nil, err
 	}
 	if err := accept(raw, h); err != nil {
@@ -511,10 +522,9 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 	}
 	if ml != nil {
 		l.log.Debug("vlink: multi-link member", "remote", h.RemoteAddr.String(), "stack", h.Stack.String(), "took", time.Since(start))
-		j := &junction{l: l, authenticated: h.Authenticated, depth: depth + 1, remote: h.RemoteAddr}
-		// The layer owns raw from here on, and watches j.Done() itself:
-		// the listener's Close must not close a member of a session it
-		// has already accepted.
+		// The layer owns raw (and its reservation) from here on, and
+		// watches j.Done() itself: the listener's Close must not close a
+		// member of a session it has already accepted.
 		l.untrack(raw)
 		if err := ml.Accept(c, j); err != nil {
 			c.Close()

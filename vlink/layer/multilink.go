@@ -2,6 +2,7 @@ package layer
 
 import (
 	"context"
+	"errors"
 	"net"
 	"time"
 )
@@ -33,6 +34,25 @@ type MultiLink interface {
 	// closed.
 	Accept(c net.Conn, j Junction) error
 }
+
+// A Reserver is a MultiLink that holds the connections it accepts until
+// their siblings arrive (parallel's substreams wait for the rest of their
+// session), within bounds of its own. A listener calls Reserve before it
+// accepts the hello of a connection for the layer, so a layer with no
+// room refuses that hello (as busy) and the dialer learns why: dropping
+// a connection whose hello was accepted would leave the dialer waiting
+// for the handshake timeout, then reporting a peer that is no listener.
+// After a successful Reserve the listener calls either Accept with the
+// same junction, which takes the reservation over, or release.
+type Reserver interface {
+	MultiLink
+	Reserve(j Junction) (release func(), err error)
+}
+
+// ErrBusy is matched by the error of a Reserver with no room left.
+// Package vlink refuses the hello with its busy code, and a dialer's
+// refusal matches the same error (vlink.ErrBusy).
+var ErrBusy = errors.New("listener busy")
 
 // An EarlyDataLayer is a MultiLink whose connections may carry data
 // before the listener has answered their nested hello. Its Dial returns
