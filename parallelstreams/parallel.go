@@ -83,11 +83,6 @@ type Layer struct {
 
 var _ layer.Reserver = (*Layer)(nil)
 
-// ErrIncomplete is matched by the error of a dial whose session the
-// listener did not complete, and logged by a listener that gave up on a
-// session whose substreams did not all arrive in time.
-var ErrIncomplete = errors.New("parallel session incomplete")
-
 func (l *Layer) initial() int {
 	if l.Auto {
 		return min(2, l.Streams)
