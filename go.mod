@@ -3,6 +3,7 @@ module github.com/vlink-dev/vlink
 go 1.26.0
 
 require (
+	github.com/flynn/noise v1.1.0
 	github.com/kevinburke/ssh_config v1.6.0
 	github.com/klauspost/compress v1.20.3
 	github.com/pelletier/go-toml/v2 v2.4.3

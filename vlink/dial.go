@@ -139,6 +139,9 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		// Nothing to mirror: no hello, the factory's stream as is.
 		return transport.DialContext(ctx, network, address)
 	}
+	if name := keyedLayer(mirrored); name != "" && r.key == nil {
+		return fail(fmt.Errorf("%w: layer %s: set Dialer.Key, key_file in the config, VLINK_KEY_FILE or --key-file", ErrKeyRequired, name))
+	}
 	peer, target := address, ""
 	if r.via != "" {
 		peer, target = r.via, address
@@ -161,7 +164,9 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, key: r.key, stack: stack}
 		} else {
-			d = &nestedHelloDialer{next: d, stack: stack, target: segTarget, early: early}
+			// A layer bound to the transcript needs the answer first.
+			early = early && keyedLayer(seg) == ""
+			d = &nestedHelloDialer{next: d, stack: stack, target: segTarget, key: r.key, early: early}
 		}
 		early = false
 		for j := len(seg) - 1; j >= 0; j-- {
@@ -171,7 +176,8 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 			}
 			switch f := v.(type) {
 			case layer.Filter:
-				d = &filterDialer{name: spec.Name, f: f, next: d}
+				// Below a filter is its segment's hello or another filter.
+				d = &filterDialer{name: spec.Name, f: f, next: d.(segmentDialer)}
 			case layer.MultiLink:
 				lowerStack := Stack{Layers: r.stack.Layers[below+j:]}
 				path := pathOf(network, peer, lowerStack, r.key)
@@ -225,24 +231,65 @@ func (d *factoryDialer) DialContext(ctx context.Context, network, address string
 	return d.f.DialContext(ctx, network, address, d.forward)
 }
 
+// A segmentDialer dials within one segment of a stack (the layers one
+// hello negotiates): with the connection it returns the key and the
+// transcript of the segment's hello, for the filters that bind to them
+// (layer.HandshakeFilter). The hello dialers and filterDialer are
+// segmentDialers.
+type segmentDialer interface {
+	dialSegment(ctx context.Context, network, address string) (net.Conn, layer.Handshake, error)
+}
+
 type filterDialer struct {
 	name string
 	f    layer.Filter
-	next layer.ContextDialer
+	next segmentDialer
 }
 
 func (d *filterDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	c, err := d.next.DialContext(ctx, network, address)
+	c, _, err := d.dialSegment(ctx, network, address)
+	return c, err
+}
+
+func (d *filterDialer) dialSegment(ctx context.Context, network, address string) (net.Conn, layer.Handshake, error) {
+	c, hs, err := d.next.dialSegment(ctx, network, address)
+	if err != nil {
+		return nil, hs, err
+	}
+	var fc net.Conn
+	if hf, ok := d.f.(layer.HandshakeFilter); ok {
+		fc, err = withContext(ctx, c, func() (net.Conn, error) { return hf.ClientHandshake(c, hs) })
+	} else {
+		fc, err = d.f.Client(c)
+	}
+	if err != nil {
+		c.Close()
+		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
+			Err: fmt.Errorf("layer %s: %w", d.name, err)}
+	}
+	return fc, hs, nil
+}
+
+// withContext runs a layer's handshake on c within the context's deadline
+// (or DefaultHandshakeTimeout), interrupted by its cancellation.
+func withContext(ctx context.Context, c net.Conn, handshake func() (net.Conn, error)) (net.Conn, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	} else {
+		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
+	}
+	stop := netconn.InterruptOnDone(ctx, c)
+	fc, err := handshake()
+	if !stop() && ctx.Err() != nil {
+		if fc != nil {
+			fc.Close()
+		}
+		return nil, fmt.Errorf("handshake: %w", ctx.Err())
+	}
 	if err != nil {
 		return nil, err
 	}
-	fc, err := d.f.Client(c)
-	if err != nil {
-		c.Close()
-		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
-			Err: fmt.Errorf("layer %s: %w", d.name, err)}
-	}
-	return fc, nil
+	return fc, c.SetDeadline(time.Time{})
 }
 
 // helloDialer dials the VLink peer (the destination, or the gateway) and
@@ -255,42 +302,48 @@ type helloDialer struct {
 	stack  string
 }
 
-func (d *helloDialer) DialContext(ctx context.Context, network, _ string) (net.Conn, error) {
+func (d *helloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, _, err := d.dialSegment(ctx, network, address)
+	return c, err
+}
+
+func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.Conn, layer.Handshake, error) {
 	c, err := d.next.DialContext(ctx, network, d.peer)
 	if err != nil {
-		return nil, err
+		return nil, layer.Handshake{}, err
 	}
-	if err := handshakeWithContext(ctx, c, d.stack, d.target, d.key); err != nil {
+	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, d.key)
+	if err != nil {
 		c.Close()
-		return nil, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
+		return nil, layer.Handshake{}, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
 	}
-	return c, nil
+	return c, layer.Handshake{Key: d.key, Transcript: transcript}, nil
 }
 
 // handshakeWithContext runs the dialer's side of a hello on c, within the
 // context's deadline (or DefaultHandshakeTimeout) and interrupted by its
-// cancellation.
-func handshakeWithContext(ctx context.Context, c net.Conn, stack, target string, key []byte) error {
+// cancellation, and returns its transcript.
+func handshakeWithContext(ctx context.Context, c net.Conn, stack, target string, key []byte) ([]byte, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
 	stop := netconn.InterruptOnDone(ctx, c)
-	herr := clientHandshake(c, stack, target, key)
+	transcript, herr := clientHandshake(c, stack, target, key)
 	if !stop() && ctx.Err() != nil {
-		return fmt.Errorf("handshake: %w", ctx.Err())
+		return nil, fmt.Errorf("handshake: %w", ctx.Err())
 	}
 	if dl, ok := ctx.Deadline(); ok && herr != nil && isTimeout(herr) && !time.Now().Before(dl) {
 		// The context's deadline, enforced through the connection's.
-		return fmt.Errorf("handshake: %w (%w)", context.DeadlineExceeded, herr)
+		return nil, fmt.Errorf("handshake: %w (%w)", context.DeadlineExceeded, herr)
 	}
 	if herr != nil {
 		var re *RefusedError
 		if errors.As(herr, &re) {
-			return herr
+			return nil, herr
 		}
-		return fmt.Errorf("handshake: %w", herr)
+		return nil, fmt.Errorf("handshake: %w", herr)
 	}
-	return c.SetDeadline(time.Time{})
+	return transcript, c.SetDeadline(time.Time{})
 }

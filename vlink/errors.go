@@ -32,6 +32,10 @@ var (
 	// ErrDirectRefused is matched when the user's rules refuse a
 	// destination.
 	ErrDirectRefused = errors.New("destination refused by the routing rules")
+	// ErrKeyRequired is matched when a stack holds a layer that needs the
+	// pre-shared key (an encryption layer such as noise) and no key is
+	// configured. It is layer.ErrKeyRequired.
+	ErrKeyRequired = layer.ErrKeyRequired
 )
 
 // RefuseCode says why a listener refused a connection.

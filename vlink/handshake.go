@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Labels keep a dialer's proof from ever being valid as a listener's.
@@ -32,42 +33,46 @@ func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
 }
 
 // clientHandshake sends the hello on c and waits for the listener's answer.
-// The caller sets c's deadline.
-func clientHandshake(c net.Conn, stack, target string, key []byte) error {
+// It returns the transcript: every handshake byte sent and received, in
+// order (see layer.Handshake). The caller sets c's deadline.
+func clientHandshake(c net.Conn, stack, target string, key []byte) (transcript []byte, err error) {
 	buf := helloBytes(stack, target, key)
 	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
-		return fmt.Errorf("sending hello: %w", err)
+		return nil, fmt.Errorf("sending hello: %w", err)
 	}
-	m, _, err := readFrame(c, msgChallenge, msgAccept, msgRefuse)
+	transcript = buf
+	m, body, err := readFrame(c, msgChallenge, msgAccept, msgRefuse)
 	if err != nil {
-		return answerError(err)
+		return nil, answerError(err)
 	}
 	if m.typ == msgChallenge {
 		if key == nil {
-			return &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key; give one (--key-file, key_file in the config)"}
+			return nil, &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key; give one (--key-file, key_file in the config)"}
 		}
 		if m.nonce == nil {
-			return fmt.Errorf("%w: challenge without a nonce", ErrBadHello)
+			return nil, fmt.Errorf("%w: challenge without a nonce", ErrBadHello)
 		}
-		auth := &message{typ: msgAuth, proof: proof(key, labelClient, helloBody, m.nonce)}
-		if _, err := c.Write(auth.appendFrame(nil)); err != nil {
-			return fmt.Errorf("sending proof: %w", err)
+		transcript = appendFrameBytes(transcript, m.typ, body)
+		auth := (&message{typ: msgAuth, proof: proof(key, labelClient, helloBody, m.nonce)}).appendFrame(nil)
+		if _, err := c.Write(auth); err != nil {
+			return nil, fmt.Errorf("sending proof: %w", err)
 		}
+		transcript = append(transcript, auth...)
 		serverNonce := m.nonce
-		if m, _, err = readFrame(c, msgAccept, msgRefuse); err != nil {
-			return answerError(err)
+		if m, body, err = readFrame(c, msgAccept, msgRefuse); err != nil {
+			return nil, answerError(err)
 		}
 		if m.typ == msgAccept && !hmac.Equal(m.proof, proof(key, labelServer, helloBody, serverNonce)) {
-			return fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
+			return nil, fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
 		}
 	} else if m.typ == msgAccept && key != nil {
-		return fmt.Errorf("%w: the listener accepted without checking the key, so it cannot prove who it is; refusing", ErrAuth)
+		return nil, fmt.Errorf("%w: the listener accepted without checking the key, so it cannot prove who it is; refusing", ErrAuth)
 	}
 	if m.typ == msgRefuse {
-		return &RefusedError{Code: m.code, Reason: m.reason}
+		return nil, &RefusedError{Code: m.code, Reason: m.reason}
 	}
-	return nil
+	return appendFrameBytes(transcript, m.typ, body), nil
 }
 
 // helloBytes is the magic and a hello frame, with a fresh nonce if the
@@ -115,6 +120,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
 	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr()}
+	h.transcript = appendFrameBytes([]byte(magic), msgHello, helloBody)
 	if j != nil {
 		h.RemoteAddr = j.remote
 		h.Authenticated = j.authenticated
@@ -131,10 +137,11 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 		}
 		nonce := make([]byte, nonceSize)
 		rand.Read(nonce)
-		if _, err := c.Write((&message{typ: msgChallenge, nonce: nonce}).appendFrame(nil)); err != nil {
+		challenge := (&message{typ: msgChallenge, nonce: nonce}).appendFrame(nil)
+		if _, err := c.Write(challenge); err != nil {
 			return nil, fmt.Errorf("sending challenge: %w", err)
 		}
-		a, _, err := readFrame(c, msgAuth)
+		a, authBody, err := readFrame(c, msgAuth)
 		if err != nil {
 			if errors.Is(err, ErrBadHello) {
 				return nil, sendRefusal(c, refuse(CodeMalformed, "%v", err))
@@ -146,12 +153,16 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 		}
 		h.Authenticated = true
 		h.serverProof = proof(p.Key, labelServer, helloBody, nonce)
+		h.transcript = appendFrameBytes(append(h.transcript, challenge...), msgAuth, authBody)
 	}
 	stack, rerr := p.checkStack(m.stack)
 	if rerr != nil {
 		return nil, sendRefusal(c, rerr)
 	}
 	h.Stack = stack
+	if name := keyedLayer(stack.Layers); name != "" && p.Key == nil {
+		return nil, sendRefusal(c, refuse(CodeLayer, "layer %s needs a pre-shared key and this listener has none (vlink serve --key-file, Policy.Key)", name))
+	}
 	if h.Target != "" {
 		if err := checkTarget(h.Target); err != nil {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "target %q: %v", h.Target, err))
@@ -166,10 +177,44 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 	return h, nil
 }
 
-// accept sends the accept for h.
+// accept sends the accept for h, which ends h's transcript.
 func accept(c net.Conn, h *Hello) error {
-	_, err := c.Write((&message{typ: msgAccept, proof: h.serverProof}).appendFrame(nil))
+	b := (&message{typ: msgAccept, proof: h.serverProof}).appendFrame(nil)
+	h.transcript = append(h.transcript, b...)
+	_, err := c.Write(b)
 	return err
+}
+
+// appendFrameBytes appends the frame readFrame returned as (t, body) as
+// it was on the wire: readFrame checked its header, so the header is
+// rebuilt exactly.
+func appendFrameBytes(b []byte, t msgType, body []byte) []byte {
+	b = append(b, protoVersion, byte(t), byte(len(body)>>8), byte(len(body)))
+	return append(b, body...)
+}
+
+// keyedLayer returns the name of the first layer that needs the
+// pre-shared key (a layer.HandshakeFilter), or "".
+func keyedLayer(layers []Layer) string {
+	for _, l := range layers {
+		if spec := lookup(l.Name); spec != nil && spec.Kind == layer.KindFilter {
+			if _, v, err := l.build(); err == nil {
+				if _, ok := v.(layer.HandshakeFilter); ok {
+					return l.Name
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// serverFilter applies a filter of h's segment on the listener's side,
+// handing a layer.HandshakeFilter the key and h's transcript.
+func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn, error) {
+	if hf, ok := f.(layer.HandshakeFilter); ok {
+		return hf.ServerHandshake(c, layer.Handshake{Key: l.cfg.Policy.Key, Transcript: h.transcript})
+	}
+	return f.Server(c)
 }
 
 // sendRefusal tells the dialer why and returns the refusal as the error.

@@ -67,6 +67,7 @@ type Hello struct {
 	RemoteAddr    net.Addr
 
 	serverProof []byte
+	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 }
 
 // Conn is a connection accepted by a Listener.
@@ -513,7 +514,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 		if !ok {
 			return fail(fmt.Errorf("layer %s: a %s below a multi-link layer's hello", spec.Name, spec.Kind))
 		}
-		if c, err = f.Server(c); err != nil {
+		if c, err = l.serverFilter(f, c, h); err != nil {
 			return fail(fmt.Errorf("layer %s: %w", spec.Name, err))
 		}
 	}

@@ -69,13 +69,19 @@ type nestedHelloDialer struct {
 	next   layer.ContextDialer
 	stack  string
 	target string
-	early  bool // send the hello and go on: see layer.EarlyDataLayer
+	key    []byte // for the filters of the segment; the hello carries none
+	early  bool   // send the hello and go on: see layer.EarlyDataLayer
 }
 
-func (d *nestedHelloDialer) DialContext(ctx context.Context, network, address string) (_ net.Conn, err error) {
+func (d *nestedHelloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, _, err := d.dialSegment(ctx, network, address)
+	return c, err
+}
+
+func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address string) (_ net.Conn, hs layer.Handshake, err error) {
 	c, err := d.next.DialContext(ctx, network, address)
 	if err != nil {
-		return nil, err
+		return nil, hs, err
 	}
 	if d.early {
 		if dl, ok := ctx.Deadline(); ok {
@@ -85,15 +91,16 @@ func (d *nestedHelloDialer) DialContext(ctx context.Context, network, address st
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			c.Close()
-			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: fmt.Errorf("sending hello: %w", err)}
+			return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: fmt.Errorf("sending hello: %w", err)}
 		}
-		return &earlyConn{Conn: c, addr: addr{network, address}}, nil
+		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	if err := handshakeWithContext(ctx, c, d.stack, d.target, nil); err != nil {
+	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, nil)
+	if err != nil {
 		c.Close()
-		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 	}
-	return c, nil
+	return c, layer.Handshake{Key: d.key, Transcript: transcript}, nil
 }
 
 // earlyConn is a connection whose nested hello is sent but not yet

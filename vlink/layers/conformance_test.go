@@ -58,13 +58,39 @@ func stacks(t *testing.T) map[string]vlink.Stack {
 	if _, ok := layer.Lookup("mux"); ok {
 		out["zstd+mux+parallel:streams=2"] = vlink.MustParse("zstd+mux+parallel:streams=2")
 	}
+	if _, ok := layer.Lookup("noise"); ok {
+		// Compression above encryption.
+		out["zstd+noise"] = vlink.MustParse("zstd+noise")
+		out["noise+mux+noise"] = vlink.MustParse("noise+mux+noise")
+	}
 	return out
+}
+
+// testKey is the pre-shared key of both sides for stacks with a layer
+// that needs one (noise).
+var testKey = []byte("conformance pre-shared key")
+
+func needsKey(s vlink.Stack) bool {
+	for _, l := range s.Layers {
+		if spec, ok := layer.Lookup(l.Name); ok {
+			if v, err := spec.Build(l.Params); err == nil {
+				if _, ok := v.(layer.HandshakeFilter); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // pipe makes a connected pair through a stack: the dialed end and the
 // accepted end, each as a program gets it.
 func pipe(t testing.TB, stack vlink.Stack) (c1, c2 net.Conn, stop func(), err error) {
-	var lc vlink.ListenConfig
+	var key []byte
+	if needsKey(stack) {
+		key = testKey
+	}
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key}}
 	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, nil, err
@@ -80,7 +106,7 @@ func pipe(t testing.TB, stack vlink.Stack) (c1, c2 net.Conn, stop func(), err er
 	}()
 	// The Dialer keeps what multi-link layers share (a mux session)
 	// until it is closed.
-	d := &vlink.Dialer{Stack: stack}
+	d := &vlink.Dialer{Stack: stack, Key: key}
 	c1, err = d.Dial("tcp", l.Addr().String())
 	if err != nil {
 		l.Close()

@@ -15,5 +15,6 @@ import (
 	_ "github.com/vlink-dev/vlink/filters/compress"
 	_ "github.com/vlink-dev/vlink/filters/identity"
 	_ "github.com/vlink-dev/vlink/filters/mux"
+	_ "github.com/vlink-dev/vlink/filters/noise"
 	_ "github.com/vlink-dev/vlink/parallelstreams"
 )

@@ -1,0 +1,202 @@
+// Package noise provides the "noise" filter: it encrypts and
+// authenticates a stream with the Noise protocol
+// Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s (github.com/flynn/noise), keyed by
+// vlink's pre-shared key (vlink.Dialer.Key, vlink.Policy.Key, --key-file).
+// Each connection runs a fresh ephemeral X25519 exchange, so recording the
+// traffic and stealing the key later does not decrypt it (forward
+// secrecy), and only a peer holding the key completes the handshake
+// (mutual authentication). The handshake's prologue is a hash of the
+// VLink hello's transcript, so the authenticated hello and the encrypted
+// channel cannot be split: a hello changed on the way fails the handshake.
+//
+// After the handshake the stream is a sequence of records (frame.go) of
+// at most [MaxPlain] application bytes, each sealed under the next
+// nonce; an end record marks a clean end. A record that does not
+// authenticate fails the connection with an error matching [ErrAuth], and
+// a stream that ends without its end record is io.ErrUnexpectedEOF, both
+// inside a *net.OpError naming "noise". The connections honour the whole
+// net.Conn contract. Threat model and construction: docs/ARCHITECTURE.md
+// §12.
+package noise
+
+import (
+	"crypto/hkdf"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+
+	flynn "github.com/flynn/noise"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
+)
+
+func init() {
+	layer.Register(layer.Spec{
+		Name:    "noise",
+		Kind:    layer.KindFilter,
+		Summary: "encrypt and authenticate (Noise NNpsk0, X25519, ChaCha20-Poly1305) with the pre-shared key",
+		New:     func(layer.Args) (any, error) { return Filter{}, nil },
+	})
+}
+
+// MinKeySize is the shortest pre-shared key accepted, as vlink's.
+const MinKeySize = 16
+
+// Labels separate what is derived from the key and the transcript here
+// from any other use of them.
+const (
+	pskLabel      = "vlink noise v1 psk"
+	prologueLabel = "vlink noise v1 prologue\x00"
+)
+
+var suite = flynn.NewCipherSuite(flynn.DH25519, flynn.CipherChaChaPoly, flynn.HashBLAKE2s)
+
+// Filter is the noise layer. It implements layer.HandshakeFilter: it
+// needs the pre-shared key and the hello's transcript, which vlink hands
+// it through ClientHandshake and ServerHandshake.
+type Filter struct{}
+
+var _ layer.HandshakeFilter = Filter{}
+
+// Client fails: the layer needs the key and the hello's transcript,
+// which only ClientHandshake gets.
+func (Filter) Client(net.Conn) (net.Conn, error) { return nil, errNoHandshake }
+
+// Server fails as Client does.
+func (Filter) Server(net.Conn) (net.Conn, error) { return nil, errNoHandshake }
+
+var errNoHandshake = fmt.Errorf("noise: %w and the hello's transcript (use it in a vlink stack)", layer.ErrKeyRequired)
+
+// ClientHandshake runs the initiator's side of the handshake on c and
+// returns the encrypted connection, which owns c. The caller bounds it
+// with c's deadline.
+func (Filter) ClientHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) {
+	return handshake(c, hs, true)
+}
+
+// ServerHandshake runs the responder's side of the handshake on c.
+func (Filter) ServerHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) {
+	return handshake(c, hs, false)
+}
+
+// Handshake messages (NNpsk0):
+//
+//	-> psk, e        the initiator's ephemeral key, sealed with the PSK
+//	<- e, ee         the responder's, and the ephemeral-ephemeral DH
+//
+// Each message's empty payload is sealed with everything mixed in so far
+// (prologue, PSK, DH), so reading it proves the sender holds the key and
+// saw the same hello.
+func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error) {
+	opErr := func(err error) error {
+		return &net.OpError{Op: "handshake", Net: "noise", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	}
+	if len(hs.Key) < MinKeySize {
+		return nil, opErr(fmt.Errorf("%w: got %d bytes, want at least %d", layer.ErrKeyRequired, len(hs.Key), MinKeySize))
+	}
+	psk, err := hkdf.Key(sha256.New, hs.Key, nil, pskLabel, 32)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	st, err := flynn.NewHandshakeState(flynn.Config{
+		CipherSuite:           suite,
+		Pattern:               flynn.HandshakeNN,
+		Initiator:             initiator,
+		Prologue:              Prologue(hs.Transcript),
+		PresharedKey:          psk,
+		PresharedKeyPlacement: 0,
+	})
+	if err != nil {
+		return nil, opErr(err)
+	}
+	var buf [headerSize + maxHandshake]byte
+	var cs1, cs2 *flynn.CipherState
+	if initiator {
+		msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+		if err != nil {
+			return nil, opErr(err)
+		}
+		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
+			return nil, opErr(err)
+		}
+		msg, err = readHandshake(c, &buf)
+		if err != nil {
+			return nil, opErr(err)
+		}
+		if _, cs1, cs2, err = st.ReadMessage(nil, msg); err != nil {
+			return nil, opErr(fmt.Errorf("%w: the peer does not hold this key, or saw another hello (%v)", ErrAuth, err))
+		}
+	} else {
+		msg, err := readHandshake(c, &buf)
+		if err != nil {
+			return nil, opErr(err)
+		}
+		if _, _, _, err = st.ReadMessage(nil, msg); err != nil {
+			return nil, opErr(fmt.Errorf("%w: the peer does not hold this key, or saw another hello (%v)", ErrAuth, err))
+		}
+		if msg, cs1, cs2, err = st.WriteMessage(buf[headerSize:headerSize], nil); err != nil {
+			return nil, opErr(err)
+		}
+		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
+			return nil, opErr(err)
+		}
+	}
+	if cs1 == nil || cs2 == nil {
+		return nil, opErr(fmt.Errorf("%w: handshake did not complete", ErrAuth))
+	}
+	send, recv := cs1, cs2 // the initiator sends with the first
+	if !initiator {
+		send, recv = cs2, cs1
+	}
+	sc, err := newCipherState(send)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	rc, err := newCipherState(recv)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	return newConn(c, sc, rc), nil
+}
+
+// Prologue is what both sides mix into the handshake: a label and the
+// SHA-256 of the hello's transcript.
+func Prologue(transcript []byte) []byte {
+	sum := sha256.Sum256(transcript)
+	return append([]byte(prologueLabel), sum[:]...)
+}
+
+// writeHandshake sends a handshake message that follows a header's room
+// in rec.
+func writeHandshake(c net.Conn, rec []byte) error {
+	(*header)(rec).set(recHandshake, len(rec)-headerSize)
+	_, err := c.Write(rec)
+	return err
+}
+
+// readHandshake reads exactly one handshake record, never more: the
+// records after it stay in c for the connection.
+func readHandshake(c net.Conn, buf *[headerSize + maxHandshake]byte) ([]byte, error) {
+	if _, err := io.ReadFull(c, buf[:headerSize]); err != nil {
+		return nil, handshakeReadErr(err)
+	}
+	h := (*header)(buf[:headerSize])
+	if h.Type() != recHandshake || h.Len() > maxHandshake {
+		return nil, fmt.Errorf("%w: expected a handshake record, got type %d of %d bytes", ErrAuth, h[0], h.Len())
+	}
+	msg := buf[headerSize : headerSize+h.Len()]
+	if _, err := io.ReadFull(c, msg); err != nil {
+		return nil, handshakeReadErr(err)
+	}
+	return msg, nil
+}
+
+// handshakeReadErr explains an end of stream in the handshake: a peer
+// that does not hold the key closes without a word.
+func handshakeReadErr(err error) error {
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return fmt.Errorf("%w: the peer closed the connection in the handshake (does it hold the same key?)", io.ErrUnexpectedEOF)
+	}
+	return err
+}

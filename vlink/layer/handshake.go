@@ -1,0 +1,38 @@
+package layer
+
+import (
+	"errors"
+	"net"
+)
+
+// Handshake is what the hello that negotiated a filter established, for
+// filters that bind to it ([HandshakeFilter]).
+type Handshake struct {
+	// Key is the pre-shared key of the dialer (vlink.Dialer.Key) or the
+	// listener (vlink.Policy.Key); nil if there is none. It is the same
+	// key on both sides only if the hello was authenticated with it.
+	Key []byte
+	// Transcript is the hello's messages exactly as they crossed the
+	// connection, in order: the magic and the hello, then the challenge
+	// and the proof if the listener asked for the key, then the accept.
+	// Both sides see the same bytes unless someone changed them on the way.
+	Transcript []byte
+}
+
+// A HandshakeFilter is a Filter that needs the pre-shared key and the
+// transcript of the hello that negotiated it: an encryption layer keys
+// its channel with the key and binds it to the transcript, so that the
+// authenticated hello and the channel cannot be split. Package vlink
+// calls ClientHandshake and ServerHandshake instead of Client and Server,
+// within the handshake's deadline, and refuses a stack holding such a
+// layer when its side has no key ([ErrKeyRequired]).
+type HandshakeFilter interface {
+	Filter
+	ClientHandshake(c net.Conn, hs Handshake) (net.Conn, error)
+	ServerHandshake(c net.Conn, hs Handshake) (net.Conn, error)
+}
+
+// ErrKeyRequired is matched when a stack holds a layer that needs the
+// pre-shared key (a HandshakeFilter) and no key is configured. Package
+// vlink returns the same error as vlink.ErrKeyRequired.
+var ErrKeyRequired = errors.New("layer needs a pre-shared key")
