@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -38,6 +40,14 @@ type Dialer struct {
 	// limit beyond the context's and DefaultHandshakeTimeout for the
 	// handshake.
 	Timeout time.Duration
+	// InsecurePlaintext keeps a stack as it is. By default, with a key
+	// (Key or the Config's), a stack that sends a hello to a peer beyond
+	// loopback gets the encryption layer (EncryptionLayer) at the bottom
+	// of its mirrored layers, unless it holds one: the bytes that leave
+	// the host are encrypted and bound to the key. A plain stack (no
+	// hello) is never changed. UNSAFE: set it only where the network
+	// itself is trusted.
+	InsecurePlaintext bool
 
 	// cache keeps the multi-link layers built by this Dialer, so dials
 	// along the same path share them. A Dialer must not be copied after
@@ -85,6 +95,11 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 	}
+	if !d.InsecurePlaintext {
+		if r, err = r.encrypted(address); err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+		}
+	}
 	return r.dial(ctx, network, address, &d.cache)
 }
 
@@ -117,6 +132,57 @@ func (d *Dialer) route(address string) (*route, error) {
 		}
 	}
 	return cfg.route(address)
+}
+
+// EncryptionLayer is the layer a Dialer adds, and a Listener with a key
+// requires, where bytes leave the host (see Dialer.InsecurePlaintext).
+const EncryptionLayer = "noise"
+
+// encrypted returns r with EncryptionLayer at the bottom of its mirrored
+// layers when r has a key, sends a hello (has mirrored layers) to a peer
+// beyond loopback, and holds no layer bound to the key already; else r.
+// Bottom, so that every byte on the wire is encrypted, the framing of the
+// layers above included. A program that did not register the layer gets
+// an error rather than plaintext on the network.
+func (r *route) encrypted(address string) (*route, error) {
+	peer := address
+	if r.via != "" {
+		peer = r.via
+	}
+	mirrored := r.stack.mirrored()
+	if r.key == nil || len(mirrored) == 0 || keyedLayer(mirrored) != "" || isLoopbackHost(peer) {
+		return r, nil
+	}
+	if lookup(EncryptionLayer) == nil {
+		return nil, fmt.Errorf("%w: the key is set and %s is beyond loopback, so the stack needs the %s layer: import github.com/vlink-dev/vlink/filters/noise (or vlink/layers), or set Dialer.InsecurePlaintext", ErrUnknownLayer, peer, EncryptionLayer)
+	}
+	layers := make([]Layer, 0, len(r.stack.Layers)+1)
+	layers = append(layers, mirrored...)
+	layers = append(layers, Layer{Name: EncryptionLayer})
+	layers = append(layers, r.stack.factories()...)
+	out := *r
+	out.stack = Stack{Layers: layers}
+	return &out, nil
+}
+
+// isLoopbackHost reports whether address (host:port) names this host
+// by a loopback IP or "localhost". Any other name counts as remote: a
+// wrong guess then costs an encryption, never a leak.
+func isLoopbackHost(address string) bool {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return false
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap().IsLoopback()
+	}
+	return host == "localhost" || strings.HasSuffix(host, ".localhost")
+}
+
+// isLoopback reports whether a is a loopback IP address.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.AddrPort().Addr().Unmap().IsLoopback()
 }
 
 // dial builds the stack's dialer chain and dials through it. Multi-link

@@ -163,6 +163,12 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 	if name := keyedLayer(stack.Layers); name != "" && p.Key == nil {
 		return nil, sendRefusal(c, refuse(CodeLayer, "layer %s needs a pre-shared key and this listener has none (vlink serve --key-file, Policy.Key)", name))
 	}
+	// Bytes that cross a network are encrypted: the bottom segment's
+	// hello (a nested one rides inside it) must hold the encryption
+	// layer when it comes from beyond loopback.
+	if p.Key != nil && !p.InsecurePlaintext && j == nil && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
+		return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: add %s to the stack (vlink adds it when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
+	}
 	if h.Target != "" {
 		if err := checkTarget(h.Target); err != nil {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "target %q: %v", h.Target, err))

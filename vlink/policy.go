@@ -35,7 +35,8 @@ type Range struct{ Min, Max int64 }
 type Policy struct {
 	// Layers are the layer names a dialer may ask the listener to mirror.
 	// Nil allows every registered filter and multi-link layer; an empty
-	// non-nil slice allows none.
+	// non-nil slice allows none. With a Key, EncryptionLayer is allowed
+	// whatever Layers says.
 	Layers []string
 	// Limits narrow numeric parameters beyond their schema, keyed
 	// "layer.param" (for example "zstd.level": {1, 9}), because the
@@ -50,6 +51,13 @@ type Policy struct {
 	Key []byte
 	// Plain says whether connections without a hello are accepted.
 	Plain PlainMode
+	// InsecurePlaintext lets dialers beyond loopback use a stack without
+	// an encryption layer although the policy has a Key. By default such
+	// a hello is refused: bytes that leave the host are encrypted (vlink
+	// dialers holding the key add the layer themselves, see
+	// Dialer.InsecurePlaintext). UNSAFE: set it only where the network
+	// itself is trusted.
+	InsecurePlaintext bool
 	// Targets are the forwarding targets a dialer may name, as selector
 	// rules (host glob, IP or CIDR, ports); the action of the first match
 	// decides (Refuse forbids). Nil forbids all forwarding: never an open
@@ -139,7 +147,10 @@ func (p *Policy) checkStack(text string) (Stack, *RefusedError) {
 	}
 	for i, l := range s.Layers {
 		spec := lookup(l.Name)
-		if spec == nil || !spec.Kind.Mirrored() || (p.Layers != nil && !contains(p.Layers, l.Name)) {
+		// With a key, the encryption layer is always allowed: dialers
+		// add it by themselves beyond loopback.
+		listed := p.Layers == nil || contains(p.Layers, l.Name) || (p.Key != nil && l.Name == EncryptionLayer)
+		if spec == nil || !spec.Kind.Mirrored() || !listed {
 			return Stack{}, refuse(CodeLayer, "layer %d (%s) is not allowed here (allowed: %s)", i+1, l.Name, strings.Join(p.allowedNames(), ", "))
 		}
 		if spec.Kind == layer.KindMultiLink && i > 0 {

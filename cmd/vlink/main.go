@@ -115,6 +115,12 @@ func (l *listFlag) Set(s string) error {
 	return nil
 }
 
+// insecurePlaintextVar defines the dialing commands' opt-out of
+// encryption.
+func insecurePlaintextVar(fs *flag.FlagSet, p *bool) {
+	fs.BoolVar(p, "insecure-plaintext", false, "UNSAFE: keep the stack as given; by default, with a key, a stack with layers sent beyond loopback gets the noise encryption layer at its bottom. Only for a network you trust")
+}
+
 // graceVar defines the servers' shutdown grace period flag.
 func graceVar(fs *flag.FlagSet, p *time.Duration) {
 	fs.DurationVar(p, "grace", 5*time.Second,

@@ -64,6 +64,7 @@ type serveOptions struct {
 	allow, limits                          listFlag
 	handshakeTimeout, dialTimeout, grace   time.Duration
 	idleTimeout                            time.Duration
+	insecurePlaintext                      bool
 }
 
 func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -79,6 +80,7 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
+	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -157,7 +159,7 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 
 // policy builds the listener's policy from the flags.
 func (o *serveOptions) policy() (vlink.Policy, error) {
-	var p vlink.Policy
+	p := vlink.Policy{InsecurePlaintext: o.insecurePlaintext}
 	if o.target != "" {
 		if err := checkHostPort(o.target); err != nil {
 			return p, usagef("--target %s", err)

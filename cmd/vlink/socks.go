@@ -57,6 +57,7 @@ type socksOptions struct {
 	listen, stack, via, keyFile, config, user, passwordFile string
 	allowFrom                                               listFlag
 	handshakeTimeout, dialTimeout, grace                    time.Duration
+	insecurePlaintext                                       bool
 }
 
 // maxSOCKSHandshakes bounds the handshakes in progress, and so what slow
@@ -75,6 +76,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.passwordFile, "password-file", "", "the password clients must give, read from `FILE` (mode 600)")
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a client whose SOCKS handshake, destination dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching a destination after `DURATION`")
+	insecurePlaintextVar(fs, &o.insecurePlaintext)
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -102,7 +104,7 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 		}
 		allow = append(allow, p.Masked())
 	}
-	d := &vlink.Dialer{Timeout: o.dialTimeout}
+	d := &vlink.Dialer{Timeout: o.dialTimeout, InsecurePlaintext: o.insecurePlaintext}
 	route := ""
 	switch {
 	case o.stack != "":

@@ -60,6 +60,7 @@ type tunnelOptions struct {
 	listen, to, stack, via, keyFile string
 	listenStack                     string
 	dialTimeout, grace              time.Duration
+	insecurePlaintext               bool
 }
 
 func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -71,6 +72,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	insecurePlaintextVar(fs, &o.insecurePlaintext)
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -91,7 +93,7 @@ func (o *tunnelOptions) dialer() (*vlink.Dialer, error) {
 	if o.dialTimeout <= 0 || o.grace < 0 {
 		return nil, usagef("--dial-timeout and --grace want positive durations")
 	}
-	d := &vlink.Dialer{Timeout: o.dialTimeout}
+	d := &vlink.Dialer{Timeout: o.dialTimeout, InsecurePlaintext: o.insecurePlaintext}
 	if o.stack == "" {
 		if o.via != "" || o.keyFile != "" {
 			return nil, usagef("--via and --key-file need --stack (--stack tcp for no filter); without --stack the configuration decides")

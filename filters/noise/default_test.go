@@ -1,0 +1,100 @@
+package noise_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// hostAddr returns a non-loopback IPv4 address of this host, so that a
+// dial to it counts as leaving the host.
+func hostAddr(t *testing.T) net.IP {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP
+		}
+	}
+	testenv.Missing(t, "a non-loopback IPv4 address on this host")
+	return nil
+}
+
+// TestEncryptedByDefault: with a key, a stack sent beyond loopback gets
+// the noise layer at the bottom of its mirrored layers unless the dialer
+// opts out, and a listener with a key refuses plaintext from beyond
+// loopback unless it opts out; on loopback nothing changes.
+func TestEncryptedByDefault(t *testing.T) {
+	remote := hostAddr(t)
+	for _, tc := range []struct {
+		name            string
+		listenOn        net.IP
+		stack           string
+		dialerPlaintext bool
+		listenPlaintext bool
+		want            string   // the stack the listener sees; "" for a refusal
+		layers          []string // the listener's Policy.Layers
+	}{
+		{"beyond loopback", remote, "zstd", false, false, "zstd+noise", nil},
+		// The listener hands out the stream of the nested hello ("zstd");
+		// the bottom one ("mux+noise") got through, so it was encrypted:
+		// plaintext from beyond loopback is refused.
+		{"beyond loopback, multi-link", remote, "zstd+mux", false, false, "zstd", nil},
+		{"beyond loopback, noise already there", remote, "noise+zstd", false, false, "noise+zstd", nil},
+		{"loopback", net.IPv4(127, 0, 0, 1), "zstd", false, false, "zstd", nil},
+		{"dialer opts out", remote, "zstd", true, false, "", nil},
+		{"both opt out", remote, "zstd", true, true, "zstd", nil},
+		{"the listener lists its layers", remote, "zstd", false, false, "zstd+noise", []string{"zstd"}}, // noise comes with the key
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key, InsecurePlaintext: tc.listenPlaintext, Layers: tc.layers}}
+			l, err := lc.Listen(context.Background(), "tcp", net.JoinHostPort(tc.listenOn.String(), "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			seen := make(chan string, 1)
+			go func() {
+				c, err := l.AcceptVLink()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				seen <- c.Hello().Stack.String()
+				io.Copy(c, c)
+			}()
+			d := vlink.Dialer{Stack: vlink.MustParse(tc.stack), Key: key, InsecurePlaintext: tc.dialerPlaintext}
+			defer d.Close()
+			c, err := d.Dial("tcp", l.Addr().String())
+			if tc.want == "" {
+				if !errors.Is(err, vlink.ErrNotAllowed) {
+					t.Fatalf("dial: %v, want a refusal matching ErrNotAllowed", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			msg := []byte("hello through " + tc.stack)
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != string(msg) {
+				t.Fatalf("echo %q, %v", got, err)
+			}
+			if s := <-seen; s != tc.want {
+				t.Errorf("the listener saw stack %s, want %s", s, tc.want)
+			}
+		})
+	}
+}
