@@ -38,6 +38,9 @@ func WatchIdle(idle time.Duration, watch net.Conn, conns ...net.Conn) *IdleWatch
 	}
 	n, _ := count()
 	w := &IdleWatch{idle: idle, count: count, conns: conns, last: n, since: time.Now()}
+	// check takes mu first: it must not run before timer is set.
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.timer = time.AfterFunc(w.period(), w.check)
 	return w
 }
