@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +23,7 @@ import (
 // an error. The plain tcp stack has none (it is TCP byte for byte, as
 // socat or ssh -L are): there a killed hop's FIN is all the next one
 // sees, so it is tested only with the cuts that reset.
-var abortStacks = []string{"zstd", "lz4", "s2", "deflate", "adaptive", "mux", "parallel"}
+var abortStacks = []string{"zstd", "lz4", "s2", "deflate", "adaptive", "mux", "parallel", "noise"}
 
 // A cut ends a hop of tunnel -> serve in the middle of a transfer.
 type cut struct {
@@ -106,8 +107,8 @@ func cutDownload(t *testing.T, stack string, data []byte, cut cut) {
 		<-cutDone
 		c.Write(data[size/2:])
 	})
-	serve, gw := startVLink(t, "serve", "--target", target)
-	tunnel, tun := startVLink(t, "tunnel", "--to", gw, "--stack", stack)
+	serve, gw := startVLink(t, append([]string{"serve", "--target", target}, keyArgs(t, stack)...)...)
+	tunnel, tun := startVLink(t, append([]string{"tunnel", "--to", gw, "--stack", stack}, keyArgs(t, stack)...)...)
 	c, err := net.Dial("tcp", tun)
 	if err != nil {
 		t.Fatal(err)
@@ -141,8 +142,8 @@ func cutUpload(t *testing.T, stack string, data []byte, cut cut) {
 		}
 		got <- result{n, err}
 	})
-	serve, gw := startVLink(t, "serve", "--target", target)
-	tunnel, tun := startVLink(t, "tunnel", "--to", gw, "--stack", stack)
+	serve, gw := startVLink(t, append([]string{"serve", "--target", target}, keyArgs(t, stack)...)...)
+	tunnel, tun := startVLink(t, append([]string{"tunnel", "--to", gw, "--stack", stack}, keyArgs(t, stack)...)...)
 	c, err := net.Dial("tcp", tun)
 	if err != nil {
 		t.Fatal(err)
@@ -161,6 +162,18 @@ func cutUpload(t *testing.T, stack string, data []byte, cut cut) {
 	c.Write(data[size/2:]) // fails, or goes nowhere: the hop is cut
 	r := <-got
 	checkCut(t, "the target", r.n, size, r.err)
+}
+
+// keyArgs returns the --key-file flag for a stack that needs the key.
+func keyArgs(t *testing.T, stack string) []string {
+	if !strings.Contains(stack, "noise") {
+		return nil
+	}
+	path := filepath.Join(t.TempDir(), "vlink.key")
+	if err := os.WriteFile(path, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--key-file", path}
 }
 
 // checkCut fails the test unless a reader that got n of size bytes, then
