@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xtaci/smux"
 	"go.uber.org/goleak"
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
@@ -275,4 +276,95 @@ func TestDialerClose(t *testing.T) {
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, ErrSessionClosed) {
 		t.Fatalf("read after Dialer.Close: %v, want ErrSessionClosed", err)
 	}
+}
+
+// TestLastBytes: a stream whose reader has half-closed its own side reads
+// the peer's last bytes, then io.EOF, however the peer's last frame, its
+// FIN and the Read meet. smux v1.5.58 may report the end of such a
+// stream when its last frame arrives during a Read that has just found
+// the buffer empty: the stream ended short and clean, silently. Each
+// stream here starts its Read before the peer writes, to meet that
+// window.
+func TestLastBytes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		size int
+	}{
+		{"one byte", 1},
+		{"one frame", 100},
+		{"two chunks", chunkSize + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, server := sessionPair(t)
+			want := make([]byte, tc.size)
+			for i := range want {
+				want[i] = byte(i)
+			}
+			for i := 0; i < 50; i++ {
+				st, err := client.OpenStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := newStream(st)
+				sst, err := server.AcceptStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := newStream(sst)
+				if err := s.CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				got := make(chan []byte, 1)
+				go func() {
+					b, err := io.ReadAll(s)
+					if err != nil {
+						t.Error(err)
+					}
+					got <- b
+				}()
+				if _, err := c.Write(want); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				if b := <-got; len(b) != len(want) {
+					t.Fatalf("stream %d: read %d bytes, then io.EOF; the peer wrote %d", i, len(b), len(want))
+				}
+				c.Close()
+				s.Close()
+			}
+		})
+	}
+}
+
+// sessionPair returns the two ends of a smux session over loopback TCP,
+// as the layer configures it, closed through t.Cleanup.
+func sessionPair(t *testing.T) (client, server *smux.Session) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c1, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := l.Accept()
+	if err != nil {
+		c1.Close()
+		t.Fatal(err)
+	}
+	cfg := Config{}.withDefaults().smux()
+	if client, err = smux.Client(sessionConn{c1}, cfg); err == nil {
+		server, err = smux.Server(sessionConn{c2}, cfg)
+	}
+	if err != nil {
+		c1.Close()
+		c2.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
 }

@@ -73,6 +73,16 @@ func (s *stream) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	n, err := s.st.Read(p)
+	if n == 0 && err == io.EOF {
+		// smux v1.5.58 finds the buffer empty, then, without its lock,
+		// that the stream has ended: the peer's last frame and its FIN
+		// may both arrive in between, and the stream would end without
+		// that frame's bytes. The session buffers a frame before it
+		// handles the FIN that follows, so once the end is seen a second
+		// look at the buffer finds every byte; with none left it is
+		// io.EOF again, at once.
+		n, err = s.st.Read(p)
+	}
 	return n, s.mapErr("read", err)
 }
 
