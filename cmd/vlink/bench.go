@@ -240,7 +240,7 @@ func benchTargets(srv *benchServers, stacks []vlink.Stack) []*benchTarget {
 		wire: &srv.rawWire,
 	}}
 	for _, s := range stacks {
-		d := &vlink.Dialer{Stack: s}
+		d := &vlink.Dialer{Stack: s, Key: srv.key}
 		targets = append(targets, &benchTarget{
 			name: s.String(),
 			dial: func(ctx context.Context) (net.Conn, error) {

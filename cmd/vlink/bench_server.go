@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -24,6 +25,7 @@ const (
 type benchServers struct {
 	raw     net.Listener
 	vl      *vlink.Listener
+	key     []byte // the listener's, and every bench dialer's: layers such as noise need one
 	rawWire atomic.Int64
 	vlWire  atomic.Int64
 
@@ -33,7 +35,8 @@ type benchServers struct {
 }
 
 func startBenchServers() (*benchServers, error) {
-	s := &benchServers{conns: map[net.Conn]struct{}{}}
+	s := &benchServers{conns: map[net.Conn]struct{}{}, key: make([]byte, 32)}
+	rand.Read(s.key)
 	rawL, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -44,7 +47,9 @@ func startBenchServers() (*benchServers, error) {
 		rawL.Close()
 		return nil, err
 	}
-	var lc vlink.ListenConfig // the zero policy mirrors every registered filter and multi-link layer
+	// Every registered filter and multi-link layer, plain stacks too; the
+	// key lets the ones that need one (noise) run.
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: s.key, Plain: vlink.PlainAllow}}
 	if s.vl, err = lc.NewListener(&countingListener{Listener: vlL, n: &s.vlWire}); err != nil {
 		rawL.Close()
 		vlL.Close()
