@@ -139,8 +139,9 @@ func (d *Dialer) route(address string) (*route, error) {
 const EncryptionLayer = "noise"
 
 // encrypted returns r with EncryptionLayer at the bottom of its mirrored
-// layers when r has a key, sends a hello (has mirrored layers) to a peer
-// beyond loopback, and holds no layer bound to the key already; else r.
+// layers when r has a key, sends a hello (has mirrored layers, or goes
+// via a gateway) to a peer beyond loopback, and holds no layer bound to
+// the key already; else r.
 // Bottom, so that every byte on the wire is encrypted, the framing of the
 // layers above included. A program that did not register the layer gets
 // an error rather than plaintext on the network.
@@ -150,7 +151,8 @@ func (r *route) encrypted(address string) (*route, error) {
 		peer = r.via
 	}
 	mirrored := r.stack.mirrored()
-	if r.key == nil || len(mirrored) == 0 || keyedLayer(mirrored) != "" || isLoopbackHost(peer) {
+	sendsHello := len(mirrored) > 0 || r.via != ""
+	if r.key == nil || !sendsHello || keyedLayer(mirrored) != "" || isLoopbackHost(peer) {
 		return r, nil
 	}
 	if lookup(EncryptionLayer) == nil {

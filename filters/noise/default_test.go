@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -26,6 +27,36 @@ func hostAddr(t *testing.T) net.IP {
 	}
 	testenv.Missing(t, "a non-loopback IPv4 address on this host")
 	return nil
+}
+
+// TestEncryptedViaGateway: a plain stack sent via a gateway beyond
+// loopback still sends a hello (it names the target), so it gets the
+// noise layer too.
+func TestEncryptedViaGateway(t *testing.T) {
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key, Targets: []selector.Rule{{Host: "127.0.0.1", Ports: "9"}}}}
+	l, err := lc.Listen(context.Background(), "tcp", net.JoinHostPort(hostAddr(t).String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	seen := make(chan string, 1)
+	go func() {
+		c, err := l.AcceptVLink()
+		if err != nil {
+			return
+		}
+		seen <- c.Hello().Stack.String()
+		c.Close()
+	}()
+	d := vlink.Dialer{Stack: vlink.MustParse("tcp"), Via: l.Addr().String(), Key: key}
+	c, err := d.Dial("tcp", "127.0.0.1:9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if s := <-seen; s != "noise" {
+		t.Errorf("the gateway saw stack %q, want noise", s)
+	}
 }
 
 // TestEncryptedByDefault: with a key, a stack sent beyond loopback gets
