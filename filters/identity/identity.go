@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -41,7 +42,13 @@ var (
 	_ net.Conn      = (*conn)(nil)
 	_ io.ReaderFrom = (*conn)(nil)
 	_ io.WriterTo   = (*conn)(nil)
+
+	_ netconn.Unwrapper = (*conn)(nil)
 )
+
+// UnwrapConn returns the underlying connection, so that an abort
+// (netconn.Abort) resets it rather than closing it cleanly.
+func (c *conn) UnwrapConn() net.Conn { return c.Conn }
 
 // CloseWrite shuts down the writing side of the underlying connection.
 // It fails with an error matching errors.ErrUnsupported if that

@@ -8,12 +8,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -91,5 +93,18 @@ func TestRegistered(t *testing.T) {
 	spec, ok := layer.Lookup("identity")
 	if !ok || spec.Kind != layer.KindFilter || len(spec.Params) != 0 {
 		t.Fatalf("identity: %+v, %t", spec, ok)
+	}
+}
+
+// TestAbort: an abort through the filter resets the TCP connection, so
+// the peer sees an error, not a clean end of stream.
+func TestAbort(t *testing.T) {
+	a, b := testnet.TCPPair(t)
+	c, _ := Filter{}.Client(a)
+	c.Write([]byte("x"))
+	io.ReadFull(b, make([]byte, 1))
+	netconn.Abort(c)
+	if _, err := io.ReadAll(b); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the peer read to %v, want a reset", err)
 	}
 }
