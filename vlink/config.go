@@ -27,6 +27,8 @@ const (
 	EnvVia = "VLINK_VIA"
 	// EnvKeyFile names a file holding the pre-shared key.
 	EnvKeyFile = "VLINK_KEY_FILE"
+	// EnvNode sets the node name (Config.Node).
+	EnvNode = "VLINK_NODE"
 )
 
 // A Config routes destinations to stacks: the first matching route wins,
@@ -37,6 +39,9 @@ type Config struct {
 	Source string
 	// Key is the pre-shared key proven to listeners that require one.
 	Key []byte
+	// Node is this host's node name (see Dialer.Node): Key is then that
+	// node's key, NodeKey(network key, Node). Empty: none.
+	Node string
 
 	sel    *selector.Selector
 	stacks map[string]Stack // parsed stacks by text form
@@ -45,6 +50,7 @@ type Config struct {
 // configFile is the TOML form of a config file:
 //
 //	key_file = "vlink.key"          # relative to the file's folder
+//	node = "alice"                  # this node's name; key_file holds its node key
 //
 //	[default]                       # when no route matches; absent: direct
 //	stack = "zstd"
@@ -61,6 +67,7 @@ type Config struct {
 //	action = "refuse"
 type configFile struct {
 	KeyFile string      `toml:"key_file"`
+	Node    string      `toml:"node"`
 	Default *fileRoute  `toml:"default"`
 	Routes  []fileRoute `toml:"route"`
 }
@@ -148,6 +155,9 @@ func LoadConfig(path string) (*Config, error) {
 			return nil, err
 		}
 	}
+	if f.Node != "" && !ValidNodeName(f.Node) {
+		return nil, fmt.Errorf("vlink: config %s: node %q: %w", path, f.Node, ErrBadNodeName)
+	}
 	var key []byte
 	if f.KeyFile != "" {
 		kf := f.KeyFile
@@ -163,6 +173,7 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	c.Source = path
+	c.Node = f.Node
 	return c, nil
 }
 
@@ -189,7 +200,7 @@ func ReadKeyFile(path string) ([]byte, error) {
 
 // ConfigFromEnv loads the user's configuration: the file named by
 // VLINK_CONFIG (or the default path if that file exists), then
-// VLINK_STACK, VLINK_VIA and VLINK_KEY_FILE on top. With none of them it
+// VLINK_STACK, VLINK_VIA, VLINK_KEY_FILE and VLINK_NODE on top. With none of them it
 // returns the zero Config: everything direct.
 func ConfigFromEnv() (*Config, error) {
 	path, explicit := os.LookupEnv(EnvConfig)
@@ -215,6 +226,12 @@ func ConfigFromEnv() (*Config, error) {
 		}
 		c.Key = key
 	}
+	if n := os.Getenv(EnvNode); n != "" {
+		if !ValidNodeName(n) {
+			return nil, fmt.Errorf("vlink: %s=%s: %w", EnvNode, n, ErrBadNodeName)
+		}
+		c.Node = n
+	}
 	if st := os.Getenv(EnvStack); st != "" {
 		var rules []selector.Rule
 		if c.sel != nil {
@@ -225,6 +242,7 @@ func ConfigFromEnv() (*Config, error) {
 			return nil, fmt.Errorf("vlink: %s=%s: %w", EnvStack, st, err)
 		}
 		nc.Source = strings.TrimPrefix(c.Source+" + "+EnvStack, " + ")
+		nc.Node = c.Node
 		c = nc
 	} else if os.Getenv(EnvVia) != "" {
 		return nil, fmt.Errorf("vlink: %s is set without %s", EnvVia, EnvStack)
@@ -257,7 +275,7 @@ func (c *Config) route(address string) (*route, error) {
 	case selector.Refuse:
 		return nil, fmt.Errorf("%w (%s)", ErrDirectRefused, c.Source)
 	case selector.Stack:
-		return &route{stack: c.stacks[r.Stack], via: r.Via, key: c.Key}, nil
+		return &route{stack: c.stacks[r.Stack], via: r.Via, key: c.Key, node: c.Node}, nil
 	}
 	return &route{}, nil
 }

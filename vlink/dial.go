@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,8 +32,20 @@ type Dialer struct {
 	// with Stack.
 	Via string
 	// Key is the pre-shared key proven to listeners that require one.
-	// Nil means: the Config's key, if any. Only used with Stack.
+	// Nil means: the Config's key (and node), if any. Only used with
+	// Stack.
 	Key []byte
+	// Node is the dialer's node name (see ValidNodeName). With it, Key
+	// must be that node's key, NodeKey(network key, Node), and every
+	// hello names the node: listeners holding the network key then know
+	// who dialed (Hello.Node), and no node can pass for another. Empty
+	// means none, or the Config's when Key is nil. A Node without a key
+	// is an error (ErrKeyRequired). Only used with Stack.
+	Node string
+	// Network reaches the addresses that name nodes of a vlink network
+	// (NODE.vlink.alt:PORT, see NodeSuffix): a *control.Node connected
+	// to the network's relay. Nil means such addresses cannot be dialed.
+	Network NodeDialer
 	// Config supplies the routing rules and key when Stack is zero. Nil
 	// means DefaultConfig: the user's file and environment.
 	Config *Config
@@ -91,7 +104,17 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
 		defer cancel()
 	}
+	if node, port, ok := SplitNodeAddr(address); ok {
+		r, err := d.nodeRoute(address, node, port)
+		if err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+		}
+		return r.dial(ctx, network, address, &d.cache)
+	}
 	r, err := d.route(address)
+	if err == nil {
+		err = r.checkNode()
+	}
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 	}
@@ -114,15 +137,105 @@ type route struct {
 	stack Stack
 	via   string
 	key   []byte
+	node  string // the dialer's node name; key is then its node key
+	// transport, when set, reaches the destination instead of the
+	// stack's factories, and the hello names target: a node's port,
+	// reached through the network.
+	transport layer.ContextDialer
+	target    string
+}
+
+// A NodeDialer connects to a port of a node of a vlink network. The
+// connection it returns is Vouched: it comes with the peer's name and a
+// key for it alone, which the hello proves. package control's *Node is
+// one.
+type NodeDialer interface {
+	DialNode(ctx context.Context, node string, port uint16) (net.Conn, error)
+}
+
+// ErrNoNetwork is matched by the error of a dial to a node's address
+// (NODE.vlink.alt:PORT) by a Dialer that has no Network to reach it.
+var ErrNoNetwork = errors.New("the address names a node of a vlink network, and this dialer knows no network: set Dialer.Network to a connected control.Node (vlink tunnel --relay, --node)")
+
+// nodeRoute is the route to port on node: the stack's mirrored layers,
+// with the encryption layer at their bottom, over a connection the
+// network sets up; the node's listener forwards to its own port, named
+// as localhost:PORT in the hello, which its policy must allow.
+func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
+	if d.Network == nil {
+		return nil, ErrNoNetwork
+	}
+	r, err := d.route(address)
+	if err != nil {
+		return nil, err
+	}
+	if r.via != "" {
+		return nil, fmt.Errorf("%w: a node is reached through its network, not via %s", ErrBadStack, r.via)
+	}
+	if f := r.stack.factories(); len(f) > 1 || (len(f) == 1 && f[0].Name != "tcp") {
+		return nil, fmt.Errorf("%w: a node is reached through its network; factories (%s) do not apply", ErrBadStack, Stack{Layers: f})
+	}
+	mirrored := r.stack.mirrored()
+	if keyedLayer(mirrored) == "" && !d.InsecurePlaintext {
+		// The relay carries the bytes: encrypted end to end, always.
+		if lookup(EncryptionLayer) == nil {
+			return nil, fmt.Errorf("%w: reaching a node needs the %s layer: import github.com/vlink-dev/vlink/filters/noise (or vlink/layers)", ErrUnknownLayer, EncryptionLayer)
+		}
+		mirrored = append(mirrored[:len(mirrored):len(mirrored)], Layer{Name: EncryptionLayer})
+	}
+	return &route{
+		stack:     Stack{Layers: mirrored},
+		transport: nodeTransport{d.Network},
+		target:    net.JoinHostPort("localhost", strconv.Itoa(int(port))),
+	}, nil
+}
+
+// nodeTransport dials a node's address through a NodeDialer.
+type nodeTransport struct{ nd NodeDialer }
+
+func (t nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	node, port, ok := SplitNodeAddr(address)
+	if !ok {
+		return nil, fmt.Errorf("%s is not a node's address (NODE%s:PORT)", address, NodeSuffix)
+	}
+	c, err := t.nd.DialNode(ctx, node, port)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := c.(Vouched); !ok {
+		c.Close()
+		return nil, fmt.Errorf("the network's connection to %s comes with no key for it (not Vouched)", node)
+	}
+	return c, nil
+}
+
+// checkNode refuses a node name that is not valid, or that comes without
+// the node's key to prove it.
+func (r *route) checkNode() error {
+	switch {
+	case r.node == "":
+		return nil
+	case !ValidNodeName(r.node):
+		return fmt.Errorf("node %q: %w", r.node, ErrBadNodeName)
+	case r.key == nil:
+		return fmt.Errorf("%w: node %q needs its node key (NodeKey of the network key and the name): set Dialer.Key or key_file in the config", ErrKeyRequired, r.node)
+	}
+	return nil
 }
 
 func (d *Dialer) route(address string) (*route, error) {
+	if d.Node != "" && !ValidNodeName(d.Node) {
+		return nil, fmt.Errorf("node %q: %w", d.Node, ErrBadNodeName)
+	}
 	if len(d.Stack.Layers) > 0 {
-		key := d.Key
+		key, node := d.Key, d.Node
 		if key == nil && d.Config != nil {
 			key = d.Config.Key
+			if node == "" {
+				node = d.Config.Node
+			}
 		}
-		return &route{stack: d.Stack, via: d.Via, key: key}, nil
+		return &route{stack: d.Stack, via: d.Via, key: key, node: node}, nil
 	}
 	cfg := d.Config
 	if cfg == nil {
@@ -190,27 +303,30 @@ func isLoopback(a net.Addr) bool {
 // dial builds the stack's dialer chain and dials through it. Multi-link
 // layers are taken from cache, so dials along one path share them.
 func (r *route) dial(ctx context.Context, network, address string, cache *layerCache) (net.Conn, error) {
-	if len(r.stack.Layers) == 0 {
+	if len(r.stack.Layers) == 0 && r.transport == nil {
 		var d net.Dialer // direct, exactly as net.Dial
 		return d.DialContext(ctx, network, address)
 	}
 	fail := func(err error) (net.Conn, error) {
 		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 	}
-	factories := r.stack.factories()
-	transport, err := buildTransport(factories)
-	if err != nil {
-		return fail(err)
+	transport := r.transport
+	if transport == nil {
+		var err error
+		if transport, err = buildTransport(r.stack.factories()); err != nil {
+			return fail(err)
+		}
 	}
 	mirrored := r.stack.mirrored()
-	if len(mirrored) == 0 && r.via == "" {
+	if len(mirrored) == 0 && r.via == "" && r.target == "" {
 		// Nothing to mirror: no hello, the factory's stream as is.
 		return transport.DialContext(ctx, network, address)
 	}
-	if name := keyedLayer(mirrored); name != "" && r.key == nil {
+	// A node's connection brings its own key (Vouched).
+	if name := keyedLayer(mirrored); name != "" && r.key == nil && r.transport == nil {
 		return fail(fmt.Errorf("%w: layer %s: set Dialer.Key, key_file in the config, VLINK_KEY_FILE or --key-file", ErrKeyRequired, name))
 	}
-	peer, target := address, ""
+	peer, target := address, r.target
 	if r.via != "" {
 		peer, target = r.via, address
 	}
@@ -230,7 +346,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		stack := Stack{Layers: seg}.String()
 		if d == nil {
-			d = &helloDialer{next: transport, peer: peer, target: segTarget, key: r.key, stack: stack}
+			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -366,7 +482,8 @@ type helloDialer struct {
 	next   layer.ContextDialer
 	peer   string // where to connect: the destination or the gateway
 	target string // where the gateway forwards; empty for none
-	key    []byte
+	node   string // the dialer's node name; empty for none
+	key    []byte // the pre-shared key, or the node's key
 	stack  string
 }
 
@@ -380,25 +497,29 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if err != nil {
 		return nil, layer.Handshake{}, err
 	}
-	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, d.key)
+	node, key := d.node, d.key
+	if v, ok := c.(Vouched); ok {
+		node, key = "", v.VouchedKey() // the relay vouched for both ends
+	}
+	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, node, key)
 	if err != nil {
 		c.Close()
 		return nil, layer.Handshake{}, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
 	}
-	return c, layer.Handshake{Key: d.key, Transcript: transcript}, nil
+	return c, layer.Handshake{Key: key, Transcript: transcript}, nil
 }
 
 // handshakeWithContext runs the dialer's side of a hello on c, within the
 // context's deadline (or DefaultHandshakeTimeout) and interrupted by its
 // cancellation, and returns its transcript.
-func handshakeWithContext(ctx context.Context, c net.Conn, stack, target string, key []byte) ([]byte, error) {
+func handshakeWithContext(ctx context.Context, c net.Conn, stack, target, node string, key []byte) ([]byte, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
 	stop := netconn.InterruptOnDone(ctx, c)
-	transcript, herr := clientHandshake(c, stack, target, key)
+	transcript, herr := clientHandshake(c, stack, target, node, key)
 	if !stop() && ctx.Err() != nil {
 		return nil, fmt.Errorf("handshake: %w", ctx.Err())
 	}

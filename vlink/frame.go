@@ -33,12 +33,13 @@ const (
 	maxStackText  = 1024
 	maxTargetText = 262 // a 255-byte host name, ':' and a port, or a bracketed IPv6 address
 	maxReasonText = 1024
+	maxNodeText   = maxNodeName // a DNS label
 )
 
 type msgType uint8
 
 const (
-	msgHello     msgType = 1 // dialer: the stack to mirror, the target, a nonce if it holds a key
+	msgHello     msgType = 1 // dialer: the stack to mirror, the target, a nonce if it holds a key, its node name
 	msgChallenge msgType = 2 // listener: its nonce, when it requires a key
 	msgAuth      msgType = 3 // dialer: proof that it holds the key
 	msgAccept    msgType = 4 // listener: go ahead (with its own proof if authenticated)
@@ -70,11 +71,12 @@ const (
 	tagProof  fieldTag = 4
 	tagCode   fieldTag = 5 // RefuseCode, one byte
 	tagReason fieldTag = 6 // UTF-8 text for a person
+	tagNode   fieldTag = 7 // the dialer's node name (ValidNodeName)
 )
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
 	msgAccept:    {tagProof},
@@ -93,6 +95,7 @@ type message struct {
 	typ    msgType
 	stack  string
 	target string
+	node   string
 	nonce  []byte
 	proof  []byte
 	code   RefuseCode
@@ -121,6 +124,7 @@ func (m *message) appendFrame(b []byte) []byte {
 	}
 	str(tagStack, m.stack)
 	str(tagTarget, m.target)
+	str(tagNode, m.node)
 	field(tagNonce, m.nonce)
 	field(tagProof, m.proof)
 	if m.code != 0 {
@@ -165,6 +169,10 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			m.target, err = text(v, maxTargetText, "target")
 		case tagReason:
 			m.reason, err = text(v, maxReasonText, "reason")
+		case tagNode:
+			if m.node, err = text(v, maxNodeText, "node"); err == nil && !ValidNodeName(m.node) {
+				err = fmt.Errorf("node %q: %w", m.node, ErrBadNodeName)
+			}
 		case tagNonce:
 			m.nonce, err = fixed(v, nonceSize, "nonce")
 		case tagProof:

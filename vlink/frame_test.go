@@ -13,6 +13,7 @@ func TestFrameRoundTrip(t *testing.T) {
 	msgs := []*message{
 		{typ: msgHello, stack: "zstd:level=3", target: "db.internal:5432", nonce: bytes.Repeat([]byte{7}, nonceSize)},
 		{typ: msgHello},
+		{typ: msgHello, stack: "noise", node: "alice", nonce: bytes.Repeat([]byte{3}, nonceSize)},
 		{typ: msgChallenge, nonce: bytes.Repeat([]byte{1}, nonceSize)},
 		{typ: msgAuth, proof: bytes.Repeat([]byte{2}, proofSize)},
 		{typ: msgAccept},
@@ -25,7 +26,7 @@ func TestFrameRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.stack != m.stack || got.target != m.target || !bytes.Equal(got.nonce, m.nonce) ||
+			if got.stack != m.stack || got.target != m.target || got.node != m.node || !bytes.Equal(got.nonce, m.nonce) ||
 				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason {
 				t.Fatalf("got %+v, want %+v", got, m)
 			}
@@ -64,6 +65,10 @@ func TestFrameErrors(t *testing.T) {
 		{"long target", hello(field(tagTarget, bytes.Repeat([]byte{'a'}, 300))), ErrBadHello, "target is 300 bytes"},
 		{"not utf8", hello(field(tagTarget, []byte{0xff, ':', '1'})), ErrBadHello, "not UTF-8"},
 		{"control char", hello(field(tagStack, []byte("tcp\n"))), ErrBadHello, "control character"},
+		{"empty node", hello(field(tagNode, nil)), ErrBadHello, "node is 0 bytes"},
+		{"long node", hello(field(tagNode, bytes.Repeat([]byte{'a'}, 64))), ErrBadHello, "node is 64 bytes"},
+		{"bad node", hello(field(tagNode, []byte("Alice"))), ErrBadHello, `"Alice"`},
+		{"node ends in dash", hello(field(tagNode, []byte("a-"))), ErrBadHello, "invalid node name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,6 +85,8 @@ func TestFrameErrors(t *testing.T) {
 // encode back to the same frame.
 func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:1", nonce: make([]byte, nonceSize)}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "noise", node: "alice-2", nonce: make([]byte, nonceSize)}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, node: "Bad.Name"}).appendFrame(nil))
 	f.Add((&message{typ: msgRefuse, code: CodeAuthFailed, reason: "no"}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
@@ -97,7 +104,7 @@ func FuzzReadFrame(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded frame does not decode: %v", err)
 		}
-		if again.stack != m.stack || again.target != m.target || again.code != m.code || again.reason != m.reason {
+		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason {
 			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
 		}
 	})

@@ -33,10 +33,12 @@ func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
 }
 
 // clientHandshake sends the hello on c and waits for the listener's answer.
-// It returns the transcript: every handshake byte sent and received, in
-// order (see layer.Handshake). The caller sets c's deadline.
-func clientHandshake(c net.Conn, stack, target string, key []byte) (transcript []byte, err error) {
-	buf := helloBytes(stack, target, key)
+// A non-empty node names the dialer's node in the hello; key is then that
+// node's key (NodeKey). It returns the transcript: every handshake byte
+// sent and received, in order (see layer.Handshake). The caller sets c's
+// deadline.
+func clientHandshake(c net.Conn, stack, target, node string, key []byte) (transcript []byte, err error) {
+	buf := helloBytes(stack, target, node, key)
 	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
 		return nil, fmt.Errorf("sending hello: %w", err)
@@ -76,14 +78,14 @@ func clientHandshake(c net.Conn, stack, target string, key []byte) (transcript [
 }
 
 // helloBytes is the magic and a hello frame, with a fresh nonce if the
-// dialer holds a key.
-func helloBytes(stack, target string, key []byte) []byte {
-	hello := &message{typ: msgHello, stack: stack, target: target}
+// dialer holds a key, and the dialer's node name if it has one.
+func helloBytes(stack, target, node string, key []byte) []byte {
+	hello := &message{typ: msgHello, stack: stack, target: target, node: node}
 	if key != nil {
 		hello.nonce = make([]byte, nonceSize)
 		rand.Read(hello.nonce)
 	}
-	buf := append(make([]byte, 0, len(magic)+headerSize+64+len(stack)+len(target)), magic...)
+	buf := append(make([]byte, 0, len(magic)+headerSize+64+len(stack)+len(target)+len(node)), magic...)
 	return hello.appendFrame(buf)
 }
 
@@ -105,7 +107,11 @@ func answerError(err error) error {
 //
 // A nested hello (j non-nil) arrives on a connection a multi-link layer
 // built out of connections whose hellos were checked: it inherits their
-// authentication and needs no challenge of its own.
+// authentication, node name and key, and needs no challenge of its own.
+//
+// A hello that names a node proves that node's key, NodeKey(Policy.Key,
+// node), instead of Policy.Key, and the listener proves it back with the
+// same key: the name is bound to the proof, never taken on trust.
 func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 	p := &l.cfg.Policy
 	m, helloBody, err := readFrame(c, msgHello)
@@ -119,11 +125,37 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 		}
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
-	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr()}
+	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr(), key: p.Key}
 	h.transcript = appendFrameBytes([]byte(magic), msgHello, helloBody)
+	// A connection from another node of a vlink network comes with the
+	// key the relay gave both ends for it, and the dialer's name: the
+	// hello proves that key, whatever the policy's.
+	vouched, _ := c.(Vouched)
+	if vouched != nil && j == nil {
+		if m.node != "" {
+			return nil, sendRefusal(c, refuse(CodeMalformed, "a hello from another node of the network names no node: the relay vouched for it"))
+		}
+		if m.nonce == nil {
+			return nil, sendRefusal(c, refuse(CodeAuthRequired, "a connection from another node must prove the key the relay gave it"))
+		}
+		h.key = vouched.VouchedKey()
+	}
 	if j != nil {
 		h.RemoteAddr = j.remote
 		h.Authenticated = j.authenticated
+		h.Node, h.key = j.node, j.key
+		if m.node != "" {
+			return nil, sendRefusal(c, refuse(CodeMalformed, "a nested hello names no node: its connection's hello did"))
+		}
+	}
+	if m.node != "" && j == nil {
+		if p.Key == nil {
+			return nil, sendRefusal(c, refuse(CodeAuthRequired, "the hello names node %q, and a node name needs a listener key to check it; this listener has none and takes no name on trust", m.node))
+		}
+		if m.nonce == nil {
+			return nil, sendRefusal(c, refuse(CodeAuthRequired, "the hello names node %q but proves no key: a node must prove its node key", m.node))
+		}
+		h.key = NodeKey(p.Key, m.node)
 	}
 	if p.Key != nil && j != nil && !j.authenticated {
 		return nil, sendRefusal(c, refuse(CodeAuthRequired, "this listener requires a pre-shared key"))
@@ -131,7 +163,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 	if p.Key != nil && j != nil && m.nonce != nil {
 		return nil, sendRefusal(c, refuse(CodeMalformed, "a nested hello carries no nonce: its connection is already authenticated"))
 	}
-	if p.Key != nil && j == nil {
+	if h.key != nil && j == nil {
 		if m.nonce == nil {
 			return nil, sendRefusal(c, refuse(CodeAuthRequired, "this listener requires a pre-shared key"))
 		}
@@ -148,25 +180,33 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 			}
 			return nil, fmt.Errorf("reading proof: %w", err)
 		}
-		if !hmac.Equal(a.proof, proof(p.Key, labelClient, helloBody, nonce)) {
+		// h.key is Policy.Key, or the named node's key derived from it.
+		if !hmac.Equal(a.proof, proof(h.key, labelClient, helloBody, nonce)) {
+			if m.node != "" {
+				return nil, sendRefusal(c, refuse(CodeAuthFailed, "the proof does not match the key of node %q on this listener's network", m.node))
+			}
 			return nil, sendRefusal(c, refuse(CodeAuthFailed, "the proof does not match this listener's key"))
 		}
 		h.Authenticated = true
-		h.serverProof = proof(p.Key, labelServer, helloBody, nonce)
+		h.Node = m.node
+		if vouched != nil {
+			h.Node = vouched.VouchedPeer()
+		}
+		h.serverProof = proof(h.key, labelServer, helloBody, nonce)
 		h.transcript = appendFrameBytes(append(h.transcript, challenge...), msgAuth, authBody)
 	}
-	stack, rerr := p.checkStack(m.stack)
+	stack, rerr := p.checkStack(m.stack, h.key != nil)
 	if rerr != nil {
 		return nil, sendRefusal(c, rerr)
 	}
 	h.Stack = stack
-	if name := keyedLayer(stack.Layers); name != "" && p.Key == nil {
+	if name := keyedLayer(stack.Layers); name != "" && h.key == nil {
 		return nil, sendRefusal(c, refuse(CodeLayer, "layer %s needs a pre-shared key and this listener has none (vlink serve --key-file, Policy.Key)", name))
 	}
 	// Bytes that cross a network are encrypted: the bottom segment's
 	// hello (a nested one rides inside it) must hold the encryption
 	// layer when it comes from beyond loopback.
-	if p.Key != nil && !p.InsecurePlaintext && j == nil && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
+	if h.key != nil && !p.InsecurePlaintext && j == nil && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
 		return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: add %s to the stack (vlink adds it when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
 	}
 	if h.Target != "" {
@@ -215,10 +255,11 @@ func keyedLayer(layers []Layer) string {
 }
 
 // serverFilter applies a filter of h's segment on the listener's side,
-// handing a layer.HandshakeFilter the key and h's transcript.
+// handing a layer.HandshakeFilter h's key (the node's key when the dialer
+// named one, as the dialer hands its side) and h's transcript.
 func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn, error) {
 	if hf, ok := f.(layer.HandshakeFilter); ok {
-		return hf.ServerHandshake(c, layer.Handshake{Key: l.cfg.Policy.Key, Transcript: h.transcript})
+		return hf.ServerHandshake(c, layer.Handshake{Key: h.key, Transcript: h.transcript})
 	}
 	return f.Server(c)
 }

@@ -64,8 +64,14 @@ type Hello struct {
 	Target string
 	// Authenticated reports that the dialer proved it holds the key.
 	Authenticated bool
-	RemoteAddr    net.Addr
+	// Node is the node name the dialer proved; empty when it named none.
+	// A dialer that names a node proves that node's key, NodeKey of
+	// Policy.Key and the name, so it can prove no other node's name.
+	// The connections a multi-link layer builds inherit it.
+	Node       string
+	RemoteAddr net.Addr
 
+	key         []byte // the key proven: Policy.Key, or Node's key derived from it
 	serverProof []byte
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 }
@@ -423,6 +429,9 @@ func (l *Listener) handshake(raw net.Conn) (*Conn, error) {
 		return nil, err
 	}
 	if !isVLink {
+		if _, ok := raw.(Vouched); ok {
+			return nil, errors.New("a connection from another node of the network sent no hello")
+		}
 		if !l.cfg.Policy.plainAllowed() {
 			return nil, errors.New("plain connection refused by policy")
 		}
@@ -466,7 +475,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 			if h.Target != "" {
 				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
 			}
-			j = &junction{l: l, authenticated: h.Authenticated, depth: depth + 1, remote: h.RemoteAddr}
+			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, depth: depth + 1, remote: h.RemoteAddr}
 			// Before the accept: once it is sent, the dialer can no
 			// longer be told that the layer has no room.
 			if r, ok := ml.(layer.Reserver); ok {
@@ -534,7 +543,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 		return nil, nil
 	}
 	l.log.Debug("vlink: accepted", "remote", h.RemoteAddr.String(), "stack", h.Stack.String(),
-		"target", h.Target, "took", time.Since(start))
+		"target", h.Target, "node", h.Node, "took", time.Since(start))
 	return &Conn{Conn: c, hello: h, admitted: admitted}, nil
 }
 

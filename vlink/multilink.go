@@ -62,9 +62,9 @@ func pathOf(network, peer string, below Stack, key []byte) string {
 }
 
 // nestedHelloDialer runs the nested hello on each connection a multi-link
-// layer builds. It sends no nonce: the connection is inside the hellos of
-// the connections below, which authenticated it when the listener wants
-// a key.
+// layer builds. It sends no nonce and no node name: the connection is
+// inside the hellos of the connections below, which authenticated it (and
+// named the node) when the listener wants a key.
 type nestedHelloDialer struct {
 	next   layer.ContextDialer
 	stack  string
@@ -87,7 +87,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		if dl, ok := ctx.Deadline(); ok {
 			c.SetWriteDeadline(dl)
 		}
-		_, err = c.Write(helloBytes(d.stack, d.target, nil))
+		_, err = c.Write(helloBytes(d.stack, d.target, "", nil))
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			c.Close()
@@ -95,7 +95,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		}
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, nil)
+	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, "", nil)
 	if err != nil {
 		c.Close()
 		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
@@ -208,6 +208,8 @@ func (lc *layerCache) close() error {
 type junction struct {
 	l             *Listener
 	authenticated bool
+	node          string // the node the connections' hello proved, if any
+	key           []byte // the key it proved, for the nested segments' filters
 	depth         int
 	remote        net.Addr
 }

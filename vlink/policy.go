@@ -101,6 +101,27 @@ func (p *Policy) Validate() error {
 	return nil
 }
 
+// AllowsTarget reports, as a nil error, whether a dialer may name target
+// (host:port) for the listener to forward to, as the listener would
+// decide from a hello. A node asks it before it takes a connection
+// through its network, so a refusal comes back at once, with its reason.
+func (p *Policy) AllowsTarget(target string) error {
+	if err := checkTarget(target); err != nil {
+		return fmt.Errorf("target %q: %w", target, err)
+	}
+	s, err := p.targets()
+	if err != nil {
+		return err
+	}
+	if s == nil {
+		return errors.New("this listener does not forward")
+	}
+	if r, err := s.Match(target); err != nil || r.Action == selector.Refuse {
+		return fmt.Errorf("forwarding to %s is not allowed here", target)
+	}
+	return nil
+}
+
 func (p *Policy) targets() (*selector.Selector, error) {
 	if p.Targets == nil {
 		return nil, nil
@@ -131,7 +152,7 @@ func (p *Policy) plainAllowed() bool {
 
 // checkStack parses the stack a hello asks for and checks it against the
 // registry and the policy. The result holds the mirrored layers only.
-func (p *Policy) checkStack(text string) (Stack, *RefusedError) {
+func (p *Policy) checkStack(text string, keyed bool) (Stack, *RefusedError) {
 	var s Stack
 	if text != "" {
 		for i, part := range strings.Split(text, "+") {
@@ -149,7 +170,7 @@ func (p *Policy) checkStack(text string) (Stack, *RefusedError) {
 		spec := lookup(l.Name)
 		// With a key, the encryption layer is always allowed: dialers
 		// add it by themselves beyond loopback.
-		listed := p.Layers == nil || contains(p.Layers, l.Name) || (p.Key != nil && l.Name == EncryptionLayer)
+		listed := p.Layers == nil || contains(p.Layers, l.Name) || (keyed && l.Name == EncryptionLayer)
 		if spec == nil || !spec.Kind.Mirrored() || !listed {
 			return Stack{}, refuse(CodeLayer, "layer %d (%s) is not allowed here (allowed: %s)", i+1, l.Name, strings.Join(p.allowedNames(), ", "))
 		}
