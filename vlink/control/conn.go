@@ -1,0 +1,265 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// An Addr is a node's port, the address of a connection between nodes.
+type Addr struct {
+	Node string
+	Port uint16
+}
+
+func (a Addr) Network() string { return "vlink" }
+
+// String is the address in the form vlink.Dial takes: NODE.vlink.alt:PORT.
+func (a Addr) String() string {
+	return net.JoinHostPort(a.Node+vlink.NodeSuffix, strconv.Itoa(int(a.Port)))
+}
+
+// A Conn is a connection to another node set up through the relay. Its
+// two ends hold the same fresh key and each other's names, vouched for
+// by the relay (vlink.Vouched): vlink's hello authenticates with that
+// key, and the encryption layer runs end to end over it.
+type Conn struct {
+	net.Conn
+	local, remote Addr
+	key           []byte
+	path          string
+}
+
+var (
+	_ net.Conn          = (*Conn)(nil)
+	_ netconn.Unwrapper = (*Conn)(nil)
+	_ vlink.Vouched     = (*Conn)(nil)
+
+	_ vlink.NodeDialer = (*Node)(nil)
+)
+
+func (c *Conn) LocalAddr() net.Addr  { return c.local }
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
+
+// UnwrapConn returns the connection to the relay, so a relay of this
+// connection splices.
+func (c *Conn) UnwrapConn() net.Conn { return c.Conn }
+
+// CloseWrite half-closes the connection: the other end reads its end.
+func (c *Conn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
+
+// VouchedPeer returns the node at the other end.
+func (c *Conn) VouchedPeer() string { return c.remote.Node }
+
+// VouchedKey returns the key both ends hold for this connection only.
+func (c *Conn) VouchedKey() []byte { return c.key }
+
+// Path says how the connection was made: "relay" (the relay carries its
+// bytes).
+func (c *Conn) Path() string { return c.path }
+
+// typeReady marks a relay's ready inside the node, as typePeer does a
+// lookup's answer.
+const typeReady Type = 0xfffe
+
+// DialNode connects to port on the named node through the relay, which
+// carries the bytes, and returns a *Conn (a vlink.Vouched connection:
+// vlink.Dialer's Network dials with it). The node must expose the port (Node.Listen). A
+// refusal is a *DeliveryError matching ErrRefused, ErrNoNode, ErrBusy or
+// ErrTimeout.
+func (n *Node) DialNode(ctx context.Context, name string, port uint16) (net.Conn, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if port == 0 {
+		return nil, errors.New("control: port 0")
+	}
+	ctx, cancel := context.WithTimeout(ctx, RendezvousTimeout+vlink.DefaultHandshakeTimeout)
+	defer cancel()
+	coop := n.Cooperate(Expect{Type: typeReady})
+	defer coop.Cancel()
+	ch, err := n.sendOn(ctx, &frame{op: opDial, coop: coop.token, name: name, port: port})
+	if err != nil {
+		return nil, err
+	}
+	coop.sentOn(ch)
+	replies, err := coop.Wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ready := replies[0].ready
+	c, err := n.attach(ctx, ready.token)
+	if err != nil {
+		return nil, fmt.Errorf("control: connecting to %s through the relay: %w", name, err)
+	}
+	return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: Addr{name, port}, key: ready.key, path: "relay"}, nil
+}
+
+// attach opens a data connection to the relay the node is registered
+// with, for the rendezvous of token, and waits until both ends are there.
+func (n *Node) attach(ctx context.Context, token [tokenSize]byte) (net.Conn, error) {
+	n.mu.Lock()
+	relay := n.relay
+	n.mu.Unlock()
+	// A hello proves the node; no encryption layer of its own: the
+	// nodes encrypt end to end inside it.
+	d := vlink.Dialer{Stack: vlink.MustParse("identity"), Key: n.cfg.Key, Node: n.cfg.Name, InsecurePlaintext: true}
+	c, err := d.DialContext(ctx, "tcp", relay)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	stop := netconn.InterruptOnDone(ctx, c)
+	_, err = c.Write((&frame{op: opAttach, token: token}).append(nil))
+	var f *frame
+	if err == nil {
+		f, err = readFrame(c)
+	}
+	if err == nil && f.op != opAttached {
+		err = fmt.Errorf("%w: the relay answered attach with %s", ErrMalformed, f.op)
+	}
+	if !stop() && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.Close()
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the relay closed the connection: the other end never came, or the token expired")
+		}
+		return nil, err
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// Listen exposes the node: connections other nodes open to it through
+// the relay arrive on the returned listener. allow decides, for each,
+// from the dialing node's name and the port it asked for; its error is
+// the refusal's reason the dialer reads. A nil allow exposes nothing.
+// A node has one listener at a time.
+func (n *Node) Listen(allow func(from string, port uint16) error) (net.Listener, error) {
+	if allow == nil {
+		allow = func(string, uint16) error { return errors.New("this node exposes no port") }
+	}
+	l := &listener{n: n, allow: allow, conns: make(chan net.Conn, acceptBacklog), done: make(chan struct{})}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.listener != nil {
+		return nil, errors.New("control: the node has a listener already")
+	}
+	if n.ctx.Err() != nil {
+		return nil, net.ErrClosed
+	}
+	n.listener = l
+	return l, nil
+}
+
+// Limits of a node's listener.
+const (
+	// acceptBacklog bounds the connections set up and not yet accepted.
+	acceptBacklog = 128
+	// maxOffers bounds the offers being taken at once; more are
+	// declined as busy.
+	maxOffers = 64
+)
+
+// listener is a node's listener for connections through the relay.
+type listener struct {
+	n      *Node
+	allow  func(string, uint16) error
+	conns  chan net.Conn
+	done   chan struct{}
+	once   sync.Once
+	offers int // being taken; under n.mu
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, &net.OpError{Op: "accept", Net: "vlink", Addr: l.Addr(), Err: net.ErrClosed}
+	}
+}
+
+func (l *listener) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		l.n.mu.Lock()
+		if l.n.listener == l {
+			l.n.listener = nil
+		}
+		l.n.mu.Unlock()
+		for {
+			select {
+			case c := <-l.conns:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}
+
+func (l *listener) Addr() net.Addr { return Addr{l.n.cfg.Name, 0} }
+
+// offer takes or declines a relay's offer of a connection.
+func (n *Node) offer(ch *channel, f *frame) {
+	decline := func(code Code, reason string) {
+		ch.trySend(&frame{op: opDecline, token: f.token, code: code, reason: reason})
+	}
+	n.mu.Lock()
+	l := n.listener
+	busy := l != nil && l.offers >= maxOffers
+	if l != nil && !busy {
+		l.offers++
+	}
+	n.mu.Unlock()
+	switch {
+	case l == nil:
+		decline(CodeRefused, "this node accepts no connections")
+		return
+	case busy:
+		decline(CodeBusy, "this node is setting up as many connections as it takes")
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer func() {
+			n.mu.Lock()
+			l.offers--
+			n.mu.Unlock()
+		}()
+		if err := l.allow(f.name, f.port); err != nil {
+			decline(CodeRefused, err.Error())
+			return
+		}
+		ctx, cancel := context.WithTimeout(n.ctx, RendezvousTimeout)
+		defer cancel()
+		c, err := n.attach(ctx, f.token)
+		if err != nil {
+			n.log.Info("control: could not take a connection through the relay", "from", f.name, "port", f.port, "err", err)
+			return
+		}
+		conn := &Conn{Conn: c, local: Addr{n.cfg.Name, f.port}, remote: Addr{f.name, 0}, key: f.key, path: "relay"}
+		select {
+		case l.conns <- conn:
+		case <-l.done:
+			c.Close()
+		default:
+			netconn.Abort(c) // the backlog is full: the dialer sees a reset
+		}
+	}()
+}

@@ -1,0 +1,30 @@
+// Package control is the control channel of a vlink network: the
+// messages nodes exchange through a relay to find and reach each other
+// (reverse and relayed connections are built on it), open to programs
+// for their own messages too.
+//
+// A node ([Connect]) keeps one outbound connection to a relay ([Relay],
+// `vlink relay`): a VLink connection whose hello proved the node's key
+// (vlink.NodeKey), encrypted by the noise layer. The relay registers the
+// node under the name it proved, so no node can send or answer as
+// another, and keeps a directory of who is online and from which
+// address ([Node.Lookup]). The node pings, and reconnects with backoff
+// when the connection fails; its handlers and name survive a relay's
+// restart.
+//
+// Messaging follows Paradis-Net. Messages are typed; a program registers
+// a [Handler] per type and never calls receive: handlers run in
+// goroutines of their own, may take their time and may send. [Node.Send]
+// sends; [Message.Reply] answers; [Message.Forward] delegates a request
+// to another node, which answers the origin directly. A [Cooperation]
+// ties requests to the replies they expect: its token travels with them,
+// and the replies fill it instead of reaching a handler. Wait (with a
+// context for the timeout), Finished (poll) and Cancel end it; one
+// cooperation sending to several nodes and expecting a reply from each
+// is scatter/gather.
+//
+// Everything that arrives is untrusted: frames are bounded (MaxPayload),
+// decoded strictly (a malformed frame ends the connection that sent it),
+// and the relay bounds what it queues per node and in total, answering
+// busy rather than buffering.
+package control

@@ -1,0 +1,43 @@
+package control
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+)
+
+// FuzzFrame feeds arbitrary bytes to the control frame decoder: it must
+// never panic, never read past one frame, never accept a body beyond its
+// bound, and what it accepts must encode back to exactly the bytes read.
+func FuzzFrame(f *testing.F) {
+	seeds := []*frame{
+		{op: opPing, payload: make([]byte, pingSize)},
+		{op: opSend, typ: 1, coop: 7, name: "bob", payload: []byte("hi")},
+		{op: opForward, typ: 1, coop: 7, name: "carol", name2: "alice"},
+		{op: opDeliver, typ: 9, name: "alice", name2: "bob", payload: []byte{0}},
+		{op: opError, coop: 3, code: CodeBusy, name: "bob", reason: "full"},
+		{op: opLookup, coop: 1, name: "x"},
+		{op: opPeer, coop: 1, name: "x", online: true, addrs: []netip.AddrPort{netip.MustParseAddrPort("[2001:db8::1]:80"), netip.MustParseAddrPort("10.0.0.1:1")}},
+		{op: opWelcome, addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:9")}},
+		{op: opAdvertise},
+	}
+	for _, s := range seeds {
+		f.Add(s.append(nil))
+	}
+	f.Add([]byte{1, 3, 0, 1, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{1, 8, 0, 0, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r := bytes.NewReader(in)
+		fr, err := readFrame(r)
+		if err != nil {
+			return
+		}
+		consumed := in[:len(in)-r.Len()]
+		if len(consumed) > headerSize+maxBody {
+			t.Fatalf("accepted a %d-byte frame", len(consumed))
+		}
+		if again := fr.append(nil); !bytes.Equal(again, consumed) {
+			t.Fatalf("re-encoding differs:\n got %x\nwant %x", again, consumed)
+		}
+	})
+}

@@ -1,0 +1,503 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// Defaults of RelayConfig.
+const (
+	DefaultMaxNodes    = 100_000
+	DefaultRelayQueue  = 256 << 10
+	DefaultMaxBuffered = 256 << 20
+	DefaultIdleTimeout = 4 * DefaultKeepAlive
+	// recentLimit bounds how many (origin, cooperation) pairs the relay
+	// remembers per node to vouch for its forwards; recentTTL is how long.
+	recentLimit = 256
+	recentTTL   = 2 * time.Minute
+)
+
+// RelayConfig configures a relay. Its zero value is usable.
+type RelayConfig struct {
+	// MaxNodes bounds the nodes registered at once; a node beyond it is
+	// refused. Zero means DefaultMaxNodes.
+	MaxNodes int
+	// MaxQueue bounds the bytes queued toward one node; a message that
+	// does not fit is refused to its sender as busy, so one slow node
+	// costs the others nothing. Zero means DefaultRelayQueue.
+	MaxQueue int
+	// MaxBuffered bounds the bytes queued toward all nodes together.
+	// Zero means DefaultMaxBuffered.
+	MaxBuffered int64
+	// IdleTimeout ends a node's connection after that long without a
+	// frame; nodes ping every Config.KeepAlive. Zero means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxRelayed bounds the connections the relay carries, set up or
+	// being set up. Each holds at most two kernel pipes' worth of bytes
+	// (the relay splices), so this bounds what the relay buffers for
+	// them. Zero means DefaultMaxRelayed.
+	MaxRelayed int
+	// Logger receives registrations and refusals. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate reports whether the config is usable.
+func (c *RelayConfig) Validate() error {
+	if c.MaxNodes < 0 || c.MaxQueue < 0 || c.MaxBuffered < 0 || c.IdleTimeout < 0 || c.MaxRelayed < 0 {
+		return errors.New("control: relay: negative limit")
+	}
+	return nil
+}
+
+// A Relay is the rendezvous of a vlink network: it registers nodes under
+// the names they proved, keeps the directory of who is online and from
+// where, and routes control messages between them. It only serves
+// authenticated nodes: see Serve.
+type Relay struct {
+	cfg    RelayConfig
+	log    *slog.Logger
+	budget budget
+
+	relayed atomic.Int64 // connections being relayed
+
+	mu        sync.Mutex
+	nodes     map[string]*peer
+	pending   map[[tokenSize]byte]*rendezvous
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]struct{} // connections in their first frame or relayed
+	closed    bool
+
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// peer is a registered node, as the relay holds it.
+type peer struct {
+	name     string
+	ch       *channel
+	observed netip.AddrPort
+	since    time.Time
+
+	pending int // rendezvous this node asked for; under Relay.mu
+
+	mu         sync.Mutex
+	advertised []netip.AddrPort
+	recent     map[voucher]time.Time // lazily made: an idle node holds none
+}
+
+// A voucher records that the relay delivered a cooperation's message
+// from origin to a node, so that node may forward it on origin's behalf.
+type voucher struct {
+	origin string
+	coop   uint64
+}
+
+// NewRelay returns a relay; Serve puts it to work.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxNodes == 0 {
+		cfg.MaxNodes = DefaultMaxNodes
+	}
+	if cfg.MaxQueue == 0 {
+		cfg.MaxQueue = DefaultRelayQueue
+	}
+	if cfg.MaxBuffered == 0 {
+		cfg.MaxBuffered = DefaultMaxBuffered
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxRelayed == 0 {
+		cfg.MaxRelayed = DefaultMaxRelayed
+	}
+	r := &Relay{cfg: cfg, log: cfg.Logger, nodes: map[string]*peer{}, listeners: map[net.Listener]struct{}{}, pending: map[[tokenSize]byte]*rendezvous{}}
+	r.budget.max = cfg.MaxBuffered
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	return r, nil
+}
+
+// NodeOf returns the node name a connection accepted by a vlink.Listener
+// proved in its hello, or "" for none.
+func NodeOf(c net.Conn) string {
+	if vc, ok := c.(interface{ Hello() *vlink.Hello }); ok && vc.Hello() != nil {
+		return vc.Hello().Node
+	}
+	return ""
+}
+
+// Serve accepts control connections on l until l fails or the relay is
+// closed. l must be a *vlink.Listener whose policy holds the network
+// key: each connection's hello proved a node's key, and the node is
+// registered under the name it proved. A connection that proved no node
+// name is closed.
+func (r *Relay) Serve(l net.Listener) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return net.ErrClosed
+	}
+	r.listeners[l] = struct{}{}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.listeners, l)
+		r.mu.Unlock()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			r.mu.Lock()
+			closed := r.closed
+			r.mu.Unlock()
+			if closed {
+				return net.ErrClosed
+			}
+			return err
+		}
+		name := NodeOf(c)
+		if name == "" {
+			r.log.Info("control: relay: refused a connection that proved no node name", "remote", c.RemoteAddr().String())
+			c.Close()
+			continue
+		}
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.serveConn(c, name, encrypted(c))
+		}()
+	}
+}
+
+// encrypted reports whether c's hello holds the encryption layer.
+func encrypted(c net.Conn) bool {
+	if vc, ok := c.(interface{ Hello() *vlink.Hello }); ok && vc.Hello() != nil {
+		for _, l := range vc.Hello().Stack.Layers {
+			if l.Name == vlink.EncryptionLayer {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ServeConn serves one connection of a node already authenticated as
+// name, and encrypted, until it ends: a control connection, or one end
+// of a relayed connection. Serve calls it; a program with its own
+// authentication may too.
+func (r *Relay) ServeConn(c net.Conn, name string) { r.serveConn(c, name, true) }
+
+func (r *Relay) serveConn(c net.Conn, name string, encrypted bool) {
+	if !r.track(c) {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(vlink.DefaultHandshakeTimeout))
+	f, err := readFrame(c)
+	if err == nil && f.op == opAttach {
+		// A relayed connection's end: its bytes are the two nodes'
+		// business, encrypted end to end by them. attach owns c now.
+		c.SetReadDeadline(time.Time{})
+		r.attach(c, name, f.token)
+		return
+	}
+	defer r.untrack(c)
+	if err == nil && f.op != opAdvertise {
+		err = fmt.Errorf("%w: a node opens with advertise or attach, not %s", ErrMalformed, f.op)
+	}
+	if err == nil && !encrypted {
+		err = fmt.Errorf("a control connection must be encrypted: its stack lacks %s", vlink.EncryptionLayer)
+	}
+	if err != nil {
+		r.log.Info("control: relay: no registration", "node", name, "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+		return
+	}
+	p := &peer{name: name, ch: newChannel(c, r.cfg.MaxQueue, &r.budget), since: time.Now(), advertised: f.addrs}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		p.observed = ta.AddrPort()
+		p.observed = netip.AddrPortFrom(p.observed.Addr().Unmap(), p.observed.Port())
+	}
+	if err := r.register(p); err != nil {
+		r.log.Info("control: relay: refused a node", "node", name, "remote", c.RemoteAddr().String(), "err", err)
+		p.ch.fail(err)
+		return
+	}
+	defer r.unregister(p)
+	if p.observed.IsValid() {
+		p.ch.trySend(&frame{op: opWelcome, addrs: []netip.AddrPort{p.observed}})
+	} else {
+		p.ch.trySend(&frame{op: opWelcome, addrs: []netip.AddrPort{netip.AddrPortFrom(netip.IPv6Unspecified(), 1)}})
+	}
+	for {
+		c.SetReadDeadline(time.Now().Add(r.cfg.IdleTimeout))
+		f, err := readFrame(c)
+		if err != nil {
+			if cerr := p.ch.Err(); cerr != nil {
+				err = cerr
+			}
+			r.log.Info("control: relay: node gone", "node", name, "err", err)
+			p.ch.fail(err)
+			return
+		}
+		if err := r.handle(p, f); err != nil {
+			r.log.Info("control: relay: dropped a node", "node", name, "err", err)
+			p.ch.fail(err)
+			return
+		}
+	}
+}
+
+// errReplaced ends a node's older connection when it registers again
+// (a reconnect that beat the old connection's timeout).
+var errReplaced = errors.New("control: relay: the node registered again on another connection")
+
+func (r *Relay) register(p *peer) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return net.ErrClosed
+	}
+	old := r.nodes[p.name]
+	if old == nil && len(r.nodes) >= r.cfg.MaxNodes {
+		return fmt.Errorf("%w: %d nodes registered, the most this relay takes", ErrBusy, len(r.nodes))
+	}
+	if old != nil {
+		old.ch.fail(errReplaced)
+	}
+	r.nodes[p.name] = p
+	r.log.Info("control: relay: registered", "node", p.name, "seen as", p.observed.String())
+	return nil
+}
+
+func (r *Relay) unregister(p *peer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodes[p.name] == p {
+		delete(r.nodes, p.name)
+	}
+}
+
+func (r *Relay) lookup(name string) *peer {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nodes[name]
+}
+
+// handle acts on one frame from node p. An error ends p's connection:
+// only a frame no node sends does that.
+func (r *Relay) handle(p *peer, f *frame) error {
+	switch f.op {
+	case opPing:
+		p.ch.trySend(&frame{op: opPong, payload: f.payload})
+	case opPong:
+	case opSend:
+		r.route(p, f, p.name, "")
+	case opForward:
+		if !p.vouched(f.name2, f.coop) {
+			r.refuse(p, f, CodeForbidden, "forwarding on behalf of "+f.name2+", who sent this node no such message")
+			return nil
+		}
+		r.route(p, f, f.name2, p.name)
+	case opLookup:
+		ans := &frame{op: opPeer, coop: f.coop, name: f.name}
+		if q := r.lookup(f.name); q != nil {
+			ans.online = true
+			ans.addrs = q.addrs()
+		}
+		p.ch.trySend(ans)
+	case opDial:
+		r.dial(p, f)
+	case opDecline:
+		r.decline(p, f)
+	case opAdvertise:
+		p.mu.Lock()
+		p.advertised = f.addrs
+		p.mu.Unlock()
+	default:
+		return fmt.Errorf("%w: a node does not send %s", ErrMalformed, f.op)
+	}
+	return nil
+}
+
+// route delivers a message from p to its destination, as from origin
+// (via the forwarder, if any), or tells p why not.
+func (r *Relay) route(p *peer, f *frame, origin, via string) {
+	q := r.lookup(f.name)
+	if q == nil {
+		r.refuse(p, f, CodeNoNode, "")
+		return
+	}
+	d := &frame{op: opDeliver, typ: f.typ, coop: f.coop, name: origin, name2: via, payload: f.payload}
+	if err := q.ch.trySend(d); err != nil {
+		r.refuse(p, f, CodeBusy, "its queue is full")
+		return
+	}
+	if f.coop != 0 {
+		q.vouch(origin, f.coop)
+	}
+}
+
+// refuse tells p that its message to f.name was not delivered. Only a
+// message within a cooperation has someone waiting to hear it.
+func (r *Relay) refuse(p *peer, f *frame, code Code, reason string) {
+	if f.coop != 0 {
+		p.ch.trySend(&frame{op: opError, coop: f.coop, code: code, name: f.name, reason: reason})
+	}
+}
+
+func (p *peer) addrs() []netip.AddrPort {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]netip.AddrPort, 0, 1+len(p.advertised))
+	if p.observed.IsValid() {
+		out = append(out, p.observed)
+	}
+	for _, a := range p.advertised {
+		if len(out) == maxAddrs {
+			break
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func (p *peer) vouch(origin string, coop uint64) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.recent == nil {
+		p.recent = map[voucher]time.Time{}
+	}
+	if len(p.recent) >= recentLimit {
+		var oldest voucher
+		var at time.Time
+		for v, t := range p.recent {
+			if now.Sub(t) > recentTTL {
+				delete(p.recent, v)
+			} else if at.IsZero() || t.Before(at) {
+				oldest, at = v, t
+			}
+		}
+		if len(p.recent) >= recentLimit {
+			delete(p.recent, oldest)
+		}
+	}
+	p.recent[voucher{origin, coop}] = now
+}
+
+func (p *peer) vouched(origin string, coop uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.recent[voucher{origin, coop}]
+	return ok && coop != 0 && time.Since(t) <= recentTTL
+}
+
+// track records a connection Close must close, unless the relay is
+// closed already.
+func (r *Relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	if r.conns == nil {
+		r.conns = map[net.Conn]struct{}{}
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *Relay) untrack(c net.Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.conns, c)
+}
+
+// drop closes a tracked connection.
+func (r *Relay) drop(c net.Conn) {
+	c.Close()
+	r.untrack(c)
+}
+
+// Relayed returns how many connections between nodes the relay carries.
+func (r *Relay) Relayed() int { return int(r.relayed.Load()) }
+
+// A NodeInfo describes a registered node.
+type NodeInfo struct {
+	Name       string
+	Observed   netip.AddrPort
+	Advertised []netip.AddrPort
+	Since      time.Time
+}
+
+// Nodes returns the registered nodes, sorted by name.
+func (r *Relay) Nodes() []NodeInfo {
+	r.mu.Lock()
+	out := make([]NodeInfo, 0, len(r.nodes))
+	for _, p := range r.nodes {
+		p.mu.Lock()
+		out = append(out, NodeInfo{Name: p.name, Observed: p.observed, Advertised: append([]netip.AddrPort(nil), p.advertised...), Since: p.since})
+		p.mu.Unlock()
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Close closes the listeners Serve runs on and every node's connection,
+// and waits for them.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		for l := range r.listeners {
+			l.Close()
+		}
+		nodes := r.nodes
+		r.nodes = map[string]*peer{}
+		for c := range r.conns {
+			netconn.Abort(c) // a relayed connection cut by the relay's end is not a clean end
+		}
+		for _, rv := range r.pending {
+			rv.expiry.Stop()
+		}
+		r.mu.Unlock()
+		for _, p := range nodes {
+			p.ch.fail(net.ErrClosed)
+		}
+	})
+	r.wg.Wait()
+	return nil
+}
+
+// Listen returns a vlink listener for a relay on address: it requires
+// the network key and the encryption layer from every dialer, and takes
+// no plain connections. Pass it to Serve.
+func Listen(ctx context.Context, address string, networkKey []byte) (*vlink.Listener, error) {
+	lc := vlink.ListenConfig{Policy: vlink.Policy{
+		Key:    networkKey,
+		Layers: []string{vlink.EncryptionLayer, "identity"},
+		Plain:  vlink.PlainRefuse,
+		// The ends of relayed connections carry what the nodes encrypt
+		// end to end; control connections must hold the encryption
+		// layer, which Serve checks.
+		InsecurePlaintext: true,
+	}}
+	return lc.Listen(ctx, "tcp", address)
+}

@@ -1,0 +1,175 @@
+package control
+
+import (
+	"crypto/rand"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+)
+
+// Relayed connections, the last resort when neither node can reach the
+// other: both open a connection of their own to the relay, which pairs
+// them by a one-time token and copies bytes between them.
+//
+//	A -> relay (control): dial{coop, B, port}
+//	relay -> B (control): offer{token, key, A, port}
+//	B -> relay (new connection): attach{token}     or, on B's control: decline{token, reason}
+//	relay -> A (control): ready{coop, token, key}  or error{coop, refused, reason}
+//	A -> relay (new connection): attach{token}
+//	relay -> both: attached; then raw bytes, relayed by the kernel (splice)
+//
+// The token is random, single use, bound to both nodes' names (each
+// attach comes on a connection whose hello proved its node) and expires
+// with RendezvousTimeout. The key is fresh per connection and crosses
+// only the two nodes' encrypted control channels: the nodes' hello and
+// encryption run end to end with it, so the relay carries ciphertext.
+// It does not make the relay unable to read along, since it chose the
+// key: the relay is trusted with who may talk to whom, as the holder of
+// the network key is.
+
+// Defaults of RelayConfig's rendezvous limits.
+const (
+	// RendezvousTimeout bounds a relayed connection's set-up, from the
+	// dial to both ends attached.
+	RendezvousTimeout = 10 * time.Second
+	DefaultMaxRelayed = 1024
+	// maxPendingPerNode bounds the set-ups one node can have open, so a
+	// node cannot fill the relay's table.
+	maxPendingPerNode = 64
+)
+
+// rendezvous is a relayed connection being set up.
+type rendezvous struct {
+	token  [tokenSize]byte
+	key    []byte
+	a, b   *peer // the dialer and the node it asked for
+	coop   uint64
+	port   uint16
+	bConn  net.Conn // B's data connection, once attached
+	expiry *time.Timer
+}
+
+// dial handles A's request for a relayed connection to f.name's port.
+func (r *Relay) dial(a *peer, f *frame) {
+	refuse := func(code Code, reason string) {
+		a.ch.trySend(&frame{op: opError, coop: f.coop, code: code, name: f.name, reason: reason})
+	}
+	b := r.lookup(f.name)
+	if b == nil {
+		refuse(CodeNoNode, "")
+		return
+	}
+	rv := &rendezvous{a: a, b: b, coop: f.coop, port: f.port, key: make([]byte, keySize)}
+	rand.Read(rv.token[:])
+	rand.Read(rv.key)
+	r.mu.Lock()
+	switch {
+	case a.pending >= maxPendingPerNode:
+		r.mu.Unlock()
+		refuse(CodeBusy, fmt.Sprintf("%d connections of this node are being set up already", a.pending))
+		return
+	case len(r.pending)+int(r.relayed.Load()) >= r.cfg.MaxRelayed:
+		r.mu.Unlock()
+		refuse(CodeBusy, "the relay sets up as many connections as it takes")
+		return
+	}
+	a.pending++
+	r.pending[rv.token] = rv
+	rv.expiry = time.AfterFunc(RendezvousTimeout, func() {
+		if r.take(rv.token) != nil {
+			if rv.bConn != nil {
+				r.drop(rv.bConn)
+			}
+			refuse(CodeTimeout, fmt.Sprintf("no answer within %v", RendezvousTimeout))
+		}
+	})
+	r.mu.Unlock()
+	if err := b.ch.trySend(&frame{op: opOffer, token: rv.token, key: rv.key, name: a.name, port: f.port}); err != nil {
+		r.take(rv.token)
+		refuse(CodeBusy, "its queue is full")
+	}
+}
+
+// take removes a rendezvous from the table and returns it, or nil if it
+// is gone (taken, expired).
+func (r *Relay) take(token [tokenSize]byte) *rendezvous {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rv := r.pending[token]
+	if rv == nil {
+		return nil
+	}
+	delete(r.pending, token)
+	rv.a.pending--
+	rv.expiry.Stop()
+	return rv
+}
+
+// decline handles B's refusal of an offer.
+func (r *Relay) decline(b *peer, f *frame) {
+	r.mu.Lock()
+	rv := r.pending[f.token]
+	r.mu.Unlock()
+	if rv == nil || rv.b != b || rv.bConn != nil {
+		return // expired, or not B's to decline
+	}
+	if r.take(f.token) != nil {
+		rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: f.code, name: b.name, reason: f.reason})
+	}
+}
+
+// attach handles a data connection from the node name: B's first, which
+// tells A to come, then A's, which completes the pair.
+func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
+	r.mu.Lock()
+	rv := r.pending[token]
+	switch {
+	case rv == nil:
+		r.mu.Unlock()
+		r.log.Info("control: relay: attach with an unknown or used token", "node", name)
+		r.drop(c)
+		return
+	case rv.bConn == nil && rv.b.name == name:
+		rv.bConn = c
+		r.mu.Unlock()
+		if err := rv.a.ch.trySend(&frame{op: opReady, coop: rv.coop, token: token, key: rv.key}); err != nil {
+			if r.take(token) != nil {
+				r.drop(c)
+			}
+		}
+		return
+	case rv.bConn != nil && rv.a.name == name:
+		r.mu.Unlock()
+		if r.take(token) == nil {
+			r.drop(c) // expired meanwhile
+			return
+		}
+	default:
+		r.mu.Unlock()
+		r.log.Info("control: relay: attach with a token bound to other nodes", "node", name)
+		r.drop(c)
+		return
+	}
+	// Both ends are here.
+	defer r.untrack(rv.bConn)
+	defer r.untrack(c)
+	attached := (&frame{op: opAttached}).append(nil)
+	c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	rv.bConn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, errA := c.Write(attached)
+	_, errB := rv.bConn.Write(attached)
+	if errA != nil || errB != nil {
+		netconn.Abort(c)
+		netconn.Abort(rv.bConn)
+		return
+	}
+	c.SetDeadline(time.Time{})
+	rv.bConn.SetDeadline(time.Time{})
+	r.log.Debug("control: relay: relaying", "from", rv.a.name, "to", rv.b.name, "port", rv.port)
+	r.relayed.Add(1)
+	defer r.relayed.Add(-1)
+	aToB, bToA, err := netconn.Relay(c, rv.bConn)
+	r.log.Debug("control: relay: relayed", "from", rv.a.name, "to", rv.b.name, "port", rv.port, "sent", aToB, "received", bToA, "err", err)
+}
