@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,7 @@ type serveOptions struct {
 	handshakeTimeout, dialTimeout, grace   time.Duration
 	idleTimeout                            time.Duration
 	insecurePlaintext                      bool
+	node                                   nodeOptions
 }
 
 func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -81,6 +83,7 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
 	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
+	nodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -149,10 +152,36 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 	}
 	e.log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
 		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil)
+	var accepting net.Listener = l
+	if o.node.set() {
+		// Other nodes' connections come through the network: the same
+		// policy, with the key the relay gives each connection.
+		node, err := o.node.connect(ctx, e, policy.Key)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		defer node.Close()
+		nl, err := node.Listen(func(from string, port uint16) error {
+			return policy.AllowsTarget(net.JoinHostPort("localhost", strconv.Itoa(int(port))))
+		})
+		if err != nil {
+			l.Close()
+			return err
+		}
+		vl, err := lc.NewListener(nl)
+		if err != nil {
+			l.Close()
+			nl.Close()
+			return err
+		}
+		accepting = mergeListeners(l, vl)
+		e.log.Info("serving as a node", "node", node.Name(), "addr", node.Name()+vlink.NodeSuffix, "seen as", node.Observed().String())
+	}
 
 	// The listener retries its own temporary accept failures, and
 	// accepts only *vlink.Conn.
-	return s.t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
+	return s.t.acceptLoop(ctx, e.log, accepting, o.grace, func(c net.Conn) {
 		s.t.spawn(func() { s.handle(c.(*vlink.Conn)) })
 	})
 }

@@ -58,6 +58,7 @@ type socksOptions struct {
 	allowFrom                                               listFlag
 	handshakeTimeout, dialTimeout, grace                    time.Duration
 	insecurePlaintext                                       bool
+	node                                                    nodeOptions
 }
 
 // maxSOCKSHandshakes bounds the handshakes in progress, and so what slow
@@ -77,6 +78,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a client whose SOCKS handshake, destination dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching a destination after `DURATION`")
 	insecurePlaintextVar(fs, &o.insecurePlaintext)
+	nodeFlags(fs, &o.node, "so that clients reach other nodes' ports as NODE.vlink.alt:PORT (socks5h or socks4a: the name goes to vlink) through the relay")
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -170,6 +172,15 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	srv, allow, route, err := o.setup()
 	if err != nil {
 		return err
+	}
+	if o.node.set() {
+		d := srv.Dialer.(*vlink.Dialer)
+		node, err := o.node.connect(ctx, e, d.Key)
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		d.Network = node
 	}
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "tcp", o.listen)

@@ -61,6 +61,7 @@ type tunnelOptions struct {
 	listenStack                     string
 	dialTimeout, grace              time.Duration
 	insecurePlaintext               bool
+	node                            nodeOptions
 }
 
 func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -73,6 +74,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	insecurePlaintextVar(fs, &o.insecurePlaintext)
+	nodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
@@ -92,6 +94,9 @@ func (o *tunnelOptions) dialer() (*vlink.Dialer, error) {
 	}
 	if o.dialTimeout <= 0 || o.grace < 0 {
 		return nil, usagef("--dial-timeout and --grace want positive durations")
+	}
+	if _, _, isNode := vlink.SplitNodeAddr(o.to); isNode && !o.node.set() {
+		return nil, usagef("--to %s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", o.to)
 	}
 	d := &vlink.Dialer{Timeout: o.dialTimeout, InsecurePlaintext: o.insecurePlaintext}
 	if o.stack == "" {
@@ -130,6 +135,14 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	d, err := o.dialer()
 	if err != nil {
 		return err
+	}
+	if o.node.set() {
+		node, err := o.node.connect(ctx, e, d.Key)
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		d.Network = node
 	}
 	// What multi-link layers share (a mux session) lives as long as the
 	// tunnel: every connection it accepts rides on it.

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/control"
+)
+
+// nodeOptions are the flags that make a command a node of a vlink
+// network: its name, the relay it registers with, its key.
+type nodeOptions struct {
+	name, relays, keyFile string
+}
+
+// nodeFlags defines --node, --relay and --node-key-file; role says what
+// being a node does for the command.
+func nodeFlags(fs *flag.FlagSet, o *nodeOptions, role string) {
+	fs.StringVar(&o.name, "node", "", "join the vlink network as the node called `NAME` (a DNS label: lower-case letters, digits, '-'), "+role+"; needs --relay")
+	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order; needs --node")
+	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, from vlink key node NAME, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
+}
+
+// set reports whether the command is to be a node.
+func (o *nodeOptions) set() bool { return o.name != "" || o.relays != "" || o.keyFile != "" }
+
+// connect registers the node with its relay; networkKey, if any, is the
+// command's --key-file, from which the node key can be derived.
+func (o *nodeOptions) connect(ctx context.Context, e *env, networkKey []byte) (*control.Node, error) {
+	if o.name == "" || o.relays == "" {
+		return nil, usagef("--node NAME and --relay HOST:PORT go together: the node registers under its name with the relay")
+	}
+	if !vlink.ValidNodeName(o.name) {
+		return nil, usagef("--node %q: %v", o.name, vlink.ErrBadNodeName)
+	}
+	var relays []string
+	for r := range strings.SplitSeq(o.relays, ",") {
+		if err := checkHostPort(strings.TrimSpace(r)); err != nil {
+			return nil, usagef("--relay %v", err)
+		}
+		relays = append(relays, strings.TrimSpace(r))
+	}
+	var key []byte
+	switch {
+	case o.keyFile != "":
+		var err error
+		if key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, err
+		}
+	case networkKey != nil:
+		key = vlink.NodeKey(networkKey, o.name)
+	default:
+		return nil, usagef("--node %s needs its key: --node-key-file FILE, made with vlink key node %s --key-file NETWORK_KEY", o.name, o.name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, vlink.DefaultHandshakeTimeout)
+	defer cancel()
+	n, err := control.Connect(ctx, control.Config{Name: o.name, Key: key, Relays: relays, Logger: e.log})
+	if errors.Is(err, vlink.ErrRefused) {
+		return nil, errors.Join(err, errors.New("the relay refused the node: is its key made from the relay's network key, for this very name?"))
+	}
+	return n, err
+}
+
+// mergedListener accepts from several listeners: a server's own port
+// and its node's connections through the network.
+type mergedListener struct {
+	ls    []net.Listener
+	conns chan net.Conn
+	errs  chan error
+	done  chan struct{}
+	once  sync.Once
+}
+
+func mergeListeners(ls ...net.Listener) net.Listener {
+	m := &mergedListener{ls: ls, conns: make(chan net.Conn), errs: make(chan error, len(ls)), done: make(chan struct{})}
+	for _, l := range ls {
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					m.errs <- err
+					return
+				}
+				select {
+				case m.conns <- c:
+				case <-m.done:
+					c.Close()
+					return
+				}
+			}
+		}()
+	}
+	return m
+}
+
+// Accept returns the next connection from any listener; the first
+// listener to fail ends it (acceptLoop retries temporary failures).
+func (m *mergedListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-m.conns:
+		return c, nil
+	case err := <-m.errs:
+		return nil, err
+	}
+}
+
+func (m *mergedListener) Close() error {
+	m.once.Do(func() { close(m.done) })
+	var errs []error
+	for _, l := range m.ls {
+		errs = append(errs, l.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (m *mergedListener) Addr() net.Addr { return m.ls[0].Addr() }

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/control"
+)
+
+var relayCmd = &cli.Command{
+	Name:     "relay",
+	Summary:  "run the rendezvous of a vlink network: nodes behind firewalls reach each other by name",
+	Synopsis: "--key-file NETWORK_KEY [--listen ADDR] [flags]",
+	About: `
+Runs the relay of a vlink network. Nodes (vlink serve --node, vlink tunnel
+--node, vlink socks --node, programs using package vlink/control) keep one
+outbound, encrypted control connection to it, so a node behind a firewall
+that blocks every inbound connection is still reachable: other nodes dial
+NAME.vlink.alt:PORT, and the relay carries the bytes (encrypted end to end
+by the two nodes) when nothing better exists.
+
+Each node proves the key derived from the network key for its name (vlink
+key --node NAME), so no node can register or answer as another. The relay
+serves registered nodes only, never an open proxy: it connects nobody to an
+address, and a node decides which of its ports it exposes (vlink serve
+--allow). It listens on loopback unless --listen says otherwise: use
+--listen 0.0.0.0:7100 to serve other machines.
+`,
+	Examples: `
+  vlink key --out network.key
+  vlink relay --listen 0.0.0.0:7100 --key-file network.key
+`,
+	Flags: withEnv(relayFlags),
+}
+
+func relayFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	var listen, keyFile string
+	var maxNodes, maxRelayed int
+	var idle, grace time.Duration
+	fs.StringVar(&listen, "listen", "127.0.0.1:7100", "accept nodes on `ADDR` (host:port); a non-loopback address serves other hosts")
+	fs.StringVar(&keyFile, "key-file", "", "the network key, in `FILE` (mode 600; vlink key --out FILE makes one); required")
+	fs.IntVar(&maxNodes, "max-nodes", control.DefaultMaxNodes, "register at most `N` nodes at once")
+	fs.IntVar(&maxRelayed, "max-relayed", control.DefaultMaxRelayed, "carry at most `N` connections between nodes at once")
+	fs.DurationVar(&idle, "idle-timeout", control.DefaultIdleTimeout, "drop a node silent for `DURATION` (nodes ping every 15s)")
+	graceVar(fs, &grace)
+	return func(ctx context.Context, e *env) int {
+		if err := runRelay(ctx, e, listen, keyFile, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.log}); err != nil {
+			return fail(e, "vlink relay", err)
+		}
+		return exitOK
+	}
+}
+
+func runRelay(ctx context.Context, e *env, listen, keyFile string, grace time.Duration, cfg control.RelayConfig) error {
+	if keyFile == "" {
+		return usagef("--key-file NETWORK_KEY is required: the relay authenticates every node with it (vlink key --out FILE makes one)")
+	}
+	if err := checkHostPort(listen); err != nil {
+		return usagef("--listen %v", err)
+	}
+	if cfg.MaxNodes <= 0 || cfg.MaxRelayed <= 0 || cfg.IdleTimeout <= 0 || grace < 0 {
+		return usagef("--max-nodes, --max-relayed and --idle-timeout want positive values, --grace a duration")
+	}
+	key, err := vlink.ReadKeyFile(keyFile)
+	if err != nil {
+		return err
+	}
+	r, err := control.NewRelay(cfg)
+	if err != nil {
+		return err
+	}
+	l, err := control.Listen(ctx, listen, key)
+	if err != nil {
+		return err
+	}
+	e.log.Info("relay listening", "addr", l.Addr().String())
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(l) }()
+	select {
+	case err := <-served:
+		r.Close()
+		return err
+	case <-ctx.Done():
+	}
+	// Stop taking nodes, let the connections being relayed finish
+	// within the grace period, then cut them (with a reset).
+	l.Close()
+	<-served
+	for deadline := time.Now().Add(grace); r.Relayed() > 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := r.Relayed(); n > 0 {
+		e.log.Info("relay: cutting connections still relayed after the grace period", "connections", n)
+	}
+	return r.Close()
+}

@@ -1,0 +1,67 @@
+//go:build linux
+
+package integration
+
+import (
+	"net"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
+)
+
+// TestNodeThroughRelay runs a vlink network of real processes: a relay,
+// a server node "db" exposing a socat echo server's port, and a tunnel
+// node "laptop" reaching db.vlink.alt:PORT by name. The bytes come back
+// intact; db's serve logs who dialed (laptop, proven by its key) and
+// the stack (zstd, over the noise layer the dialer added since the relay
+// carries the bytes); a port db does not expose is refused with db's
+// reason; a node with another node's key is refused by the relay.
+func TestNodeThroughRelay(t *testing.T) {
+	testenv.Programs(t, "socat")
+	dir := t.TempDir()
+	networkKey, dbKey, laptopKey := filepath.Join(dir, "network.key"), filepath.Join(dir, "db.key"), filepath.Join(dir, "laptop.key")
+	for _, args := range [][]string{
+		{"key", "--out", networkKey},
+		{"key", "--node", "db", "--key-file", networkKey, "--out", dbKey},
+		{"key", "--node", "laptop", "--key-file", networkKey, "--out", laptopKey},
+	} {
+		if _, stderr, err := run(startTimeout, nil, vlinkBin, args...); err != nil {
+			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+		}
+	}
+	relay, relayAddr := startVLink(t, "relay", "--key-file", networkKey)
+	_, echo := startSocatEcho(t)
+	_, echoPort, _ := net.SplitHostPort(echo)
+
+	serve := startProc(t, vlinkBin, "serve", "--listen", "127.0.0.1:0", "--grace", "1s", "--log-level", "debug",
+		"--node", "db", "--relay", relayAddr, "--node-key-file", dbKey, "--allow", "localhost:"+echoPort)
+	serve.Name, serve.CleanExit = "vlink serve", true
+	serve.Ports = append(serve.Ports, realserver.Port(t, serve.WaitFor(t, listenAddrRE, startTimeout)[1]))
+	serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
+	relay.WaitFor(t, regexp.MustCompile(`msg="control: relay: registered" node=db`), startTimeout)
+
+	_, tun := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd",
+		"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+	checkEcho(t, tun, testnet.RandomBytes(4<<20, 11))
+	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
+
+	t.Run("port not exposed", func(t *testing.T) {
+		tunnel, closed := startVLink(t, "tunnel", "--to", "db.vlink.alt:1", "--stack", "zstd",
+			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+		if got, err := exchange(t, closed, []byte("hello"), startTimeout); err == nil && len(got) != 0 {
+			t.Fatalf("a port db does not expose answered %q", got)
+		}
+		tunnel.WaitFor(t, regexp.MustCompile(`forwarding to localhost:1 is not allowed here`), startTimeout)
+	})
+	t.Run("another node's key", func(t *testing.T) {
+		_, stderr, err := run(startTimeout, nil, vlinkBin, "tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:"+echoPort,
+			"--node", "db", "--relay", relayAddr, "--node-key-file", laptopKey)
+		if err == nil || !regexp.MustCompile(`refused`).MatchString(stderr) {
+			t.Fatalf("a tunnel posing as db with laptop's key: %v\n%s", err, stderr)
+		}
+	})
+}
