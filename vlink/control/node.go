@@ -118,7 +118,9 @@ type Node struct {
 }
 
 // Connect starts a node and waits, within ctx, until a relay has
-// registered it. From then on the node reconnects by itself until Close.
+// registered it, trying again while no relay answers (a refusal, such as
+// a wrong key, ends it at once). From then on the node reconnects by
+// itself until Close.
 func Connect(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -148,10 +150,18 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		n.dialer = &vlink.Dialer{Stack: vlink.MustParse(vlink.EncryptionLayer), Key: cfg.Key, Node: cfg.Name}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	ch, err := n.connect(ctx)
-	if err != nil {
-		n.cancel()
-		return nil, err
+	// A relay starting at the same time as its nodes is waited for; a
+	// relay that refuses the node is not.
+	var ch *channel
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		var err error
+		if ch, err = n.connect(ctx); err == nil {
+			break
+		}
+		if errors.Is(err, vlink.ErrRefused) || !sleep(ctx, backoff) {
+			n.cancel()
+			return nil, err
+		}
 	}
 	n.wg.Add(1)
 	go n.run(ch)
