@@ -18,8 +18,10 @@ import (
 // node "laptop" reaching db.vlink.alt:PORT by name. The bytes come back
 // intact; db's serve logs who dialed (laptop, proven by its key) and
 // the stack (zstd, over the noise layer the dialer added since the relay
-// carries the bytes); a port db does not expose is refused with db's
-// reason; a node with another node's key is refused by the relay.
+// carries the bytes); a tunnel that accepts reverse connections is
+// connected back to by db instead; a port db does not expose is refused
+// with db's reason; a node with another node's key is refused by the
+// relay.
 func TestNodeThroughRelay(t *testing.T) {
 	testenv.Programs(t, "socat")
 	dir := t.TempDir()
@@ -47,8 +49,18 @@ func TestNodeThroughRelay(t *testing.T) {
 	_, tun := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd",
 		"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
 	checkEcho(t, tun, testnet.RandomBytes(4<<20, 11))
+	serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=relay`), startTimeout)
 	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
 
+	t.Run("reverse", func(t *testing.T) {
+		// The dialer accepts connections back: db connects to it, and
+		// the relay carries nothing.
+		_, rev := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "lz4",
+			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey, "--reverse-listen", "127.0.0.1:0")
+		checkEcho(t, rev, testnet.RandomBytes(1<<20, 12))
+		serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=reverse`), startTimeout)
+		serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=lz4\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
+	})
 	t.Run("port not exposed", func(t *testing.T) {
 		tunnel, closed := startVLink(t, "tunnel", "--to", "db.vlink.alt:1", "--stack", "zstd",
 			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)

@@ -16,6 +16,7 @@ import (
 // network: its name, the relay it registers with, its key.
 type nodeOptions struct {
 	name, relays, keyFile string
+	reverseListen         string // dialing commands only
 }
 
 // nodeFlags defines --node, --relay and --node-key-file; role says what
@@ -26,8 +27,15 @@ func nodeFlags(fs *flag.FlagSet, o *nodeOptions, role string) {
 	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, from vlink key node NAME, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
 }
 
+// reverseFlag defines --reverse-listen, for the commands that dial nodes.
+func reverseFlag(fs *flag.FlagSet, o *nodeOptions) {
+	fs.StringVar(&o.reverseListen, "reverse-listen", "", "let the nodes we dial connect back to us on `ADDR` (host:port other nodes can reach, e.g. 0.0.0.0:7200), so that a node behind a firewall is reached without the relay carrying the bytes; needs --node (default: off, the relay carries them)")
+}
+
 // set reports whether the command is to be a node.
-func (o *nodeOptions) set() bool { return o.name != "" || o.relays != "" || o.keyFile != "" }
+func (o *nodeOptions) set() bool {
+	return o.name != "" || o.relays != "" || o.keyFile != "" || o.reverseListen != ""
+}
 
 // connect registers the node with its relay; networkKey, if any, is the
 // command's --key-file, from which the node key can be derived.
@@ -57,13 +65,29 @@ func (o *nodeOptions) connect(ctx context.Context, e *env, networkKey []byte) (*
 	default:
 		return nil, usagef("--node %s needs its key: --node-key-file FILE, made with vlink key node %s --key-file NETWORK_KEY", o.name, o.name)
 	}
+	if o.reverseListen != "" {
+		if err := checkHostPort(o.reverseListen); err != nil {
+			return nil, usagef("--reverse-listen %v", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, vlink.DefaultHandshakeTimeout)
 	defer cancel()
 	n, err := control.Connect(ctx, control.Config{Name: o.name, Key: key, Relays: relays, Logger: e.log})
 	if errors.Is(err, vlink.ErrRefused) {
 		return nil, errors.Join(err, errors.New("the relay refused the node: is its key made from the relay's network key, for this very name?"))
 	}
-	return n, err
+	if err != nil || o.reverseListen == "" {
+		return n, err
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", o.reverseListen)
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	e.log.Info("accepting reverse connections", "addr", l.Addr().String())
+	go n.ServeReverse(l) // until the node is closed
+	return n, nil
 }
 
 // mergedListener accepts from several listeners: a server's own port

@@ -79,6 +79,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching a destination after `DURATION`")
 	insecurePlaintextVar(fs, &o.insecurePlaintext)
 	nodeFlags(fs, &o.node, "so that clients reach other nodes' ports as NODE.vlink.alt:PORT (socks5h or socks4a: the name goes to vlink) through the relay")
+	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {

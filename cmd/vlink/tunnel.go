@@ -75,6 +75,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	insecurePlaintextVar(fs, &o.insecurePlaintext)
 	nodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
+	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {

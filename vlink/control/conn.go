@@ -2,10 +2,13 @@ package control
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -62,8 +65,8 @@ func (c *Conn) VouchedPeer() string { return c.remote.Node }
 // VouchedKey returns the key both ends hold for this connection only.
 func (c *Conn) VouchedKey() []byte { return c.key }
 
-// Path says how the connection was made: "relay" (the relay carries its
-// bytes).
+// Path says how the connection was made: "reverse" (the node dialed
+// connected back to the dialer) or "relay" (the relay carries its bytes).
 func (c *Conn) Path() string { return c.path }
 
 // typeReady marks a relay's ready inside the node, as typePeer does a
@@ -84,23 +87,49 @@ func (n *Node) DialNode(ctx context.Context, name string, port uint16) (net.Conn
 	}
 	ctx, cancel := context.WithTimeout(ctx, RendezvousTimeout+vlink.DefaultHandshakeTimeout)
 	defer cancel()
+	dial := &frame{op: opDial, name: name, port: port, key: make([]byte, keySize)}
+	rand.Read(dial.token[:])
+	rand.Read(dial.key)
+	// Where the node would connect back to us, if we accept that.
+	reversed := &reverseWait{conn: make(chan net.Conn), done: make(chan struct{})}
+	defer close(reversed.done)
+	n.mu.Lock()
+	for _, p := range n.reversePorts {
+		dial.addrs = append(dial.addrs, netip.AddrPortFrom(netip.IPv4Unspecified(), p))
+	}
+	if len(dial.addrs) > 0 {
+		n.reverse[dial.token] = reversed
+	}
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		delete(n.reverse, dial.token)
+		n.mu.Unlock()
+	}()
 	coop := n.Cooperate(Expect{Type: typeReady})
 	defer coop.Cancel()
-	ch, err := n.sendOn(ctx, &frame{op: opDial, coop: coop.token, name: name, port: port})
+	dial.coop = coop.token
+	ch, err := n.sendOn(ctx, dial)
 	if err != nil {
 		return nil, err
 	}
 	coop.sentOn(ch)
+	remote := Addr{name, port}
+	select {
+	case c := <-reversed.conn:
+		return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: "reverse"}, nil
+	case <-coop.Done():
+	case <-ctx.Done():
+	}
 	replies, err := coop.Wait(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ready := replies[0].ready
-	c, err := n.attach(ctx, ready.token)
+	c, err := n.attach(ctx, replies[0].ready.token)
 	if err != nil {
 		return nil, fmt.Errorf("control: connecting to %s through the relay: %w", name, err)
 	}
-	return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: Addr{name, port}, key: ready.key, path: "relay"}, nil
+	return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: "relay"}, nil
 }
 
 // attach opens a data connection to the relay the node is registered
@@ -248,12 +277,20 @@ func (n *Node) offer(ch *channel, f *frame) {
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, RendezvousTimeout)
 		defer cancel()
-		c, err := n.attach(ctx, f.token)
-		if err != nil {
-			n.log.Info("control: could not take a connection through the relay", "from", f.name, "port", f.port, "err", err)
-			return
+		path := "reverse"
+		c := n.connectBack(ctx, f)
+		if c != nil {
+			ch.trySend(&frame{op: opDecline, token: f.token, code: codeReversed})
+		} else {
+			path = "relay"
+			var err error
+			if c, err = n.attach(ctx, f.token); err != nil {
+				n.log.Info("control: could not take a connection through the relay", "from", f.name, "port", f.port, "err", err)
+				return
+			}
 		}
-		conn := &Conn{Conn: c, local: Addr{n.cfg.Name, f.port}, remote: Addr{f.name, 0}, key: f.key, path: "relay"}
+		conn := &Conn{Conn: c, local: Addr{n.cfg.Name, f.port}, remote: Addr{f.name, 0}, key: f.key, path: path}
+		n.log.Debug("control: connection from a node", "from", f.name, "port", f.port, "path", path)
 		select {
 		case l.conns <- conn:
 		case <-l.done:
@@ -262,4 +299,140 @@ func (n *Node) offer(ch *channel, f *frame) {
 			netconn.Abort(c) // the backlog is full: the dialer sees a reset
 		}
 	}()
+}
+
+// reverseTimeout bounds one attempt to connect back to a dialer, so an
+// unreachable dialer costs the relayed path little.
+const reverseTimeout = 2 * time.Second
+
+// connectBack tries to connect to the dialer of offer f at the addresses
+// the relay gave, and to attach there; nil if none works.
+func (n *Node) connectBack(ctx context.Context, f *frame) net.Conn {
+	for _, a := range f.addrs {
+		ctx, cancel := context.WithTimeout(ctx, reverseTimeout)
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", a.String())
+		if err == nil {
+			if err = attachOn(ctx, c, f.token); err != nil {
+				c.Close()
+			}
+		}
+		cancel()
+		if err == nil {
+			return c
+		}
+		n.log.Debug("control: could not connect back", "to", f.name, "at", a.String(), "err", err)
+	}
+	return nil
+}
+
+// attachOn sends attach{token} on c and waits for attached.
+func attachOn(ctx context.Context, c net.Conn, token [tokenSize]byte) error {
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	stop := netconn.InterruptOnDone(ctx, c)
+	_, err := c.Write((&frame{op: opAttach, token: token}).append(nil))
+	var f *frame
+	if err == nil {
+		f, err = readFrame(c)
+	}
+	if err == nil && f.op != opAttached {
+		err = fmt.Errorf("%w: attach answered with %s", ErrMalformed, f.op)
+	}
+	if !stop() && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	return c.SetDeadline(time.Time{})
+}
+
+// maxReverseHandshakes bounds the connections ServeReverse holds before
+// they prove a token.
+const maxReverseHandshakes = 64
+
+// ServeReverse accepts, on l, the connections other nodes make back to
+// this one when it dials them (the reverse path: through a firewall that
+// blocks connections into the node dialed, no relay carrying bytes). It
+// returns when l fails or the node is closed, and closes l. A connection
+// must open with the token of one of this node's dials in progress,
+// within a few seconds; anything else is closed. Without ServeReverse,
+// DialNode offers no reverse path.
+func (n *Node) ServeReverse(l net.Listener) error {
+	ta, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return fmt.Errorf("control: ServeReverse needs a TCP listener, not %T", l.Addr())
+	}
+	port := uint16(ta.Port)
+	n.mu.Lock()
+	n.reversePorts = append(n.reversePorts, port)
+	n.mu.Unlock()
+	stop := context.AfterFunc(n.ctx, func() { l.Close() })
+	defer stop()
+	defer func() {
+		n.mu.Lock()
+		n.reversePorts = slices.DeleteFunc(n.reversePorts, func(p uint16) bool { return p == port })
+		n.mu.Unlock()
+	}()
+	sem := make(chan struct{}, maxReverseHandshakes)
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			l.Close()
+			if n.ctx.Err() != nil {
+				return net.ErrClosed
+			}
+			return err
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			c.Close() // the slots are held by connections that proved nothing yet
+			continue
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			defer func() { <-sem }()
+			n.takeReverse(c)
+		}()
+	}
+}
+
+// takeReverse reads a reverse connection's token and hands it to the
+// dial waiting for it.
+func (n *Node) takeReverse(c net.Conn) {
+	c.SetDeadline(time.Now().Add(reverseTimeout))
+	f, err := readFrame(c)
+	if err != nil || f.op != opAttach {
+		c.Close()
+		return
+	}
+	n.mu.Lock()
+	waiting := n.reverse[f.token]
+	delete(n.reverse, f.token) // single use
+	n.mu.Unlock()
+	if waiting == nil {
+		n.log.Info("control: refused a reverse connection with an unknown token", "remote", c.RemoteAddr().String())
+		c.Close()
+		return
+	}
+	if _, err := c.Write((&frame{op: opAttached}).append(nil)); err != nil {
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	select {
+	case waiting.conn <- c:
+	case <-waiting.done: // the dial went another way, or gave up
+		c.Close()
+	}
+}
+
+// reverseWait is a dial waiting for its reverse connection.
+type reverseWait struct {
+	conn chan net.Conn
+	done chan struct{} // closed when the dial no longer waits
 }

@@ -55,8 +55,8 @@ const (
 	opPeer      op = 8  // relay: the answer to a lookup
 	opAdvertise op = 9  // node: the addresses it accepts connections on; its first frame registers it
 	opWelcome   op = 10 // relay: registered; the address the node was seen from
-	opDial      op = 11 // node: connect me to a node's port (coop)
-	opOffer     op = 12 // relay: a node asks for a connection to a port (token, key)
+	opDial      op = 11 // node: connect me to a node's port (coop, token, key, reverse addresses)
+	opOffer     op = 12 // relay: a node asks for a connection to a port (token, key, where to connect back)
 	opDecline   op = 13 // node: refuses an offer (token, code, reason)
 	opReady     op = 14 // relay: the node took the offer; attach with the token (coop, token, key)
 	opAttach    op = 15 // node, first frame of a data connection: the token it belongs to
@@ -102,10 +102,10 @@ type frame struct {
 	code    Code   // error
 	reason  string // error
 	online  bool   // peer
-	addrs   []netip.AddrPort
+	addrs   []netip.AddrPort // peer, advertise, welcome; dial, offer: where to connect back
 	port    uint16          // dial, offer
-	token   [tokenSize]byte // offer, decline, ready, attach
-	key     []byte          // offer, ready: the connection's end-to-end key
+	token   [tokenSize]byte // dial, offer, decline, ready, attach
+	key     []byte          // dial, offer, ready: the connection's end-to-end key
 }
 
 // append appends f's encoding to b.
@@ -142,13 +142,17 @@ func (f *frame) append(b []byte) []byte {
 		b = appendAddrs(b, f.addrs)
 	case opDial:
 		b = binary.BigEndian.AppendUint64(b, f.coop)
+		b = append(b, f.token[:]...)
+		b = append(b, f.key...)
 		b = binary.BigEndian.AppendUint16(b, f.port)
 		b = appendName(b, f.name)
+		b = appendAddrs(b, f.addrs)
 	case opOffer:
 		b = append(b, f.token[:]...)
 		b = append(b, f.key...)
 		b = binary.BigEndian.AppendUint16(b, f.port)
 		b = appendName(b, f.name)
+		b = appendAddrs(b, f.addrs)
 	case opDecline:
 		b = append(b, f.token[:]...)
 		b = append(b, byte(f.code))
@@ -259,19 +263,17 @@ func decode(h header, body []byte) (*frame, error) {
 		f.addrs = d.addrs()
 	case opAdvertise, opWelcome:
 		f.addrs = d.addrs()
-	case opDial:
-		f.coop = d.u64()
-		f.port = d.u16()
-		if f.name = d.name(); d.err == nil && (f.name == "" || f.port == 0) {
-			d.err = errors.New("dial without a node or a port")
+	case opDial, opOffer:
+		if f.op == opDial {
+			f.coop = d.u64()
 		}
-	case opOffer:
 		d.token(&f.token)
 		f.key = d.take(keySize)
 		f.port = d.u16()
 		if f.name = d.name(); d.err == nil && (f.name == "" || f.port == 0) {
-			d.err = errors.New("offer without a node or a port")
+			d.err = fmt.Errorf("%s without a node or a port", f.op)
 		}
+		f.addrs = d.addrs()
 	case opDecline:
 		d.token(&f.token)
 		f.code = Code(d.byte())

@@ -68,6 +68,9 @@ const (
 	CodeRefused
 	// CodeTimeout: the node did not answer in time.
 	CodeTimeout
+	// codeReversed, in a decline: the node connected back to the dialer
+	// itself, the relay has nothing to carry.
+	codeReversed
 	codeLimit
 )
 

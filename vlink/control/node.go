@@ -109,6 +109,11 @@ type Node struct {
 	observed  netip.AddrPort
 	relay     string    // the relay registered with
 	listener  *listener // where connections from other nodes go; nil for none
+	// reversePorts are the ports ServeReverse accepts on; reverse maps
+	// the token of each dial in progress to where its reverse connection
+	// goes.
+	reversePorts []uint16
+	reverse      map[[tokenSize]byte]*reverseWait
 	err       error     // why the last connection attempt or connection failed
 
 	ctx       context.Context // cancelled by Close
@@ -141,6 +146,7 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		sem:       make(chan struct{}, cfg.MaxHandlers),
 		handlers:  map[Type]Handler{},
 		coops:     map[uint64]*Cooperation{},
+		reverse:   map[[tokenSize]byte]*reverseWait{},
 		connected: make(chan struct{}),
 	}
 	if n.log == nil {

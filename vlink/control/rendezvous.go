@@ -1,9 +1,10 @@
 package control
 
 import (
-	"crypto/rand"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -13,21 +14,27 @@ import (
 // other: both open a connection of their own to the relay, which pairs
 // them by a one-time token and copies bytes between them.
 //
-//	A -> relay (control): dial{coop, B, port}
-//	relay -> B (control): offer{token, key, A, port}
+//	A -> relay (control): dial{coop, token, key, B, port, A's reverse ports}
+//	relay -> B (control): offer{token, key, A, port, where A accepts}
 //	B -> relay (new connection): attach{token}     or, on B's control: decline{token, reason}
 //	relay -> A (control): ready{coop, token, key}  or error{coop, refused, reason}
 //	A -> relay (new connection): attach{token}
 //	relay -> both: attached; then raw bytes, relayed by the kernel (splice)
 //
-// The token is random, single use, bound to both nodes' names (each
-// attach comes on a connection whose hello proved its node) and expires
-// with RendezvousTimeout. The key is fresh per connection and crosses
-// only the two nodes' encrypted control channels: the nodes' hello and
-// encryption run end to end with it, so the relay carries ciphertext.
-// It does not make the relay unable to read along, since it chose the
-// key: the relay is trusted with who may talk to whom, as the holder of
-// the network key is.
+// Before any of that, if A accepts reverse connections (Node.ServeReverse),
+// B first connects back to A itself, at the address the relay saw A come
+// from: attach{token} on that connection, attached from A, and B tells the
+// relay it has nothing to carry (decline, reversed). Only when that fails
+// does B attach to the relay.
+//
+// The token (A's, random) is single use, bound to both nodes' names at
+// the relay (each attach comes on a connection whose hello proved its
+// node; a reverse attach reaches only A, which knows its own tokens) and
+// expires with RendezvousTimeout. The key is fresh per connection, made
+// by A, and crosses only the nodes' encrypted control channels: the
+// nodes' hello and encryption run end to end with it, so the relay
+// carries ciphertext. The relay sees the key, so it is trusted not to read
+// along, as the holder of the network key is trusted with every name.
 
 // Defaults of RelayConfig's rendezvous limits.
 const (
@@ -61,11 +68,13 @@ func (r *Relay) dial(a *peer, f *frame) {
 		refuse(CodeNoNode, "")
 		return
 	}
-	rv := &rendezvous{a: a, b: b, coop: f.coop, port: f.port, key: make([]byte, keySize)}
-	rand.Read(rv.token[:])
-	rand.Read(rv.key)
+	rv := &rendezvous{a: a, b: b, coop: f.coop, port: f.port, token: f.token, key: f.key}
 	r.mu.Lock()
 	switch {
+	case r.pending[f.token] != nil:
+		r.mu.Unlock()
+		refuse(CodeBusy, "a connection with that token is being set up")
+		return
 	case a.pending >= maxPendingPerNode:
 		r.mu.Unlock()
 		refuse(CodeBusy, fmt.Sprintf("%d connections of this node are being set up already", a.pending))
@@ -86,10 +95,29 @@ func (r *Relay) dial(a *peer, f *frame) {
 		}
 	})
 	r.mu.Unlock()
-	if err := b.ch.trySend(&frame{op: opOffer, token: rv.token, key: rv.key, name: a.name, port: f.port}); err != nil {
+	offer := &frame{op: opOffer, token: rv.token, key: rv.key, name: a.name, port: f.port, addrs: reverseAddrs(a, f.addrs)}
+	if err := b.ch.trySend(offer); err != nil {
 		r.take(rv.token)
 		refuse(CodeBusy, "its queue is full")
 	}
+}
+
+// reverseAddrs returns where B may connect back to A: the ports A
+// accepts reverse connections on, at the address the relay saw A connect
+// from. Never an address A names itself: a node cannot send another to
+// connect to a third host.
+func reverseAddrs(a *peer, asked []netip.AddrPort) []netip.AddrPort {
+	if !a.observed.IsValid() || a.observed.Addr().IsUnspecified() {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, x := range asked {
+		ap := netip.AddrPortFrom(a.observed.Addr(), x.Port())
+		if !slices.Contains(out, ap) {
+			out = append(out, ap)
+		}
+	}
+	return out
 }
 
 // take removes a rendezvous from the table and returns it, or nil if it
@@ -114,6 +142,10 @@ func (r *Relay) decline(b *peer, f *frame) {
 	r.mu.Unlock()
 	if rv == nil || rv.b != b || rv.bConn != nil {
 		return // expired, or not B's to decline
+	}
+	if f.code == codeReversed {
+		r.take(f.token) // B reached A itself
+		return
 	}
 	if r.take(f.token) != nil {
 		rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: f.code, name: b.name, reason: f.reason})
