@@ -91,21 +91,21 @@ func (h header) typ() Type      { return Type(binary.BigEndian.Uint16(h[2:])) }
 func (h header) len() int       { return int(binary.BigEndian.Uint32(h[4:])) }
 
 // frame is a decoded control frame. Which fields mean something depends
-// on op; decode checks that the others are zero.
+// on op: the wire carries only those.
 type frame struct {
 	op      op
-	typ     Type   // message ops
-	coop    uint64 // message ops, error, lookup, peer
-	name    string // send/forward: destination; deliver: sender; error, lookup, peer: the node
-	name2   string // forward: origin; deliver: forwarder
-	payload []byte // message ops; ping and pong
-	code    Code   // error
-	reason  string // error
-	online  bool   // peer
+	typ     Type             // message ops
+	coop    uint64           // message ops, error, lookup, peer
+	name    string           // send/forward: destination; deliver: sender; error, lookup, peer: the node
+	name2   string           // forward: origin; deliver: forwarder
+	payload []byte           // message ops; ping and pong
+	code    Code             // error
+	reason  string           // error
+	online  bool             // peer
 	addrs   []netip.AddrPort // peer, advertise, welcome; dial, offer: where to connect back
-	port    uint16          // dial, offer
-	token   [tokenSize]byte // dial, offer, decline, ready, attach
-	key     []byte          // dial, offer, ready: the connection's end-to-end key
+	port    uint16           // dial, offer
+	token   [tokenSize]byte  // dial, offer, decline, ready, attach
+	key     []byte           // dial, offer, ready: the connection's end-to-end key
 }
 
 // append appends f's encoding to b.

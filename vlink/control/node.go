@@ -114,7 +114,7 @@ type Node struct {
 	// goes.
 	reversePorts []uint16
 	reverse      map[[tokenSize]byte]*reverseWait
-	err       error     // why the last connection attempt or connection failed
+	err          error // why the last connection attempt or connection failed
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
