@@ -329,6 +329,9 @@ func (n *Node) register(ctx context.Context, relay string) (*channel, error) {
 	// directory has them once the welcome is back.
 	ch.trySend(&frame{op: opAdvertise, addrs: n.cfg.Advertise})
 	f, err := readFrame(c)
+	if err == nil && f.op == opError {
+		err = &DeliveryError{To: f.name, Code: f.code, Reason: f.reason}
+	}
 	if err == nil && f.op != opWelcome {
 		err = fmt.Errorf("%w: the relay opened with %s, want welcome", ErrMalformed, f.op)
 	}

@@ -235,6 +235,9 @@ func (r *Relay) serveConn(c net.Conn, name string, encrypted bool) {
 	}
 	if err := r.register(p); err != nil {
 		r.log.Info("control: relay: refused a node", "node", name, "remote", c.RemoteAddr().String(), "err", err)
+		// Tell the node why before closing: it backs off and retries.
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		c.Write((&frame{op: opError, code: CodeBusy, name: name, reason: err.Error()}).append(nil))
 		p.ch.fail(err)
 		return
 	}

@@ -141,3 +141,22 @@ func TestFrameRoundTrip(t *testing.T) {
 		t.Fatalf("%+v, %v", got, err)
 	}
 }
+
+// TestMaxNodes: a relay full of nodes refuses the next one with the
+// reason, and serves the registered ones as before.
+func TestMaxNodes(t *testing.T) {
+	r := startRelay(t, RelayConfig{MaxNodes: 2}, "")
+	a, b := connect(t, r.addr, "alice"), connect(t, r.addr, "bob")
+	echo(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := Connect(ctx, Config{Name: "carol", Key: vlink.NodeKey(networkKey, "carol"), Relays: []string{r.addr}})
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("a third node: %v, want ErrBusy", err)
+	}
+	co := a.Cooperate(Expect{From: "bob"})
+	co.Send(ctxT(t), "bob", typeEcho, nil)
+	if _, err := co.Wait(ctxT(t)); err != nil {
+		t.Fatalf("alice to bob with the relay full: %v", err)
+	}
+}
