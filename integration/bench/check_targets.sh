@@ -41,7 +41,7 @@ run dial gobench DialPaired 2s ./vlink/
 run compress_random gobench 'Stack/random' 2s ./filters/compress/
 run adaptive_link gobench 'Link' 5x ./filters/compress/ # 100M needs root and tc
 run idle_conns bash integration/bench/idle_conns.sh
-for s in tunnel_vs_socat preload ssh_socks compress_vs_ssh noise_vs_ssh parallel_wan connect_under_attack; do # mux_ttfb has no target
+for s in tunnel_vs_socat preload ssh_socks compress_vs_ssh noise_vs_ssh relay_vs_serve relay_idle parallel_wan connect_under_attack; do # mux_ttfb has no target
   run "$s" bash "integration/bench/$s.sh"
 done
 
