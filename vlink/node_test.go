@@ -228,57 +228,6 @@ func TestNodeKey(t *testing.T) {
 	}
 }
 
-// A captured node hello and proof replayed on a new connection fail: the
-// challenge is fresh.
-func TestNodeReplayFails(t *testing.T) {
-	l, _ := nodeListen(t, vlink.Policy{Key: key})
-	rec := &recorder{}
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pl.Close()
-	proxied := make(chan struct{})
-	go func() {
-		defer close(proxied)
-		c, err := pl.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		s, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			return
-		}
-		defer s.Close()
-		go io.Copy(c, s)
-		io.Copy(io.MultiWriter(s, rec), c)
-	}()
-	d := vlink.Dialer{Stack: vlink.MustParse("test-xor"), Node: "alice", Key: vlink.NodeKey(key, "alice")}
-	c, err := d.Dial("tcp", pl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	<-proxied
-	captured := rec.bytes()
-	if !bytes.Contains(captured, []byte("alice")) {
-		t.Fatalf("the captured hello does not name the node: %q", captured)
-	}
-
-	r, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.Write(captured)
-	r.SetReadDeadline(time.Now().Add(5 * time.Second))
-	answer, _ := io.ReadAll(r)
-	if !bytes.Contains(answer, []byte(`does not match the key of node "alice"`)) {
-		t.Fatalf("replayed handshake got %q, want an authentication failure", answer)
-	}
-}
-
 // A config's node (node = "…" in the file, or VLINK_NODE) names the node
 // in the hellos of its routes, proven with the config's key.
 func TestConfigNode(t *testing.T) {

@@ -208,51 +208,64 @@ func TestAuthentication(t *testing.T) {
 }
 
 // A captured hello and proof replayed on a new connection fail, because
-// the challenge is fresh.
+// the challenge is fresh: with the key, and with a node's key.
 func TestReplayFails(t *testing.T) {
 	l := listen(t, vlink.ListenConfig{Policy: vlink.Policy{Key: key}})
-	// Record what an honest dialer sends through a recording proxy.
-	rec := &recorder{}
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name   string
+		dialer *vlink.Dialer
+		want   string // in the refusal of the replay
+	}{
+		{"key", &vlink.Dialer{Stack: vlink.MustParse("test-xor"), Key: key}, "does not match this listener's key"},
+		{"node", &vlink.Dialer{Stack: vlink.MustParse("test-xor"), Node: "alice", Key: vlink.NodeKey(key, "alice")}, `does not match the key of node "alice"`},
 	}
-	defer pl.Close()
-	go func() {
-		c, err := pl.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		s, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			return
-		}
-		defer s.Close()
-		go io.Copy(c, s)
-		io.Copy(io.MultiWriter(s, rec), c)
-	}()
-	d := vlink.Dialer{Stack: vlink.MustParse("test-xor"), Key: key}
-	c, err := d.Dial("tcp", pl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	time.Sleep(50 * time.Millisecond)
-	captured := rec.bytes()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Record what an honest dialer sends through a recording proxy.
+			rec := &recorder{}
+			pl, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pl.Close()
+			proxied := make(chan struct{})
+			go func() {
+				defer close(proxied)
+				c, err := pl.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				s, err := net.Dial("tcp", l.Addr().String())
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				go io.Copy(c, s)
+				io.Copy(io.MultiWriter(s, rec), c)
+			}()
+			c, err := tt.dialer.Dial("tcp", pl.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			<-proxied
+			captured := rec.bytes()
 
-	// Replay it byte for byte.
-	r, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.Write(captured)
-	r.SetReadDeadline(time.Now().Add(5 * time.Second))
-	answer, _ := io.ReadAll(r)
-	// challenge frame, then a refusal with CodeAuthFailed.
-	if !bytes.Contains(answer, []byte("does not match")) {
-		t.Fatalf("replayed handshake got %q, want an authentication failure", answer)
+			// Replay it byte for byte.
+			r, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			r.Write(captured)
+			r.SetReadDeadline(time.Now().Add(5 * time.Second))
+			answer, _ := io.ReadAll(r)
+			// challenge frame, then a refusal with CodeAuthFailed.
+			if !bytes.Contains(answer, []byte(tt.want)) {
+				t.Fatalf("replayed handshake got %q, want an authentication failure", answer)
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@
 #   build_vlink          set VLINK to a vlink built from the checkout, unless given
 #   build_vlink_lab      the same for VLINK_LAB
 #   port_free PORT       whether nothing listens on 127.0.0.1:PORT
+#   need_ports N         exit unless PORT_BASE+1..+N are free; then p K is PORT_BASE+K
 #   wait_listen PORT     wait until something listens on 127.0.0.1:PORT
 #   cpu_ticks PID...     user+system clock ticks of the processes
 #   cpu_ticks_all PID    the same, with the children it has reaped
@@ -76,6 +77,18 @@ build_vlink_lab() {
 
 port_free() {
   ! grep -q " $(printf '0100007F:%04X' "$1") 00000000:0000 0A " /proc/net/tcp
+}
+
+p() { echo $((PORT_BASE + $1)); }
+
+need_ports() {
+  local i
+  for i in $(seq 1 "$1"); do
+    if ! port_free "$(p "$i")"; then
+      echo "port $(p "$i") is in use: set PORT_BASE to a free range" >&2
+      exit 1
+    fi
+  done
 }
 
 wait_listen() {

@@ -27,13 +27,7 @@ need iperf3 python3 ssh ssh-keygen sshd
 need_root sshd
 build_vlink
 
-p() { echo $((PORT_BASE + $1)); }
-for i in $(seq 1 6); do
-  if ! port_free "$(p "$i")"; then
-    echo "port $(p "$i") is in use: set PORT_BASE to a free range" >&2
-    exit 1
-  fi
-done
+need_ports 6
 sshd_port=$(p 1) iperf_port=$(p 2) serve_port=$(p 3)
 
 # sshd with generated keys, as ssh_socks.sh runs it.

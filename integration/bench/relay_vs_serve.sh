@@ -26,13 +26,7 @@ PORT_BASE=${PORT_BASE:-25500}
 need iperf3 python3
 build_vlink
 
-p() { echo $((PORT_BASE + $1)); }
-for i in $(seq 1 6); do
-  if ! port_free "$(p "$i")"; then
-    echo "port $(p "$i") is in use: set PORT_BASE to a free range" >&2
-    exit 1
-  fi
-done
+need_ports 6
 iperf_port=$(p 1) serve_port=$(p 2) relay_port=$(p 3) node_port=$(p 4)
 
 iperf3 -s -B 127.0.0.1 -p "$iperf_port" >"$work/iperf3.log" 2>&1 &

@@ -29,13 +29,7 @@ need iperf3 socat python3 ssh ssh-keygen sshd danted
 need_root sshd
 build_vlink
 
-p() { echo $((PORT_BASE + $1)); }
-for i in $(seq 1 16); do
-  if ! port_free "$(p "$i")"; then
-    echo "port $(p "$i") is in use: set PORT_BASE to a free range" >&2
-    exit 1
-  fi
-done
+need_ports 16
 sshd_port=$(p 1) iperf_port=$(p 2) echo_port=$(p 3) dante_port=$(p 4)
 
 # sshd with generated keys, as the tests run it.
