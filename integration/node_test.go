@@ -3,10 +3,12 @@
 package integration
 
 import (
+	"bytes"
 	"net"
 	"path/filepath"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
@@ -23,7 +25,7 @@ import (
 // with db's reason; a node with another node's key is refused by the
 // relay.
 func TestNodeThroughRelay(t *testing.T) {
-	testenv.Programs(t, "socat")
+	testenv.Programs(t, "socat", "cc")
 	dir := t.TempDir()
 	networkKey, dbKey, laptopKey := filepath.Join(dir, "network.key"), filepath.Join(dir, "db.key"), filepath.Join(dir, "laptop.key")
 	for _, args := range [][]string{
@@ -60,6 +62,19 @@ func TestNodeThroughRelay(t *testing.T) {
 		checkEcho(t, rev, testnet.RandomBytes(1<<20, 12))
 		serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=reverse`), startTimeout)
 		serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=lz4\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
+	})
+	t.Run("exec", func(t *testing.T) {
+		// An unmodified program (socat) connects to db.vlink.alt:PORT
+		// under vlink exec: its name never reaches the DNS, the
+		// connection goes through the network.
+		data := testnet.RandomBytes(1<<20, 13)
+		out, stderr, err := run(time.Minute, bytes.NewReader(data), vlinkBin, "exec", "--log-level", "debug",
+			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey,
+			"--", "socat", "-t", "5", "-", "TCP:db.vlink.alt:"+echoPort)
+		if err != nil || testnet.Sum(out) != testnet.Sum(data) {
+			t.Fatalf("socat under vlink exec: %v, %d of %d bytes back\n%s", err, len(out), len(data), stderr)
+		}
+		serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
 	})
 	t.Run("port not exposed", func(t *testing.T) {
 		tunnel, closed := startVLink(t, "tunnel", "--to", "db.vlink.alt:1", "--stack", "zstd",

@@ -50,6 +50,10 @@ type AgentConfig struct {
 	// Logger gets a debug line per decision and an info line per failed
 	// connection. Nil discards.
 	Logger *slog.Logger
+	// Network reaches the nodes of a vlink network: a program's connect
+	// to NODE.vlink.alt:PORT goes there (vlink exec --node). Nil: such
+	// connects fail, and their names never reach the DNS.
+	Network vlink.NodeDialer
 }
 
 // An Agent answers the shims of one program's processes: it decides each
@@ -58,6 +62,7 @@ type AgentConfig struct {
 // NewAgent until Close.
 type Agent struct {
 	router  *router
+	network vlink.NodeDialer
 	fakes   *fakeMap
 	timeout time.Duration
 	log     *slog.Logger
@@ -112,6 +117,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 	rand.Read(rnd[:])
 	a := &Agent{
 		router:  r,
+		network: c.Network,
 		fakes:   newFakeMap(0),
 		timeout: c.DialTimeout,
 		log:     c.Logger,
@@ -474,7 +480,7 @@ func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, strin
 			return nd.DialContext(ctx, "tcp", target)
 		}
 	}
-	vd := &vlink.Dialer{Stack: d.stack, Via: d.rule.Via, Key: a.router.cfg.Key, Timeout: timeout}
+	vd := &vlink.Dialer{Stack: d.stack, Via: d.rule.Via, Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg}
 	return func(ctx context.Context, target string) (net.Conn, error) {
 		return vd.DialContext(ctx, "tcp", target)
 	}

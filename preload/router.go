@@ -87,10 +87,20 @@ type decision struct {
 }
 
 // decide returns the route for target, host:port as vlink.Dial takes it.
+// A node of a vlink network (NODE.vlink.alt:PORT) is reached through the
+// network whatever the rules say, with the matching rule's stack if it
+// has one: a rule cannot send it direct (to the DNS) or via a gateway.
 func (r *router) decide(target string) (decision, error) {
 	rule, err := r.sel.Match(target)
 	if err != nil {
 		return decision{}, err
+	}
+	if _, _, node := vlink.SplitNodeAddr(target); node && rule.Action != selector.Refuse {
+		stack := rule.Stack
+		if rule.Action != selector.Stack {
+			stack = ""
+		}
+		rule = selector.Rule{Action: selector.Stack, Stack: stack}
 	}
 	d := decision{rule: rule}
 	if rule.Action == selector.Stack {
@@ -104,6 +114,9 @@ func (r *router) decide(target string) (decision, error) {
 // anywhere but direct. A refused name counts as routed too: it gets a fake
 // address and the connect is refused, so no DNS query leaks for it.
 func (r *router) nameRouted(name string, port uint16) bool {
+	if _, _, node := vlink.SplitNodeAddr(net.JoinHostPort(name, "1")); node {
+		return true // a node's name is never a DNS name
+	}
 	if port != 0 {
 		d, err := r.decide(net.JoinHostPort(name, strconv.Itoa(int(port))))
 		return err != nil || d.rule.Action != selector.Direct

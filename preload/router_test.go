@@ -71,3 +71,45 @@ func TestRouter(t *testing.T) {
 		t.Errorf("the zero config must send everything direct: %v", err)
 	}
 }
+
+// TestRouterNodes: a node's address (NODE.vlink.alt:PORT) goes through
+// the network whatever the rules say, with the matching rule's stack and
+// never its gateway; its name is never left to the DNS; a refusal holds.
+func TestRouterNodes(t *testing.T) {
+	cfg, err := vlink.NewConfig([]selector.Rule{
+		{Host: "db.vlink.alt", Stack: "zstd", Via: "gw:7000"},
+		{Host: "bad.vlink.alt", Action: selector.Refuse},
+	}, selector.Rule{Action: selector.Direct}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		target string
+		action selector.Action
+		stack  string
+	}{
+		{"db.vlink.alt:5432", selector.Stack, "zstd+tcp"},
+		{"web.vlink.alt:80", selector.Stack, ""},
+		{"bad.vlink.alt:80", selector.Refuse, ""},
+		{"web.example:80", selector.Direct, ""},
+	} {
+		t.Run(tc.target, func(t *testing.T) {
+			d, err := r.decide(tc.target)
+			if err != nil || d.rule.Action != tc.action || d.rule.Via != "" && tc.action == selector.Stack || d.stack.String() != tc.stack && tc.stack != "" {
+				t.Fatalf("decide = %+v (stack %q), %v; want %v with stack %q and no gateway", d.rule, d.stack, err, tc.action, tc.stack)
+			}
+		})
+	}
+	for _, name := range []string{"web.vlink.alt", "db.vlink.alt"} {
+		if !r.nameRouted(name, 0) || !r.nameRouted(name, 80) {
+			t.Errorf("%s would be resolved by the DNS", name)
+		}
+	}
+	if r.nameRouted("web.example", 80) {
+		t.Error("web.example is routed though the default is direct")
+	}
+}

@@ -85,6 +85,8 @@ type execOptions struct {
 	stack, via, keyFile, config string
 	dialTimeout                 time.Duration
 	allowBypass                 bool
+	node                        nodeOptions
+	network                     vlink.NodeDialer // the node's, once connected
 }
 
 func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -95,6 +97,8 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.config, "config", "", "route with the vlink config `FILE` instead of --stack (default: VLINK_CONFIG and the other VLINK_ variables)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 30*time.Second, "give up a connection through a stack, handshake included, after `DURATION`")
 	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
+	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
+	reverseFlag(fs, &o.node)
 	return func(ctx context.Context, e *env) int {
 		return o.run(ctx, e)
 	}
@@ -156,7 +160,18 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 		}
 		return code
 	}
-	if cfg.Selector() == nil {
+	if o.node.set() {
+		node, err := o.node.connect(ctx, e, cfg.Key)
+		if err != nil {
+			code := fail(e, "vlink exec", err)
+			if code == exitFailure {
+				code = exitExecFailed
+			}
+			return code
+		}
+		defer node.Close()
+		o.network = node
+	} else if cfg.Selector() == nil {
 		e.log.Warn("no --stack, --config or vlink configuration: every connection goes direct")
 	}
 	code, err := execProgram(ctx, e, o, cfg)
