@@ -76,6 +76,18 @@ func TestNodeThroughRelay(t *testing.T) {
 		}
 		serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
 	})
+	t.Run("socks", func(t *testing.T) {
+		// A SOCKS4a client names db.vlink.alt; vlink socks reaches it
+		// through the network.
+		_, socks := startVLink(t, "socks", "--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+		sh, sp, _ := net.SplitHostPort(socks)
+		data := testnet.RandomBytes(1<<20, 14)
+		out, stderr, err := run(time.Minute, bytes.NewReader(data), "socat", "-t", "5", "-",
+			"SOCKS4A:"+sh+":db.vlink.alt:"+echoPort+",socksport="+sp)
+		if err != nil || testnet.Sum(out) != testnet.Sum(data) {
+			t.Fatalf("socat through vlink socks: %v, %d of %d bytes back\n%s", err, len(out), len(data), stderr)
+		}
+	})
 	t.Run("port not exposed", func(t *testing.T) {
 		tunnel, closed := startVLink(t, "tunnel", "--to", "db.vlink.alt:1", "--stack", "zstd",
 			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
