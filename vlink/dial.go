@@ -160,7 +160,10 @@ var ErrNoNetwork = errors.New("the address names a node of a vlink network, and 
 // nodeRoute is the route to port on node: the stack's mirrored layers,
 // with the encryption layer at their bottom, over a connection the
 // network sets up; the node's listener forwards to its own port, named
-// as localhost:PORT in the hello, which its policy must allow.
+// as localhost:PORT in the hello, which its policy must allow. The
+// stack's factory is tcp (the default: the network picks the path) or
+// one that reaches nodes (layer.Spec.Nodes: reverse, relay), handed the
+// network as its forward dialer.
 func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 	if d.Network == nil {
 		return nil, ErrNoNetwork
@@ -172,8 +175,25 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 	if r.via != "" {
 		return nil, fmt.Errorf("%w: a node is reached through its network, not via %s", ErrBadStack, r.via)
 	}
-	if f := r.stack.factories(); len(f) > 1 || (len(f) == 1 && f[0].Name != "tcp") {
-		return nil, fmt.Errorf("%w: a node is reached through its network; factories (%s) do not apply", ErrBadStack, Stack{Layers: f})
+	network, ok := d.Network.(layer.ContextDialer)
+	if !ok {
+		network = networkDialer{d.Network}
+	}
+	var transport layer.ContextDialer = nodeTransport{network}
+	switch f := r.stack.factories(); {
+	case len(f) == 0 || (len(f) == 1 && f[0].Name == "tcp"):
+	case len(f) == 1 && lookup(f[0].Name).Nodes:
+		spec, v, err := f[0].build()
+		if err != nil {
+			return nil, err
+		}
+		fac, ok := v.(layer.Factory)
+		if !ok {
+			return nil, fmt.Errorf("layer %s: registered as a factory but is not one", spec.Name)
+		}
+		transport = nodeTransport{&factoryDialer{f: fac, forward: network, stack: f[0].String()}}
+	default:
+		return nil, fmt.Errorf("%w: a node is reached through its network; factories (%s) do not apply: use none, or one that reaches nodes (reverse, relay)", ErrBadStack, Stack{Layers: f})
 	}
 	mirrored := r.stack.mirrored()
 	if keyedLayer(mirrored) == "" && !d.InsecurePlaintext {
@@ -184,27 +204,37 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 		mirrored = append(mirrored[:len(mirrored):len(mirrored)], Layer{Name: EncryptionLayer})
 	}
 	return &route{
-		stack:     Stack{Layers: mirrored},
-		transport: nodeTransport{d.Network},
+		// The factory stays in the stack, so multi-link layers over
+		// different paths to a node are not shared.
+		stack:     Stack{Layers: append(mirrored[:len(mirrored):len(mirrored)], r.stack.factories()...)},
+		transport: transport,
 		target:    net.JoinHostPort("localhost", strconv.Itoa(int(port))),
 	}, nil
 }
 
-// nodeTransport dials a node's address through a NodeDialer.
-type nodeTransport struct{ nd NodeDialer }
+// networkDialer dials a node's address with a NodeDialer.
+type networkDialer struct{ nd NodeDialer }
 
-func (t nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+func (n networkDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	node, port, ok := SplitNodeAddr(address)
 	if !ok {
 		return nil, fmt.Errorf("%s is not a node's address (NODE%s:PORT)", address, NodeSuffix)
 	}
-	c, err := t.nd.DialNode(ctx, node, port)
+	return n.nd.DialNode(ctx, node, port)
+}
+
+// nodeTransport dials a node's address and takes only the connections
+// the network vouches for.
+type nodeTransport struct{ next layer.ContextDialer }
+
+func (t nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := t.next.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
 	}
 	if _, ok := c.(Vouched); !ok {
 		c.Close()
-		return nil, fmt.Errorf("the network's connection to %s comes with no key for it (not Vouched)", node)
+		return nil, fmt.Errorf("the network's connection to %s comes with no key for it (not Vouched)", address)
 	}
 	return c, nil
 }

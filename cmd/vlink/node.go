@@ -85,8 +85,12 @@ func (o *nodeOptions) connect(ctx context.Context, e *env, networkKey []byte) (*
 		n.Close()
 		return nil, err
 	}
+	if err := n.ServeReverse(l); err != nil { // until the node is closed
+		l.Close()
+		n.Close()
+		return nil, err
+	}
 	e.log.Info("accepting reverse connections", "addr", l.Addr().String())
-	go n.ServeReverse(l) // until the node is closed
 	return n, nil
 }
 

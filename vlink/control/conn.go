@@ -73,34 +73,95 @@ func (c *Conn) Path() string { return c.path }
 // lookup's answer.
 const typeReady Type = 0xfffe
 
-// DialNode connects to port on the named node through the relay, which
-// carries the bytes, and returns a *Conn (a vlink.Vouched connection:
-// vlink.Dialer's Network dials with it). The node must expose the port (Node.Listen). A
-// refusal is a *DeliveryError matching ErrRefused, ErrNoNode, ErrBusy or
-// ErrTimeout.
+// Paths says which ways a dial may take to a node; DialPaths takes the
+// best one allowed that works.
+type Paths uint8
+
+const (
+	// PathReverse: the node connects back to this one, which must accept
+	// reverse connections (ServeReverse). It crosses a firewall that
+	// blocks connections into the node, and nothing carries the bytes
+	// but the network.
+	PathReverse Paths = 1 << iota
+	// PathRelay: the relay carries the bytes, the last resort; it works
+	// wherever both nodes reach the relay.
+	PathRelay
+	// PathsAny: every path, best first (what DialNode takes).
+	PathsAny = PathReverse | PathRelay
+)
+
+// ErrNoReverse is matched by the error of a dial that allows only the
+// reverse path from a node that accepts no reverse connections.
+var ErrNoReverse = errors.New("control: reverse connections need this node to accept them (Node.ServeReverse, vlink --reverse-listen)")
+
+// DialNode connects to port on the named node by the best path that
+// works (DialPaths with PathsAny), and returns a *Conn. It makes Node a
+// vlink.NodeDialer: vlink.Dialer's Network dials with it.
 func (n *Node) DialNode(ctx context.Context, name string, port uint16) (net.Conn, error) {
+	c, err := n.DialPaths(ctx, name, port, PathsAny)
+	if err != nil {
+		return nil, err // not a nil *Conn in a non-nil net.Conn
+	}
+	return c, nil
+}
+
+// DialContext connects to a node's address, NODE.vlink.alt:PORT, as
+// DialNode does; network must be tcp, tcp4 or tcp6. It makes Node the
+// forward dialer of the factories that reach nodes (reverse, relay).
+func (n *Node) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("control: dial %s: nodes are reached over tcp", network)
+	}
+	name, port, ok := vlink.SplitNodeAddr(address)
+	if !ok {
+		return nil, fmt.Errorf("control: %s is not a node's address (NODE%s:PORT)", address, vlink.NodeSuffix)
+	}
+	return n.DialNode(ctx, name, port)
+}
+
+// DialPaths connects to port on the named node by one of paths, the best
+// that works: the node connecting back to this one (PathReverse, when
+// this node accepts reverse connections), then the relay (PathRelay).
+// The node must expose the port (Node.Listen). The connection is a
+// *Conn, whose Path says how it came. A refusal is a *DeliveryError
+// matching ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when the node
+// could not connect back and the relay was not allowed, ErrUnreachable.
+func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	if port == 0 {
 		return nil, errors.New("control: port 0")
 	}
+	if paths&PathsAny == 0 {
+		return nil, errors.New("control: no path allowed")
+	}
 	ctx, cancel := context.WithTimeout(ctx, RendezvousTimeout+vlink.DefaultHandshakeTimeout)
 	defer cancel()
 	dial := &frame{op: opDial, name: name, port: port, key: make([]byte, keySize)}
 	rand.Read(dial.token[:])
 	rand.Read(dial.key)
+	if paths&PathRelay == 0 {
+		dial.flags |= flagNoRelay
+	}
 	// Where the node would connect back to us, if we accept that.
 	reversed := &reverseWait{conn: make(chan net.Conn), done: make(chan struct{})}
 	defer close(reversed.done)
 	n.mu.Lock()
-	for _, p := range n.reversePorts {
-		dial.addrs = append(dial.addrs, netip.AddrPortFrom(netip.IPv4Unspecified(), p))
+	if paths&PathReverse != 0 {
+		for _, p := range n.reversePorts {
+			dial.addrs = append(dial.addrs, netip.AddrPortFrom(netip.IPv4Unspecified(), p))
+		}
 	}
 	if len(dial.addrs) > 0 {
 		n.reverse[dial.token] = reversed
 	}
 	n.mu.Unlock()
+	if len(dial.addrs) == 0 && paths&PathRelay == 0 {
+		return nil, ErrNoReverse
+	}
 	defer func() {
 		n.mu.Lock()
 		delete(n.reverse, dial.token)
@@ -279,9 +340,17 @@ func (n *Node) offer(ch *channel, f *frame) {
 		defer cancel()
 		path := "reverse"
 		c := n.connectBack(ctx, f)
-		if c != nil {
+		switch {
+		case c != nil:
 			ch.trySend(&frame{op: opDecline, token: f.token, code: codeReversed})
-		} else {
+		case f.flags&flagNoRelay != 0:
+			reason := "the dialer accepts no connections back"
+			if len(f.addrs) > 0 {
+				reason = fmt.Sprintf("could not connect back to %s at %s, and the dial forbids the relay", f.name, f.addrs[0])
+			}
+			decline(CodeUnreachable, reason)
+			return
+		default:
 			path = "relay"
 			var err error
 			if c, err = n.attach(ctx, f.token); err != nil {
@@ -353,13 +422,14 @@ func attachOn(ctx context.Context, c net.Conn, token [tokenSize]byte) error {
 // they prove a token.
 const maxReverseHandshakes = 64
 
-// ServeReverse accepts, on l, the connections other nodes make back to
-// this one when it dials them (the reverse path: through a firewall that
-// blocks connections into the node dialed, no relay carrying bytes). It
-// returns when l fails or the node is closed, and closes l. A connection
-// must open with the token of one of this node's dials in progress,
-// within a few seconds; anything else is closed. Without ServeReverse,
-// DialNode offers no reverse path.
+// ServeReverse makes the node accept, on l, the connections other nodes
+// make back to it when it dials them (the reverse path: through a
+// firewall that blocks connections into the node dialed, no relay
+// carrying bytes). The dials that follow its return offer the reverse
+// path; it accepts in the background until l fails or the node is
+// closed, and then closes l. A connection must open with the token of
+// one of this node's dials in progress, within a few seconds; anything
+// else is closed. Without ServeReverse, DialNode offers no reverse path.
 func (n *Node) ServeReverse(l net.Listener) error {
 	ta, ok := l.Addr().(*net.TCPAddr)
 	if !ok {
@@ -367,25 +437,42 @@ func (n *Node) ServeReverse(l net.Listener) error {
 	}
 	port := uint16(ta.Port)
 	n.mu.Lock()
+	if n.ctx.Err() != nil {
+		n.mu.Unlock()
+		return net.ErrClosed
+	}
 	n.reversePorts = append(n.reversePorts, port)
+	n.wg.Add(1)
 	n.mu.Unlock()
-	stop := context.AfterFunc(n.ctx, func() { l.Close() })
-	defer stop()
-	defer func() {
+	go func() {
+		defer n.wg.Done()
+		stop := context.AfterFunc(n.ctx, func() { l.Close() })
+		defer stop()
+		n.acceptReverse(l)
+		l.Close()
 		n.mu.Lock()
 		n.reversePorts = slices.DeleteFunc(n.reversePorts, func(p uint16) bool { return p == port })
 		n.mu.Unlock()
 	}()
+	return nil
+}
+
+// acceptReverse accepts reverse connections on l until it fails.
+func (n *Node) acceptReverse(l net.Listener) {
 	sem := make(chan struct{}, maxReverseHandshakes)
+	backoff := netconn.AcceptBackoff{Log: n.log}
 	for {
 		c, err := l.Accept()
 		if err != nil {
-			l.Close()
-			if n.ctx.Err() != nil {
-				return net.ErrClosed
+			if backoff.Wait(err, n.ctx.Done()) {
+				continue // out of descriptors and the like
 			}
-			return err
+			if n.ctx.Err() == nil {
+				n.log.Warn("control: no longer accepting reverse connections", "addr", l.Addr().String(), "err", err)
+			}
+			return
 		}
+		backoff.Reset()
 		select {
 		case sem <- struct{}{}:
 		default:

@@ -55,12 +55,20 @@ const (
 	opPeer      op = 8  // relay: the answer to a lookup
 	opAdvertise op = 9  // node: the addresses it accepts connections on; its first frame registers it
 	opWelcome   op = 10 // relay: registered; the address the node was seen from
-	opDial      op = 11 // node: connect me to a node's port (coop, token, key, reverse addresses)
-	opOffer     op = 12 // relay: a node asks for a connection to a port (token, key, where to connect back)
+	opDial      op = 11 // node: connect me to a node's port (coop, token, key, flags, reverse addresses)
+	opOffer     op = 12 // relay: a node asks for a connection to a port (token, key, flags, where to connect back)
 	opDecline   op = 13 // node: refuses an offer (token, code, reason)
 	opReady     op = 14 // relay: the node took the offer; attach with the token (coop, token, key)
 	opAttach    op = 15 // node, first frame of a data connection: the token it belongs to
 	opAttached  op = 16 // relay: both ends are here; raw bytes from now on
+)
+
+// Flags of a dial, passed on in its offer.
+const (
+	// flagNoRelay: the dialer forbids the relay to carry the connection;
+	// only the node's connection back to it will do.
+	flagNoRelay uint8 = 1 << iota
+	flagsKnown        = flagNoRelay
 )
 
 // Sizes of a rendezvous' secrets.
@@ -104,6 +112,7 @@ type frame struct {
 	online  bool             // peer
 	addrs   []netip.AddrPort // peer, advertise, welcome; dial, offer: where to connect back
 	port    uint16           // dial, offer
+	flags   uint8            // dial, offer
 	token   [tokenSize]byte  // dial, offer, decline, ready, attach
 	key     []byte           // dial, offer, ready: the connection's end-to-end key
 }
@@ -145,12 +154,14 @@ func (f *frame) append(b []byte) []byte {
 		b = append(b, f.token[:]...)
 		b = append(b, f.key...)
 		b = binary.BigEndian.AppendUint16(b, f.port)
+		b = append(b, f.flags)
 		b = appendName(b, f.name)
 		b = appendAddrs(b, f.addrs)
 	case opOffer:
 		b = append(b, f.token[:]...)
 		b = append(b, f.key...)
 		b = binary.BigEndian.AppendUint16(b, f.port)
+		b = append(b, f.flags)
 		b = appendName(b, f.name)
 		b = appendAddrs(b, f.addrs)
 	case opDecline:
@@ -270,6 +281,9 @@ func decode(h header, body []byte) (*frame, error) {
 		d.token(&f.token)
 		f.key = d.take(keySize)
 		f.port = d.u16()
+		if f.flags = d.byte(); d.err == nil && f.flags&^flagsKnown != 0 {
+			d.err = fmt.Errorf("unknown flags %#x", f.flags)
+		}
 		if f.name = d.name(); d.err == nil && (f.name == "" || f.port == 0) {
 			d.err = fmt.Errorf("%s without a node or a port", f.op)
 		}

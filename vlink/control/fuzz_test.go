@@ -20,6 +20,13 @@ func FuzzFrame(f *testing.F) {
 		{op: opPeer, coop: 1, name: "x", online: true, addrs: []netip.AddrPort{netip.MustParseAddrPort("[2001:db8::1]:80"), netip.MustParseAddrPort("10.0.0.1:1")}},
 		{op: opWelcome, addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:9")}},
 		{op: opAdvertise},
+		{op: opDial, coop: 5, token: [tokenSize]byte{1}, key: make([]byte, keySize), port: 22, flags: flagNoRelay, name: "bob",
+			addrs: []netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:7200")}},
+		{op: opOffer, token: [tokenSize]byte{2}, key: make([]byte, keySize), port: 22, name: "alice"},
+		{op: opDecline, token: [tokenSize]byte{3}, code: CodeUnreachable, reason: "could not connect back"},
+		{op: opReady, coop: 5, token: [tokenSize]byte{4}, key: make([]byte, keySize)},
+		{op: opAttach, token: [tokenSize]byte{5}},
+		{op: opAttached},
 	}
 	for _, s := range seeds {
 		f.Add(s.append(nil))

@@ -68,6 +68,9 @@ const (
 	CodeRefused
 	// CodeTimeout: the node did not answer in time.
 	CodeTimeout
+	// CodeUnreachable: the node could not connect back to the dialer,
+	// and the dial forbade the relay to carry the connection.
+	CodeUnreachable
 	// codeReversed, in a decline: the node connected back to the dialer
 	// itself, the relay has nothing to carry.
 	codeReversed
@@ -86,6 +89,8 @@ func (c Code) String() string {
 		return "refused"
 	case CodeTimeout:
 		return "timed out"
+	case CodeUnreachable:
+		return "unreachable"
 	}
 	return fmt.Sprintf("code %d", uint8(c))
 }
@@ -98,11 +103,13 @@ var (
 	ErrForbidden = errors.New("control: not allowed")
 	ErrRefused   = errors.New("control: connection refused by the node")
 	ErrTimeout   = errors.New("control: the node did not answer in time")
+	// ErrUnreachable: no path the dial allows reaches the node.
+	ErrUnreachable = errors.New("control: no allowed path reaches the node")
 )
 
 // A DeliveryError says that the relay could not deliver a message to a
-// node. It matches ErrNoNode, ErrBusy, ErrForbidden, ErrRefused or
-// ErrTimeout.
+// node. It matches ErrNoNode, ErrBusy, ErrForbidden, ErrRefused,
+// ErrTimeout or ErrUnreachable.
 type DeliveryError struct {
 	To     string
 	Code   Code
@@ -117,8 +124,9 @@ func (e *DeliveryError) Error() string {
 }
 
 // Unwrap returns the sentinel of e's code; a refusal also matches
-// syscall.ECONNREFUSED and a timeout os.ErrDeadlineExceeded, as their
-// direct equivalents would.
+// syscall.ECONNREFUSED, a timeout os.ErrDeadlineExceeded and an
+// unreachable node syscall.EHOSTUNREACH, as their direct equivalents
+// would.
 func (e *DeliveryError) Unwrap() []error {
 	switch e.Code {
 	case CodeNoNode:
@@ -131,6 +139,8 @@ func (e *DeliveryError) Unwrap() []error {
 		return []error{ErrRefused, syscall.ECONNREFUSED}
 	case CodeTimeout:
 		return []error{ErrTimeout, os.ErrDeadlineExceeded}
+	case CodeUnreachable:
+		return []error{ErrUnreachable, syscall.EHOSTUNREACH}
 	}
 	return nil
 }

@@ -14,8 +14,8 @@ import (
 // other: both open a connection of their own to the relay, which pairs
 // them by a one-time token and copies bytes between them.
 //
-//	A -> relay (control): dial{coop, token, key, B, port, A's reverse ports}
-//	relay -> B (control): offer{token, key, A, port, where A accepts}
+//	A -> relay (control): dial{coop, token, key, flags, B, port, A's reverse ports}
+//	relay -> B (control): offer{token, key, flags, A, port, where A accepts}
 //	B -> relay (new connection): attach{token}     or, on B's control: decline{token, reason}
 //	relay -> A (control): ready{coop, token, key}  or error{coop, refused, reason}
 //	A -> relay (new connection): attach{token}
@@ -25,7 +25,9 @@ import (
 // B first connects back to A itself, at the address the relay saw A come
 // from: attach{token} on that connection, attached from A, and B tells the
 // relay it has nothing to carry (decline, reversed). Only when that fails
-// does B attach to the relay.
+// does B attach to the relay, unless A's dial forbade the relay
+// (flagNoRelay): then B declines as unreachable, and the relay takes no
+// attach for that token.
 //
 // The token (A's, random) is single use, bound to both nodes' names at
 // the relay (each attach comes on a connection whose hello proved its
@@ -54,6 +56,7 @@ type rendezvous struct {
 	a, b   *peer // the dialer and the node it asked for
 	coop   uint64
 	port   uint16
+	flags  uint8
 	bConn  net.Conn // B's data connection, once attached
 	expiry *time.Timer
 }
@@ -68,7 +71,7 @@ func (r *Relay) dial(a *peer, f *frame) {
 		refuse(CodeNoNode, "")
 		return
 	}
-	rv := &rendezvous{a: a, b: b, coop: f.coop, port: f.port, token: f.token, key: f.key}
+	rv := &rendezvous{a: a, b: b, coop: f.coop, port: f.port, flags: f.flags, token: f.token, key: f.key}
 	r.mu.Lock()
 	switch {
 	case r.pending[f.token] != nil:
@@ -95,7 +98,7 @@ func (r *Relay) dial(a *peer, f *frame) {
 		}
 	})
 	r.mu.Unlock()
-	offer := &frame{op: opOffer, token: rv.token, key: rv.key, name: a.name, port: f.port, addrs: reverseAddrs(a, f.addrs)}
+	offer := &frame{op: opOffer, token: rv.token, key: rv.key, flags: rv.flags, name: a.name, port: f.port, addrs: reverseAddrs(a, f.addrs)}
 	if err := b.ch.trySend(offer); err != nil {
 		r.take(rv.token)
 		refuse(CodeBusy, "its queue is full")
@@ -161,6 +164,11 @@ func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
 	case rv == nil:
 		r.mu.Unlock()
 		r.log.Info("control: relay: attach with an unknown or used token", "node", name)
+		r.drop(c)
+		return
+	case rv.flags&flagNoRelay != 0:
+		r.mu.Unlock()
+		r.log.Info("control: relay: attach for a connection its dialer keeps off the relay", "node", name)
 		r.drop(c)
 		return
 	case rv.bConn == nil && rv.b.name == name:

@@ -2,10 +2,13 @@ package control
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 )
@@ -55,9 +58,9 @@ func TestReverseConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- a.ServeReverse(rl) }()
-	waitFor(t, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return len(a.reversePorts) == 1 })
+	if err := a.ServeReverse(rl); err != nil {
+		t.Fatal(err)
+	}
 
 	// A stranger's connection with a made-up token is turned away.
 	stranger, err := net.Dial("tcp", rl.Addr().String())
@@ -91,8 +94,9 @@ func TestReverseConn(t *testing.T) {
 	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.pending) == 0 })
 
 	a.Close()
-	if err := <-served; err == nil {
-		t.Fatal("ServeReverse returned no error after Close")
+	if c, err := net.Dial("tcp", rl.Addr().String()); err == nil {
+		c.Close()
+		t.Fatal("the reverse port still accepts after the node closed")
 	}
 }
 
@@ -157,5 +161,121 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met within 10s")
 		}
+	}
+}
+
+// TestDialPaths: a dial takes only the paths it allows, and says why
+// when none of them works.
+func TestDialPaths(t *testing.T) {
+	r := startRelay(t, RelayConfig{}, "")
+	alice, bob, carol := connect(t, r.addr, "alice"), connect(t, r.addr, "bob"), connect(t, r.addr, "carol")
+	paths := echoListener(t, bob, 7)
+	rl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.ServeReverse(rl); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tt := range []struct {
+		name  string
+		from  *Node
+		paths Paths
+		want  string // the path taken, or "" for an error
+		err   error
+	}{
+		{"any, reverse accepted", alice, PathsAny, "reverse", nil},
+		{"reverse only", alice, PathReverse, "reverse", nil},
+		{"relay only, though reverse is accepted", alice, PathRelay, "relay", nil},
+		{"any, no reverse accepted", carol, PathsAny, "relay", nil},
+		{"reverse only, none accepted", carol, PathReverse, "", ErrNoReverse},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.from.DialPaths(ctxT(t), "bob", 7, tt.paths)
+			if tt.err != nil {
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("DialPaths = %v, want %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if got, theirs := c.Path(), <-paths; got != tt.want || theirs != tt.want {
+				t.Fatalf("came by %q (bob's end: %q), want %q", got, theirs, tt.want)
+			}
+			echoThrough(t, c)
+		})
+	}
+
+	t.Run("reverse only, node cannot connect back", func(t *testing.T) {
+		// alice's reverse port is closed: bob cannot connect back, and
+		// must not take the relay instead.
+		closed, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed.Close()
+		dave := connect(t, r.addr, "dave")
+		dave.mu.Lock()
+		dave.reversePorts = []uint16{uint16(closed.Addr().(*net.TCPAddr).Port)}
+		dave.mu.Unlock()
+		start := time.Now()
+		c, err := dave.DialPaths(ctxT(t), "bob", 7, PathReverse)
+		var de *DeliveryError
+		if !errors.Is(err, ErrUnreachable) || !errors.As(err, &de) || !strings.Contains(de.Reason, "could not connect back to dave") {
+			t.Fatalf("DialPaths = %v, %v; want ErrUnreachable saying bob could not connect back", c, err)
+		}
+		if took := time.Since(start); took > reverseTimeout+5*time.Second {
+			t.Fatalf("the refusal took %v", took)
+		}
+		if n := r.Relayed(); n != 0 {
+			t.Fatalf("the relay carries %d connections", n)
+		}
+		waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.pending) == 0 })
+	})
+}
+
+// TestNoRelayAttach: the relay refuses to carry a connection whose
+// dialer kept it off the relay, even when the node dialed attaches.
+func TestNoRelayAttach(t *testing.T) {
+	r := startRelay(t, RelayConfig{}, "")
+	alice, bob := connect(t, r.addr, "alice"), connect(t, r.addr, "bob")
+	offered, release := make(chan struct{}), make(chan struct{})
+	l, err := bob.Listen(func(string, uint16) error {
+		close(offered)
+		<-release
+		return errors.New("not now")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	coop := alice.Cooperate(Expect{Type: typeReady})
+	defer coop.Cancel()
+	dial := &frame{op: opDial, coop: coop.token, name: "bob", port: 7, key: make([]byte, keySize), flags: flagNoRelay,
+		addrs: []netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:9")}}
+	rand.Read(dial.token[:])
+	if err := alice.send(ctxT(t), dial); err != nil {
+		t.Fatal(err)
+	}
+	<-offered // the relay holds the rendezvous now
+	// Were bob taken, alice would be told to come (ready); bob would
+	// then wait for her, up to this context's end.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := bob.attach(ctx, dial.token)
+	if err == nil {
+		c.Close()
+	}
+	readied := coop.Finished()
+	close(release)
+	if err == nil || readied {
+		t.Fatalf("bob's attach to a connection alice kept off the relay: %v; alice told to come: %v", err, readied)
+	}
+	if n := r.Relayed(); n != 0 {
+		t.Fatalf("the relay carries %d connections", n)
 	}
 }

@@ -116,6 +116,7 @@ func TestRegisterRejects(t *testing.T) {
 		{"no New", Spec{Name: "test-nonew", Kind: KindFilter}, "New is nil"},
 		{"no kind", Spec{Name: "test-nokind", New: newf}, "invalid kind"},
 		{"terminal filter", Spec{Name: "test-term", Kind: KindFilter, Terminal: true, New: newf}, "only factories"},
+		{"node factory not terminal", Spec{Name: "test-nodes", Kind: KindFactory, Nodes: true, New: newf}, "reaches nodes is terminal"},
 		{"duplicate parameter", Spec{Name: "test-dup", Kind: KindFilter, New: newf,
 			Params: []Param{{Name: "a"}, {Name: "a"}}}, "duplicate parameter"},
 		{"required with default", Spec{Name: "test-reqdef", Kind: KindFilter, New: newf,

@@ -23,6 +23,12 @@ type Spec struct {
 	// Terminal marks a factory that reaches the network itself and must be
 	// the last layer of a stack.
 	Terminal bool
+	// Nodes marks a factory that reaches the nodes of a vlink network
+	// (NODE.vlink.alt:PORT) through the network itself: its forward is
+	// the dialer's network (vlink.Dialer.Network, a *control.Node), and
+	// the connections it returns are vlink.Vouched. Such a factory is
+	// terminal, and the only factory of its stack.
+	Nodes bool
 	// New builds the layer. It returns a Factory for KindFactory, a Filter
 	// for KindFilter and a MultiLink for KindMultiLink.
 	New func(args Args) (any, error)
@@ -105,6 +111,9 @@ func Register(s Spec) {
 	}
 	if s.Terminal && s.Kind != KindFactory {
 		panic(fmt.Sprintf("vlink: Register %s: only factories can be terminal", s.Name))
+	}
+	if s.Nodes && !s.Terminal {
+		panic(fmt.Sprintf("vlink: Register %s: a factory that reaches nodes is terminal", s.Name))
 	}
 	seen := map[string]bool{}
 	for _, p := range s.Params {

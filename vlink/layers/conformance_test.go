@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
+	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
@@ -32,36 +33,68 @@ type fixture func(t *testing.T) vlink.Stack
 
 var fixtures = map[string]fixture{}
 
+// A venue is where a stack's pipes are made. The zero venue is a vlink
+// listener on a loopback port, dialed at its address; the factories
+// that reach nodes need a vlink network (conformance_rendezvous_test.go),
+// which they add to venues, like fixtures, under their layer's name.
+type venue struct {
+	// listen returns the listener the vlink listener wraps, and the
+	// address to dial it at.
+	listen func() (net.Listener, string, error)
+	// network is the dialer's Network.
+	network vlink.NodeDialer
+	// targets are what the listener's policy lets a hello name.
+	targets []selector.Rule
+}
+
+var venues = map[string]func(t *testing.T) venue{}
+
+// A subject is a stack to test and where to test it.
+type subject struct {
+	stack vlink.Stack
+	venue venue
+}
+
 // stacks returns one stack per registered layer, so a layer is covered the
 // day it registers. Filters, multi-link layers and terminal factories are
-// tested with their defaults; any other layer must have a fixture: the
-// test fails until it has one.
-func stacks(t *testing.T) map[string]vlink.Stack {
-	out := map[string]vlink.Stack{}
+// tested with their defaults; any other layer must have a fixture, and a
+// factory that reaches nodes a venue: the test fails until it has one.
+func stacks(t *testing.T) map[string]subject {
+	out := map[string]subject{}
 	for _, spec := range layer.Specs() {
+		var v venue
+		if spec.Nodes {
+			mk, ok := venues[spec.Name]
+			if !ok {
+				t.Errorf("layer %s reaches nodes and has no venue: add one to vlink/layers (conformance_%s_test.go)", spec.Name, spec.Name)
+				continue
+			}
+			v = mk(t)
+		}
 		switch fx, ok := fixtures[spec.Name]; {
 		case ok:
-			out[spec.Name] = fx(t)
+			out[spec.Name] = subject{fx(t), v}
 		case spec.Kind == layer.KindFilter, spec.Kind == layer.KindMultiLink:
-			out[spec.Name] = vlink.MustParse(spec.Name)
+			out[spec.Name] = subject{vlink.MustParse(spec.Name), v}
 		case spec.Kind == layer.KindFactory && spec.Terminal:
-			out[spec.Name] = vlink.MustParse(spec.Name)
+			out[spec.Name] = subject{vlink.MustParse(spec.Name), v}
 		default:
 			t.Errorf("layer %s (%s) has no conformance fixture: add one to vlink/layers (conformance_%s_test.go)", spec.Name, spec.Kind, spec.Name)
 		}
 	}
 	// Deeper stacks, so layering itself is covered.
-	out["zstd+identity+lz4"] = vlink.MustParse("zstd+identity+lz4")
+	deeper := func(s string) { out[s] = subject{stack: vlink.MustParse(s)} }
+	deeper("zstd+identity+lz4")
 	if _, ok := layer.Lookup("parallel"); ok {
-		out["lz4+parallel:streams=3+zstd"] = vlink.MustParse("lz4+parallel:streams=3+zstd")
+		deeper("lz4+parallel:streams=3+zstd")
 	}
 	if _, ok := layer.Lookup("mux"); ok {
-		out["zstd+mux+parallel:streams=2"] = vlink.MustParse("zstd+mux+parallel:streams=2")
+		deeper("zstd+mux+parallel:streams=2")
 	}
 	if _, ok := layer.Lookup("noise"); ok {
 		// Compression above encryption.
-		out["zstd+noise"] = vlink.MustParse("zstd+noise")
-		out["noise+mux+noise"] = vlink.MustParse("noise+mux+noise")
+		deeper("zstd+noise")
+		deeper("noise+mux+noise")
 	}
 	return out
 }
@@ -83,16 +116,31 @@ func needsKey(s vlink.Stack) bool {
 	return false
 }
 
-// pipe makes a connected pair through a stack: the dialed end and the
-// accepted end, each as a program gets it.
-func pipe(t testing.TB, stack vlink.Stack) (c1, c2 net.Conn, stop func(), err error) {
+// pipe makes a connected pair through a subject's stack, at its venue:
+// the dialed end and the accepted end, each as a program gets it.
+func pipe(t testing.TB, s subject) (c1, c2 net.Conn, stop func(), err error) {
 	var key []byte
-	if needsKey(stack) {
+	if needsKey(s.stack) {
 		key = testKey
 	}
-	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key}}
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	listen := s.venue.listen
+	if listen == nil {
+		listen = func() (net.Listener, string, error) {
+			l, err := vlink.ListenStack(context.Background(), vlink.Stack{}, "tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, "", err
+			}
+			return l, l.Addr().String(), nil
+		}
+	}
+	inner, addr, err := listen()
 	if err != nil {
+		return nil, nil, nil, err
+	}
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key, Targets: s.venue.targets}}
+	l, err := lc.NewListener(inner)
+	if err != nil {
+		inner.Close()
 		return nil, nil, nil, err
 	}
 	type res struct {
@@ -106,8 +154,8 @@ func pipe(t testing.TB, stack vlink.Stack) (c1, c2 net.Conn, stop func(), err er
 	}()
 	// The Dialer keeps what multi-link layers share (a mux session)
 	// until it is closed.
-	d := &vlink.Dialer{Stack: stack, Key: key}
-	c1, err = d.Dial("tcp", l.Addr().String())
+	d := &vlink.Dialer{Stack: s.stack, Key: key, Network: s.venue.network}
+	c1, err = d.Dial("tcp", addr)
 	if err != nil {
 		l.Close()
 		<-ch
@@ -128,9 +176,9 @@ func pipe(t testing.TB, stack vlink.Stack) (c1, c2 net.Conn, stop func(), err er
 // (deadlines past, present and future, concurrent I/O, Close unblocking)
 // on every stack the registry can build, from both ends.
 func TestConn(t *testing.T) {
-	for name, stack := range stacks(t) {
+	for name, s := range stacks(t) {
 		t.Run(name, func(t *testing.T) {
-			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return pipe(t, stack) })
+			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return pipe(t, s) })
 		})
 	}
 }
@@ -138,9 +186,9 @@ func TestConn(t *testing.T) {
 // TestErrors checks the errors a program sees: timeouts wrap
 // os.ErrDeadlineExceeded, use after Close is net.ErrClosed.
 func TestErrors(t *testing.T) {
-	for name, stack := range stacks(t) {
+	for name, s := range stacks(t) {
 		t.Run(name, func(t *testing.T) {
-			c1, c2, stop, err := pipe(t, stack)
+			c1, c2, stop, err := pipe(t, s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,10 +229,10 @@ func TestTransfers(t *testing.T) {
 	if !testing.Short() {
 		sizes = append(sizes, 200<<20)
 	}
-	for name, stack := range stacks(t) {
+	for name, s := range stacks(t) {
 		for _, size := range sizes {
 			t.Run(fmt.Sprintf("%s/%d", name, size), func(t *testing.T) {
-				c1, c2, stop, err := pipe(t, stack)
+				c1, c2, stop, err := pipe(t, s)
 				if err != nil {
 					t.Fatal(err)
 				}

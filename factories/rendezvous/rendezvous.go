@@ -1,0 +1,92 @@
+// Package rendezvous holds the factories that reach a node of a vlink
+// network through the network's relay, the rendezvous where both nodes
+// keep a control connection (package vlink/control):
+//
+//   - reverse: the node dialed connects back to the dialer, through a
+//     firewall that blocks every connection into the node; when it
+//     cannot, the relay carries the bytes, unless fallback=false.
+//   - relay: the relay carries the bytes (the last resort, which works
+//     wherever both nodes reach the relay).
+//
+// Without either, a dial to NODE.vlink.alt:PORT takes the best path that
+// works. Filters stack above these factories as above any other, and
+// run end to end: zstd+relay compresses at the two nodes, and the relay
+// carries ciphertext (a vlink.Dialer puts the encryption layer below the
+// filters of every dial to a node).
+//
+// Their forward dialer is the dialer's network (vlink.Dialer.Network),
+// which must be a *control.Node; the address must name a node.
+//
+// Importing the package registers the layers "reverse" and "relay".
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/control"
+	"github.com/vlink-dev/vlink/vlink/layer"
+)
+
+func init() {
+	layer.Register(layer.Spec{
+		Name:     "reverse",
+		Kind:     layer.KindFactory,
+		Terminal: true,
+		Nodes:    true,
+		Summary:  "reach a node (NODE.vlink.alt:PORT) by having it connect back to us, through a firewall on its side; needs --reverse-listen",
+		Params: []layer.Param{
+			{Name: "fallback", Type: layer.TypeBool, Default: "true", Local: true,
+				Doc: "when the node cannot connect back (a firewall on our side too), let the relay carry the bytes; false fails the dial instead"},
+		},
+		New: func(a layer.Args) (any, error) {
+			paths := control.PathReverse
+			if a.Bool("fallback") {
+				paths |= control.PathRelay
+			}
+			return Factory{Paths: paths}, nil
+		},
+	})
+	layer.Register(layer.Spec{
+		Name:     "relay",
+		Kind:     layer.KindFactory,
+		Terminal: true,
+		Nodes:    true,
+		Summary:  "reach a node (NODE.vlink.alt:PORT) through the network's relay, which carries the bytes (encrypted end to end)",
+		New:      func(layer.Args) (any, error) { return Factory{Paths: control.PathRelay}, nil },
+	})
+}
+
+// A Factory dials a node's port by the paths it allows.
+type Factory struct {
+	Paths control.Paths
+}
+
+var _ layer.Factory = Factory{}
+
+// DialContext connects to address, NODE.vlink.alt:PORT, through forward,
+// the network: a *control.Node.
+func (f Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
+	node, port, ok := vlink.SplitNodeAddr(address)
+	if !ok {
+		return nil, fmt.Errorf("%s reaches the nodes of a vlink network (NODE%s:PORT), not %s", f.name(), vlink.NodeSuffix, address)
+	}
+	n, ok := forward.(*control.Node)
+	if !ok {
+		return nil, fmt.Errorf("%s needs a vlink network to reach %s: a vlink.Dialer whose Network is a *control.Node (vlink --node, --relay), not %T", f.name(), address, forward)
+	}
+	c, err := n.DialPaths(ctx, node, port, f.Paths)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (f Factory) name() string {
+	if f.Paths&control.PathReverse != 0 {
+		return "reverse"
+	}
+	return "relay"
+}
