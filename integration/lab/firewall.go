@@ -22,12 +22,14 @@ func (f *Firewall) nftRuleset() string {
 		byProto[proto] = append(byProto[proto], p)
 	}
 	var accept []string
+	trusted := ""
 	if len(f.Trust) > 0 {
 		devs := make([]string, len(f.Trust))
 		for i, n := range f.Trust {
 			devs[i] = fmt.Sprintf("%q", devName(n))
 		}
-		accept = append(accept, fmt.Sprintf("iifname { %s } accept", strings.Join(devs, ", ")))
+		trusted = "{ " + strings.Join(devs, ", ") + " }"
+		accept = append(accept, fmt.Sprintf("iifname %s accept", trusted))
 	}
 	protos := make([]string, 0, len(byProto))
 	for p := range byProto {
@@ -53,5 +55,15 @@ func (f *Firewall) nftRuleset() string {
 		b.WriteString("\t}\n")
 	}
 	b.WriteString("}\n")
+	if f.NAT != "" {
+		how := "masquerade"
+		if f.NAT == "random" {
+			how = "masquerade fully-random"
+		}
+		b.WriteString("table ip vlabnat {\n")
+		b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
+		fmt.Fprintf(&b, "\t\toifname != %s %s\n", trusted, how)
+		b.WriteString("\t}\n}\n")
+	}
 	return b.String()
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -832,5 +833,68 @@ func TestConcurrentLabs(t *testing.T) {
 		if string(got) != l.ID() {
 			t.Errorf("lab %s reached %q", l.ID(), got)
 		}
+	}
+}
+
+// TestFirewallNAT: a NAT host sends its inside's connections out from its
+// own address; "masquerade" keeps their source ports, "random" does not;
+// nothing new comes in.
+func TestFirewallNAT(t *testing.T) {
+	Require(t, "nft")
+	for _, nat := range []string{"masquerade", "random"} {
+		t.Run(nat, func(t *testing.T) {
+			l := New(t, Topology{
+				Hosts: []Host{{Name: "inside"}, {Name: "nat", Firewall: &Firewall{Trust: []string{"inside"}, NAT: nat}}, {Name: "far"}},
+				Links: []Link{{A: "inside", B: "nat"}, {A: "nat", B: "far"}},
+			})
+			ln, err := l.Listen("far", "tcp", l.Addr("far").String()+":0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			seen := make(chan netip.AddrPort, 1)
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					seen <- c.RemoteAddr().(*net.TCPAddr).AddrPort()
+					c.Close()
+				}
+			}()
+			kept := 0
+			const conns = 4
+			for i := 0; i < conns; i++ {
+				c, err := l.DialContext(context.Background(), "inside", "tcp", ln.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				local := c.LocalAddr().(*net.TCPAddr).AddrPort()
+				c.Close()
+				from := <-seen
+				if want := l.Addrs("nat")[1]; from.Addr() != want {
+					t.Fatalf("far saw the connection from %v, want the NAT's outside address %v", from.Addr(), want)
+				}
+				if from.Port() == local.Port() {
+					kept++
+				}
+			}
+			if nat == "masquerade" && kept != conns || nat == "random" && kept == conns {
+				t.Fatalf("%s: %d of %d connections kept their source port", nat, kept, conns)
+			}
+			// Nothing new comes in.
+			in, err := l.Listen("inside", "tcp", l.Addr("inside").String()+":0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			d := l.Dialer("far")
+			d.Timeout = 500 * time.Millisecond
+			if c, err := d.DialContext(context.Background(), "tcp", in.Addr().String()); err == nil {
+				c.Close()
+				t.Fatal("far connected to the inside through the NAT")
+			}
+		})
 	}
 }

@@ -179,8 +179,15 @@ type Firewall struct {
 	// accepted as the host's own, new connections included: a firewall
 	// between a trusted inside and the rest.
 	Trust []string `toml:"trust,omitempty"`
+	// NAT, if set, rewrites the source of what the host sends out to its
+	// untrusted neighbours to its own address there, as a home or site
+	// router does (nft masquerade): "masquerade" keeps each connection's
+	// source port where it can; "random" picks a new one for every
+	// connection (fully-random), as NATs that change ports per
+	// destination do. It needs Trust: the inside.
+	NAT string `toml:"nat,omitempty"`
 	// Ruleset, when set, is loaded instead (nft syntax, as "nft -f"
-	// reads it); Open and Trust must then be empty.
+	// reads it); Open, Trust and NAT must then be empty.
 	Ruleset string `toml:"ruleset,omitempty"`
 }
 
@@ -307,10 +314,18 @@ func (s Shape) check() error {
 
 func (f *Firewall) check(neighbours map[string]bool) error {
 	if f.Ruleset != "" {
-		if len(f.Open) > 0 || len(f.Trust) > 0 {
-			return errors.New("ruleset replaces open and trust; set one or the other")
+		if len(f.Open) > 0 || len(f.Trust) > 0 || f.NAT != "" {
+			return errors.New("ruleset replaces open, trust and nat; set one or the others")
 		}
 		return nil
+	}
+	switch f.NAT {
+	case "", "masquerade", "random":
+	default:
+		return fmt.Errorf("nat %q: want masquerade or random", f.NAT)
+	}
+	if f.NAT != "" && len(f.Trust) == 0 {
+		return fmt.Errorf("nat %q needs trust: the neighbours on the inside", f.NAT)
 	}
 	for _, p := range f.Open {
 		if _, _, _, err := parsePorts(p); err != nil {

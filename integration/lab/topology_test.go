@@ -105,6 +105,10 @@ func TestValidate(t *testing.T) {
 		{"bad proto", Topology{Hosts: []Host{{Name: "a", Firewall: &Firewall{Open: []string{"icmp/1"}}}}}, "open"},
 		{"trust non-neighbour", Topology{Hosts: []Host{{Name: "a", Firewall: &Firewall{Trust: []string{"b"}}}, {Name: "b"}}}, "trust"},
 		{"ruleset and open", Topology{Hosts: []Host{{Name: "a", Firewall: &Firewall{Ruleset: "x", Open: []string{"tcp/1"}}}}}, "ruleset"},
+		{"ruleset and nat", Topology{Hosts: []Host{{Name: "a", Firewall: &Firewall{Ruleset: "x", NAT: "random"}}}}, "ruleset"},
+		{"nat without trust", Topology{Hosts: []Host{{Name: "a", Firewall: &Firewall{NAT: "masquerade"}}}}, "needs trust"},
+		{"bad nat", Topology{Hosts: []Host{{Name: "a", Firewall: &Firewall{NAT: "snat", Trust: []string{"b"}}}, {Name: "b"}},
+			Links: []Link{{A: "a", B: "b"}}}, "want masquerade or random"},
 		{"sysctl outside net", Topology{Hosts: []Host{{Name: "a"}}, Sysctls: map[string]string{"kernel.panic": "1"}}, "net."},
 		{"sysctl path escape", Topology{Hosts: []Host{{Name: "a"}}, Sysctls: map[string]string{"net.ipv4..x": "1"}}, "key"},
 		{"sysctl newline", Topology{Hosts: []Host{{Name: "a", Sysctls: map[string]string{"net.ipv4.ip_forward": "1\n2"}}}}, "value"},
@@ -185,6 +189,15 @@ func TestFirewallRuleset(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "masquerade") {
+		t.Errorf("a firewall without NAT masquerades:\n%s", got)
+	}
+	for nat, want := range map[string]string{"masquerade": `oifname != { "to-client" } masquerade` + "\n", "random": `oifname != { "to-client" } masquerade fully-random`} {
+		f.NAT = nat
+		if got := f.nftRuleset(); !strings.Contains(got, want) || !strings.Contains(got, "type nat hook postrouting priority srcnat;") {
+			t.Errorf("NAT %s: ruleset lacks %q:\n%s", nat, want, got)
 		}
 	}
 	if custom := (&Firewall{Ruleset: "table inet x {}\n"}).nftRuleset(); custom != "table inet x {}\n" {
