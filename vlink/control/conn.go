@@ -241,7 +241,7 @@ func (n *Node) Listen(allow func(from string, port uint16) error) (net.Listener,
 	if allow == nil {
 		allow = func(string, uint16) error { return errors.New("this node exposes no port") }
 	}
-	l := &listener{n: n, allow: allow, conns: make(chan net.Conn, acceptBacklog), done: make(chan struct{})}
+	l := &listener{n: n, allow: allow, conns: make(chan net.Conn, acceptBacklog), done: make(chan struct{}), from: map[string]int{}}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.listener != nil {
@@ -258,9 +258,11 @@ func (n *Node) Listen(allow func(from string, port uint16) error) (net.Listener,
 const (
 	// acceptBacklog bounds the connections set up and not yet accepted.
 	acceptBacklog = 128
-	// maxOffers bounds the offers being taken at once; more are
-	// declined as busy.
-	maxOffers = 64
+	// maxOffers bounds the offers being taken at once, and
+	// maxOffersPerNode those from one dialing node, so that one node
+	// cannot keep the others out; more are declined as busy.
+	maxOffers        = 64
+	maxOffersPerNode = maxOffers / 4
 )
 
 // listener is a node's listener for connections through the relay.
@@ -270,7 +272,8 @@ type listener struct {
 	conns  chan net.Conn
 	done   chan struct{}
 	once   sync.Once
-	offers int // being taken; under n.mu
+	offers int            // being taken; under n.mu
+	from   map[string]int // offers being taken, by dialing node; under n.mu
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -311,9 +314,13 @@ func (n *Node) offer(ch *channel, f *frame) {
 	}
 	n.mu.Lock()
 	l := n.listener
-	busy := l != nil && l.offers >= maxOffers
-	if l != nil && !busy {
-		l.offers++
+	busy, yours := false, false
+	if l != nil {
+		busy, yours = l.offers >= maxOffers, l.from[f.name] >= maxOffersPerNode
+		if !busy && !yours {
+			l.offers++
+			l.from[f.name]++
+		}
 	}
 	n.mu.Unlock()
 	switch {
@@ -323,6 +330,9 @@ func (n *Node) offer(ch *channel, f *frame) {
 	case busy:
 		decline(CodeBusy, "this node is setting up as many connections as it takes")
 		return
+	case yours:
+		decline(CodeBusy, fmt.Sprintf("this node is setting up %d connections from %s already", maxOffersPerNode, f.name))
+		return
 	}
 	n.wg.Add(1)
 	go func() {
@@ -330,6 +340,9 @@ func (n *Node) offer(ch *channel, f *frame) {
 		defer func() {
 			n.mu.Lock()
 			l.offers--
+			if l.from[f.name]--; l.from[f.name] == 0 {
+				delete(l.from, f.name)
+			}
 			n.mu.Unlock()
 		}()
 		if err := l.allow(f.name, f.port); err != nil {

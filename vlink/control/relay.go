@@ -288,11 +288,32 @@ func (r *Relay) register(p *peer) error {
 	return nil
 }
 
+// unregister removes p from the directory and ends the connections
+// being set up to or from it: the node at the other end learns at once
+// rather than at the set-up's timeout, and what it holds for them is
+// freed.
 func (r *Relay) unregister(p *peer) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.nodes[p.name] == p {
 		delete(r.nodes, p.name)
+	}
+	var gone []*rendezvous
+	for _, rv := range r.pending {
+		if rv.a == p || rv.b == p {
+			gone = append(gone, rv)
+		}
+	}
+	r.mu.Unlock()
+	for _, rv := range gone {
+		if r.take(rv.token) == nil {
+			continue // taken meanwhile
+		}
+		if rv.bConn != nil {
+			r.drop(rv.bConn)
+		}
+		if rv.b == p {
+			rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: CodeNoNode, name: p.name, reason: "it went offline"})
+		}
 	}
 }
 

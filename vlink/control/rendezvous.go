@@ -80,7 +80,7 @@ func (r *Relay) dial(a *peer, f *frame) {
 		return
 	case a.pending >= maxPendingPerNode:
 		r.mu.Unlock()
-		refuse(CodeBusy, fmt.Sprintf("%d connections of this node are being set up already", a.pending))
+		refuse(CodeBusy, fmt.Sprintf("%d connections of this node are being set up already", maxPendingPerNode))
 		return
 	case len(r.pending)+int(r.relayed.Load()) >= r.cfg.MaxRelayed:
 		r.mu.Unlock()

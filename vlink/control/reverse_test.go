@@ -222,6 +222,9 @@ func TestDialPaths(t *testing.T) {
 		dave.mu.Lock()
 		dave.reversePorts = []uint16{uint16(closed.Addr().(*net.TCPAddr).Port)}
 		dave.mu.Unlock()
+		// The connections of the cases above are closed; the relay ends
+		// its side of theirs in its own time.
+		waitFor(t, func() bool { return r.Relayed() == 0 })
 		start := time.Now()
 		c, err := dave.DialPaths(ctxT(t), "bob", 7, PathReverse)
 		var de *DeliveryError
