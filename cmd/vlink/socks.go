@@ -68,7 +68,7 @@ const maxSOCKSHandshakes = 256
 func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	o := &socksOptions{}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:1080", "accept SOCKS clients on `ADDR` (host:port)")
-	fs.StringVar(&o.stack, "stack", "", "reach every destination through `STACK`, e.g. ssh:host=bastion or socks5:addr=proxy:1080 (default: the configuration decides per destination)")
+	fs.StringVar(&o.stack, "stack", "", "reach every destination through `STACK`, e.g. ssh:host=bastion or socks5:addr=proxy:1080; with --node, filters such as zstd reach the nodes' ports, which mirror them (default: the configuration decides per destination)")
 	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow); needs --stack")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the gateway that we hold the pre-shared key in `FILE`; needs --stack")
 	fs.StringVar(&o.config, "config", "", "route destinations by the rules of the config `FILE` (default: VLINK_CONFIG or ~/.config/vlink/config.toml, if any)")
@@ -118,8 +118,8 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 		if err != nil {
 			return nil, nil, "", usagef("--stack: %v", err)
 		}
-		if !s.IsPlain() && o.via == "" {
-			return nil, nil, "", usagef("--stack %s has layers a VLink peer must mirror: add --via GATEWAY (a SOCKS destination is a plain server)", o.stack)
+		if !s.IsPlain() && o.via == "" && !o.node.set() {
+			return nil, nil, "", usagef("--stack %s has layers a VLink peer must mirror: add --via GATEWAY (a SOCKS destination is a plain server), or --node to reach the nodes of a vlink network, which do", o.stack)
 		}
 		d.Stack, route = s, s.String()
 		if o.via != "" {
