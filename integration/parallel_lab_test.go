@@ -73,7 +73,7 @@ func startPrefixSink(t *testing.T, ln net.Listener, seed byte) *prefixSink {
 }
 
 // labProc runs a program in a lab host with the harness's cleanup.
-func labProc(t *testing.T, l *lab.Lab, host, name string, args ...string) *proc {
+func labProc(t testing.TB, l *lab.Lab, host, name string, args ...string) *proc {
 	t.Helper()
 	p := startProc(t, "ip", append([]string{"netns", "exec", l.Netns(host), name}, args...)...)
 	p.Name = fmt.Sprintf("%s@%s", strings.TrimPrefix(name, vlinkBin), host)

@@ -38,6 +38,7 @@ gobench() { # the benchmark's -bench, package: a miss fails it
 }
 
 run dial gobench DialPaired 2s ./vlink/
+run reach_setup gobench ReachSetup 40x ./integration/ # root: a lab at 20 ms RTT
 run compress_random gobench 'Stack/random' 2s ./filters/compress/
 run adaptive_link gobench 'Link' 5x ./filters/compress/ # 100M needs root and tc
 run idle_conns bash integration/bench/idle_conns.sh

@@ -1,0 +1,124 @@
+//go:build linux
+
+package integration
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/testnet"
+)
+
+// BenchmarkReachSetup measures what setting up a connection to a node
+// costs, in the lab at 20 ms RTT between a and b (10 ms each side of the
+// relay host, which routes between them), against baselines taken in the
+// same run, interleaved and rotated each round:
+//
+//	tcp      plain TCP from a to b: connect and one byte echoed (two round trips)
+//	direct   vlink tunnel on a -> vlink serve on b, the noise stack (a direct VLink dial)
+//	reverse  vlink tunnel on a -> b.vlink.alt:PORT, b connecting back to a
+//	relay    the same, the relay carrying the bytes (stack relay)
+//
+// Each figure is the time from connecting to the tunnel on a to the first
+// byte echoed back by a socat on b: the path's set-up, the hello and the
+// noise handshake, and the byte there and back. Target (issue 11): the
+// reverse set-up within one a-b round trip plus one control-channel round
+// trip (a -> relay -> b and back, 20 ms here too) of the direct dial. Run
+// with -benchtime Nx for N rounds (each takes about 0.3 s); needs root.
+func BenchmarkReachSetup(b *testing.B) {
+	const rtt = 20 * time.Millisecond
+	l := lab.New(b, lab.Topology{
+		Name:  "reach-setup",
+		Hosts: []lab.Host{{Name: "a"}, {Name: "relay"}, {Name: "b"}},
+		Links: []lab.Link{
+			{A: "a", B: "relay", RTT: lab.Duration(rtt / 2)},
+			{A: "relay", B: "b", RTT: lab.Duration(rtt / 2)},
+		},
+		Sysctls: lab.TCPSysctls,
+	})
+	dir := b.TempDir()
+	key := func(name string, args ...string) string {
+		out := filepath.Join(dir, name+".key")
+		if _, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"key", "--out", out}, args...)...); err != nil {
+			b.Fatalf("vlink key: %v\n%s", err, stderr)
+		}
+		return out
+	}
+	psk, network := key("psk"), key("network")
+	nodeKey := func(name string) string { return key(name, "--node", name, "--key-file", network) }
+
+	relayAddr := fmt.Sprintf("%s:7100", l.Addr("relay"))
+	labProc(b, l, "relay", vlinkBin, "relay", "--listen", relayAddr, "--key-file", network).WaitFor(b, listenAddrRE, startTimeout)
+	// Echo servers on b: for b's vlink serve, and for plain TCP from a.
+	for _, s := range []struct {
+		ip   string
+		port int
+	}{{"127.0.0.1", 7300}, {l.Addr("b").String(), 7301}} {
+		p := labProc(b, l, "b", "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", s.port, s.ip), "EXEC:cat")
+		waitLabListening(b, l, p, "b", s.port)
+	}
+	labProc(b, l, "b", vlinkBin, "serve", "--listen", l.Addr("b").String()+":7000", "--target", "127.0.0.1:7300", "--key-file", psk,
+		"--node", "b", "--relay", relayAddr, "--node-key-file", nodeKey("b"), "--allow", "localhost:7300").
+		WaitFor(b, regexp.MustCompile(`msg="control: registered"`), startTimeout)
+
+	tunnels := map[string][]string{
+		"direct":  {"--to", l.Addr("b").String() + ":7000", "--stack", "noise", "--key-file", psk},
+		"reverse": {"--to", "b.vlink.alt:7300", "--stack", "noise", "--node", "a", "--relay", relayAddr, "--node-key-file", nodeKey("a"), "--reverse-listen", l.Addr("a").String() + ":7200"},
+		"relay":   {"--to", "b.vlink.alt:7300", "--stack", "relay", "--node", "a2", "--relay", relayAddr, "--node-key-file", nodeKey("a2")},
+	}
+	addr := map[string]string{"tcp": l.Addr("b").String() + ":7301"}
+	port := 8000
+	for name, args := range tunnels {
+		port++
+		addr[name] = fmt.Sprintf("127.0.0.1:%d", port)
+		p := labProc(b, l, "a", vlinkBin, append([]string{"tunnel", "--listen", addr[name], "--log-level", "warn"}, args...)...)
+		waitLabListening(b, l, p, "a", port)
+	}
+
+	paths := []string{"tcp", "direct", "reverse", "relay"}
+	took := map[string][]time.Duration{}
+	one := []byte{42}
+	round := 0
+	for b.Loop() {
+		for i := range paths {
+			path := paths[(i+round)%len(paths)]
+			start := time.Now()
+			c, err := l.DialContext(b.Context(), "a", "tcp", addr[path])
+			if err != nil {
+				b.Fatalf("%s: %v", path, err)
+			}
+			c.SetDeadline(start.Add(20 * time.Second))
+			got := make([]byte, 1)
+			if _, err := c.Write(one); err == nil {
+				_, err = io.ReadFull(c, got)
+			}
+			if err != nil || got[0] != one[0] {
+				b.Fatalf("%s: first byte: %v", path, err)
+			}
+			took[path] = append(took[path], time.Since(start))
+			c.Close()
+		}
+		round++
+	}
+	med := map[string]time.Duration{}
+	for _, p := range paths {
+		slices.Sort(took[p])
+		med[p] = took[p][len(took[p])/2]
+		b.ReportMetric(float64(med[p].Microseconds())/1e3, p+"-ms")
+		b.Logf("%-8s median %7.1f ms  (min %.1f .. max %.1f), %d rounds", p, ms(med[p]), ms(took[p][0]), ms(took[p][len(took[p])-1]), len(took[p]))
+	}
+	// The lab's a-b round trip as TCP sees it: half of connect + echo.
+	measured := med["tcp"] / 2
+	b.Logf("a-b round trip: %.1f ms (configured %v); reverse - direct = %.1f ms, relay - direct = %.1f ms",
+		ms(measured), rtt, ms(med["reverse"]-med["direct"]), ms(med["relay"]-med["direct"]))
+	testnet.CheckTarget(b, "reverse set-up minus a direct VLink dial, in round trips (one a-b, one control)",
+		float64(med["reverse"]-med["direct"])/float64(measured), "<=", 2)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
