@@ -70,7 +70,13 @@ type Dialer struct {
 
 // DefaultDialer is the zero Dialer used by [Dial] and [DialContext]: it
 // follows the user's configuration and shares multi-link layers (a
-// multiplexed session) between their calls.
+// multiplexed session) between their calls. A program that joins a vlink
+// network sets its Network, before its first dial, so that Dial reaches
+// NODE.vlink.alt:PORT too:
+//
+//	node, err := control.Connect(ctx, control.Config{...})
+//	vlink.DefaultDialer.Network = node
+//	c, err := vlink.Dial("tcp", "db.vlink.alt:5432")
 var DefaultDialer = &Dialer{}
 
 // Dial connects to address using the user's configuration; see

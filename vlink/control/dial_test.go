@@ -7,6 +7,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -85,6 +87,31 @@ func TestDialNodeAddress(t *testing.T) {
 		var re *vlink.RefusedError
 		if !errors.As(err, &re) || re.Code != vlink.CodeLayer {
 			t.Fatalf("a plaintext stack to a node = %v, want refused for its layers", err)
+		}
+	})
+	t.Run("vlink.Dial", func(t *testing.T) {
+		// The package-level Dial, once the program hands DefaultDialer
+		// its network. An empty config file: the user's own is not read.
+		empty := filepath.Join(t.TempDir(), "config.toml")
+		if err := os.WriteFile(empty, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv(vlink.EnvConfig, empty)
+		vlink.DefaultDialer.Network = a
+		defer func() { vlink.DefaultDialer.Network = nil; vlink.DefaultDialer.Close() }()
+		c, err := vlink.Dial("tcp", "bob.vlink.alt:5432")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write(data[:1000])
+		c.(interface{ CloseWrite() error }).CloseWrite()
+		got, err := io.ReadAll(c)
+		if want := sha256.Sum256(data[:1000]); err != nil || !bytes.Equal(got, want[:]) {
+			t.Fatalf("bob's checksum %x (%v), want %x", got, err, want)
+		}
+		if h := <-hellos; h.Node != "alice" || h.Stack.String() != "noise" {
+			t.Fatalf("bob saw node %q stack %q", h.Node, h.Stack)
 		}
 	})
 	t.Run("no network", func(t *testing.T) {
