@@ -158,6 +158,12 @@ func exchange(tb testing.TB, addr string, data []byte, timeout time.Duration) ([
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
+	return echoOn(c, data)
+}
+
+// echoOn writes data to c, half-closes, and returns everything the peer
+// sent back until it closed.
+func echoOn(c net.Conn, data []byte) ([]byte, error) {
 	werr := make(chan error, 1)
 	go func() {
 		_, err := c.Write(data)

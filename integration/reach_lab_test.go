@@ -371,26 +371,6 @@ func strictDial(t *testing.T, l *lab.Lab, keys map[string]string, relayAddr stri
 	tunnel.WaitFor(t, regexp.MustCompile(`msg="cannot reach destination" .*unreachable \(could not connect back to a2 at `), startTimeout)
 }
 
-// echoOn writes data to c, half-closes, and reads everything back.
-func echoOn(c net.Conn, data []byte) ([]byte, error) {
-	werr := make(chan error, 1)
-	go func() {
-		_, err := c.Write(data)
-		if err == nil {
-			err = c.(*net.TCPConn).CloseWrite()
-		}
-		werr <- err
-	}()
-	got, rerr := io.ReadAll(c)
-	if err := <-werr; err != nil {
-		return got, fmt.Errorf("writing: %w", err)
-	}
-	if rerr != nil {
-		return got, fmt.Errorf("reading: %w", rerr)
-	}
-	return got, nil
-}
-
 // exchangeIn is exchange from a lab host.
 func exchangeIn(ctx context.Context, l *lab.Lab, host, addr string, data []byte, timeout time.Duration) ([]byte, error) {
 	d := l.Dialer(host)
