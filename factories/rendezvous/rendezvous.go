@@ -5,6 +5,11 @@
 //   - reverse: the node dialed connects back to the dialer, through a
 //     firewall that blocks every connection into the node; when it
 //     cannot, the relay carries the bytes, unless fallback=false.
+//   - splice: both nodes connect to each other at the same moment (TCP
+//     simultaneous open, timed through the relay), through stateful
+//     firewalls on both sides and NATs that keep ports; when it cannot
+//     (a NAT that changes ports), the relay carries the bytes, unless
+//     fallback=false.
 //   - relay: the relay carries the bytes (the last resort, which works
 //     wherever both nodes reach the relay).
 //
@@ -17,7 +22,8 @@
 // Their forward dialer is the dialer's network (vlink.Dialer.Network),
 // which must be a *control.Node; the address must name a node.
 //
-// Importing the package registers the layers "reverse" and "relay".
+// Importing the package registers the layers "relay", "reverse" and
+// "splice".
 package rendezvous
 
 import (
@@ -43,6 +49,24 @@ func init() {
 		},
 		New: func(a layer.Args) (any, error) {
 			paths := control.PathReverse
+			if a.Bool("fallback") {
+				paths |= control.PathRelay
+			}
+			return Factory{Paths: paths}, nil
+		},
+	})
+	layer.Register(layer.Spec{
+		Name:     "splice",
+		Kind:     layer.KindFactory,
+		Terminal: true,
+		Nodes:    true,
+		Summary:  "reach a node (NODE.vlink.alt:PORT) by both connecting at once (TCP simultaneous open), through firewalls on both sides and NATs that keep ports",
+		Params: []layer.Param{
+			{Name: "fallback", Type: layer.TypeBool, Default: "true", Local: true,
+				Doc: "when splicing fails (a NAT that changes ports), let the relay carry the bytes; false fails the dial instead"},
+		},
+		New: func(a layer.Args) (any, error) {
+			paths := control.PathSplice
 			if a.Bool("fallback") {
 				paths |= control.PathRelay
 			}
@@ -85,8 +109,11 @@ func (f Factory) DialContext(ctx context.Context, network, address string, forwa
 }
 
 func (f Factory) name() string {
-	if f.Paths&control.PathReverse != 0 {
+	switch {
+	case f.Paths&control.PathReverse != 0:
 		return "reverse"
+	case f.Paths&control.PathSplice != 0:
+		return "splice"
 	}
 	return "relay"
 }

@@ -151,7 +151,9 @@ func TestFactories(t *testing.T) {
 		{"zstd+reverse:fallback=false", alice, "reverse"},
 		{"zstd", alice, "reverse"}, // no factory: the best path
 		{"zstd+reverse", carol, "relay"},
-		{"zstd", carol, "relay"},
+		{"zstd+splice", alice, "splice"},
+		{"zstd+splice:fallback=false", carol, "splice"},
+		{"zstd", carol, "splice"},
 	} {
 		t.Run(tt.from.Name()+" "+tt.stack, func(t *testing.T) {
 			d := &vlink.Dialer{Stack: vlink.MustParse(tt.stack), Network: tt.from}

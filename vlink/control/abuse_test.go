@@ -157,7 +157,7 @@ func TestReverseTokenOnce(t *testing.T) {
 	}
 	var token [tokenSize]byte
 	rand.Read(token[:])
-	waiting := &reverseWait{conn: make(chan net.Conn, 1), done: make(chan struct{})}
+	waiting := &reverseWait{conn: make(chan pathConn, 1), done: make(chan struct{})}
 	defer close(waiting.done)
 	a.mu.Lock()
 	a.reverse[token] = waiting

@@ -10,8 +10,10 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
@@ -52,8 +54,8 @@ var (
 func (c *Conn) LocalAddr() net.Addr  { return c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
-// UnwrapConn returns the connection to the relay, so a relay of this
-// connection splices.
+// UnwrapConn returns the TCP connection underneath, so a relay of this
+// connection takes the kernel's zero-copy path.
 func (c *Conn) UnwrapConn() net.Conn { return c.Conn }
 
 // CloseWrite half-closes the connection: the other end reads its end.
@@ -66,7 +68,8 @@ func (c *Conn) VouchedPeer() string { return c.remote.Node }
 func (c *Conn) VouchedKey() []byte { return c.key }
 
 // Path says how the connection was made: "reverse" (the node dialed
-// connected back to the dialer) or "relay" (the relay carries its bytes).
+// connected back to the dialer), "splice" (both connected to each other
+// at once) or "relay" (the relay carries its bytes).
 func (c *Conn) Path() string { return c.path }
 
 // typeReady marks a relay's ready inside the node, as typePeer does a
@@ -86,8 +89,13 @@ const (
 	// PathRelay: the relay carries the bytes, the last resort; it works
 	// wherever both nodes reach the relay.
 	PathRelay
+	// PathSplice: both nodes connect to each other at the same moment
+	// (TCP simultaneous open), which crosses stateful firewalls on both
+	// sides and NATs that keep ports, with nothing carrying the bytes but
+	// the network.
+	PathSplice
 	// PathsAny: every path, best first (what DialNode takes).
-	PathsAny = PathReverse | PathRelay
+	PathsAny = PathReverse | PathSplice | PathRelay
 )
 
 // ErrNoReverse is matched by the error of a dial that allows only the
@@ -123,11 +131,13 @@ func (n *Node) DialContext(ctx context.Context, network, address string) (net.Co
 
 // DialPaths connects to port on the named node by one of paths, the best
 // that works: the node connecting back to this one (PathReverse, when
-// this node accepts reverse connections), then the relay (PathRelay).
-// The node must expose the port (Node.Listen). The connection is a
-// *Conn, whose Path says how it came. A refusal is a *DeliveryError
-// matching ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when the node
-// could not connect back and the relay was not allowed, ErrUnreachable.
+// this node accepts reverse connections) or both connecting at once
+// (PathSplice), tried together, then the relay (PathRelay). The node
+// must expose the port (Node.Listen). The connection is a *Conn, whose
+// Path says how it came. A refusal is a *DeliveryError matching
+// ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when no direct path
+// worked and the relay was not allowed, ErrUnreachable (its reason says
+// what each path met).
 func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
@@ -146,20 +156,42 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 	if paths&PathRelay == 0 {
 		dial.flags |= flagNoRelay
 	}
+	// The splice's port, opened before the dial names it.
+	var (
+		spliced   *net.TCPListener
+		spliceErr error
+	)
+	if paths&PathSplice != 0 {
+		if spliceErr = n.spliceCheck(); spliceErr == nil {
+			spliced, spliceErr = n.spliceListen(ctx)
+		}
+		if spliceErr == nil {
+			defer spliced.Close()
+			dial.flags |= flagSplice
+			dial.splice = netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(spliced.Addr().(*net.TCPAddr).Port))
+		}
+	}
 	// Where the node would connect back to us, if we accept that.
-	reversed := &reverseWait{conn: make(chan net.Conn), done: make(chan struct{})}
-	defer close(reversed.done)
+	w := &reverseWait{conn: make(chan pathConn), punch: make(chan netip.AddrPort, 1), done: make(chan struct{})}
+	defer close(w.done)
 	n.mu.Lock()
 	if paths&PathReverse != 0 {
 		for _, p := range n.reversePorts {
 			dial.addrs = append(dial.addrs, netip.AddrPortFrom(netip.IPv4Unspecified(), p))
 		}
 	}
-	if len(dial.addrs) > 0 {
-		n.reverse[dial.token] = reversed
+	direct := len(dial.addrs) > 0 || dial.flags&flagSplice != 0
+	if direct {
+		n.reverse[dial.token] = w
 	}
 	n.mu.Unlock()
-	if len(dial.addrs) == 0 && paths&PathRelay == 0 {
+	if !direct && paths&PathRelay == 0 {
+		if paths&PathReverse == 0 {
+			return nil, fmt.Errorf("control: splicing to %s: %w", name, spliceErr)
+		}
+		if spliceErr != nil && paths&PathSplice != 0 {
+			return nil, fmt.Errorf("%w; and splicing: %w", ErrNoReverse, spliceErr)
+		}
 		return nil, ErrNoReverse
 	}
 	defer func() {
@@ -170,17 +202,38 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 	coop := n.Cooperate(Expect{Type: typeReady})
 	defer coop.Cancel()
 	dial.coop = coop.token
+	sent := time.Now()
 	ch, err := n.sendOn(ctx, dial)
 	if err != nil {
 		return nil, err
 	}
 	coop.sentOn(ch)
 	remote := Addr{name, port}
-	select {
-	case c := <-reversed.conn:
-		return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: "reverse"}, nil
-	case <-coop.Done():
-	case <-ctx.Done():
+	// The splice, if the node answers with a punch, runs until this dial
+	// returns.
+	splicing, stopSplice := context.WithCancel(ctx)
+	var spliceDone sync.WaitGroup
+	defer spliceDone.Wait()
+	defer stopSplice()
+	for waiting := true; waiting; {
+		select {
+		case c := <-w.conn:
+			return &Conn{Conn: c.Conn, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: c.path}, nil
+		case peer := <-w.punch:
+			// The node waits for the sync; it arrives about half this
+			// round trip from now, when this side connects too.
+			rtt := time.Since(sent)
+			ch.trySend(&frame{op: opSync, token: dial.token})
+			spliceDone.Add(1)
+			go func() {
+				defer spliceDone.Done()
+				n.spliceFrom(splicing, spliced, peer, rtt/2)
+			}()
+		case <-coop.Done():
+			waiting = false
+		case <-ctx.Done():
+			waiting = false
+		}
 	}
 	replies, err := coop.Wait(ctx)
 	if err != nil {
@@ -191,6 +244,19 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 		return nil, fmt.Errorf("control: connecting to %s through the relay: %w", name, err)
 	}
 	return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: "relay"}, nil
+}
+
+// punched hands a node's punch to the dial whose token it carries.
+func (n *Node) punched(f *frame) {
+	n.mu.Lock()
+	w := n.reverse[f.token]
+	n.mu.Unlock()
+	if w != nil {
+		select {
+		case w.punch <- f.splice:
+		default: // one punch per dial
+		}
+	}
 }
 
 // attach opens a data connection to the relay the node is registered
@@ -351,17 +417,16 @@ func (n *Node) offer(ch *channel, f *frame) {
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, RendezvousTimeout)
 		defer cancel()
-		path := "reverse"
-		c := n.connectBack(ctx, f)
+		c, path, errs := n.direct(ctx, ch, f)
 		switch {
 		case c != nil:
-			ch.trySend(&frame{op: opDecline, token: f.token, code: codeReversed})
+			ch.trySend(&frame{op: opDecline, token: f.token, code: codeDirect})
 		case f.flags&flagNoRelay != 0:
 			reason := "the dialer accepts no connections back"
-			if len(f.addrs) > 0 {
-				reason = fmt.Sprintf("could not connect back to %s at %s, and the dial forbids the relay", f.name, f.addrs[0])
+			if len(errs) > 0 {
+				reason = strings.Join(errs, "; ") + "; and the dial forbids the relay"
 			}
-			decline(CodeUnreachable, reason)
+			decline(CodeUnreachable, truncate(reason, maxReason))
 			return
 		default:
 			path = "relay"
@@ -387,9 +452,65 @@ func (n *Node) offer(ch *channel, f *frame) {
 // unreachable dialer costs the relayed path little.
 const reverseTimeout = 2 * time.Second
 
+// pathConn is a connection made by a path.
+type pathConn struct {
+	net.Conn
+	path string
+}
+
+// direct tries the paths of offer f that need no relay, together:
+// connecting back to the dialer, and splicing. It returns the first
+// connection that proved the token, and its path; or nil and why each
+// path failed.
+func (n *Node) direct(ctx context.Context, ch *channel, f *frame) (net.Conn, string, []string) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		pathConn
+		err error
+	}
+	results := make(chan result)
+	tries := 0
+	try := func(path string, do func() (net.Conn, error)) {
+		tries++
+		go func() {
+			c, err := do()
+			results <- result{pathConn{c, path}, err}
+		}()
+	}
+	if len(f.addrs) > 0 {
+		try("reverse", func() (net.Conn, error) { return n.connectBack(ctx, f) })
+	}
+	if f.flags&flagSplice != 0 {
+		try("splice", func() (net.Conn, error) { return n.spliceTo(ctx, ch, f) })
+	}
+	var (
+		won  pathConn
+		errs []string
+	)
+	for range tries {
+		r := <-results
+		switch {
+		case r.err != nil:
+			n.log.Debug("control: a path failed", "to", f.name, "path", r.path, "err", r.err)
+			errs = append(errs, r.path+": "+r.err.Error())
+		case won.Conn == nil:
+			won = r.pathConn
+			cancel() // the other path stops; the dialer takes one connection per token
+		default:
+			r.Close()
+		}
+	}
+	if won.Conn != nil {
+		return won.Conn, won.path, nil
+	}
+	return nil, "", errs
+}
+
 // connectBack tries to connect to the dialer of offer f at the addresses
-// the relay gave, and to attach there; nil if none works.
-func (n *Node) connectBack(ctx context.Context, f *frame) net.Conn {
+// the relay gave, and to attach there.
+func (n *Node) connectBack(ctx context.Context, f *frame) (net.Conn, error) {
+	var errs []error
 	for _, a := range f.addrs {
 		ctx, cancel := context.WithTimeout(ctx, reverseTimeout)
 		var d net.Dialer
@@ -401,11 +522,23 @@ func (n *Node) connectBack(ctx context.Context, f *frame) net.Conn {
 		}
 		cancel()
 		if err == nil {
-			return c
+			return c, nil
 		}
-		n.log.Debug("control: could not connect back", "to", f.name, "at", a.String(), "err", err)
+		errs = append(errs, fmt.Errorf("could not connect back to %s at %s: %w", f.name, a, err))
 	}
-	return nil
+	return nil, errors.Join(errs...)
+}
+
+// truncate cuts s to at most max bytes, at a rune boundary.
+func truncate(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max-3]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "..."
 }
 
 // attachOn sends attach{token} on c and waits for attached.
@@ -496,14 +629,14 @@ func (n *Node) acceptReverse(l net.Listener) {
 		go func() {
 			defer n.wg.Done()
 			defer func() { <-sem }()
-			n.takeReverse(c)
+			n.takeReverse(c, "reverse")
 		}()
 	}
 }
 
-// takeReverse reads a reverse connection's token and hands it to the
-// dial waiting for it.
-func (n *Node) takeReverse(c net.Conn) {
+// takeReverse reads the token on a connection the node dialed made to
+// this one (reverse, or spliced) and hands it to the dial waiting for it.
+func (n *Node) takeReverse(c net.Conn, path string) {
 	c.SetDeadline(time.Now().Add(reverseTimeout))
 	f, err := readFrame(c)
 	if err != nil || f.op != opAttach {
@@ -525,14 +658,16 @@ func (n *Node) takeReverse(c net.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	select {
-	case waiting.conn <- c:
+	case waiting.conn <- pathConn{c, path}:
 	case <-waiting.done: // the dial went another way, or gave up
 		c.Close()
 	}
 }
 
-// reverseWait is a dial waiting for its reverse connection.
+// reverseWait is a dial waiting for the node to connect to it (back, or
+// spliced).
 type reverseWait struct {
-	conn chan net.Conn
-	done chan struct{} // closed when the dial no longer waits
+	conn  chan pathConn
+	punch chan netip.AddrPort // the node's splice address
+	done  chan struct{}       // closed when the dial no longer waits
 }

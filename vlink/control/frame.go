@@ -61,6 +61,8 @@ const (
 	opReady     op = 14 // relay: the node took the offer; attach with the token (coop, token, key)
 	opAttach    op = 15 // node, first frame of a data connection: the token it belongs to
 	opAttached  op = 16 // relay: both ends are here; raw bytes from now on
+	opPunch     op = 17 // node dialed -> relay -> dialer: where the node awaits a spliced connection (token, address)
+	opSync      op = 18 // dialer -> relay -> node dialed: connect now (token)
 )
 
 // Flags of a dial, passed on in its offer.
@@ -68,7 +70,11 @@ const (
 	// flagNoRelay: the dialer forbids the relay to carry the connection;
 	// only the node's connection back to it will do.
 	flagNoRelay uint8 = 1 << iota
-	flagsKnown        = flagNoRelay
+	// flagSplice: the dialer offers a spliced connection (TCP
+	// simultaneous open) from the port its dial names; the offer carries
+	// that port at the dialer's observed address.
+	flagSplice
+	flagsKnown = flagNoRelay | flagSplice
 )
 
 // Sizes of a rendezvous' secrets.
@@ -79,7 +85,7 @@ const (
 
 func (o op) String() string {
 	names := [...]string{"", "ping", "pong", "send", "forward", "deliver", "error", "lookup", "peer", "advertise", "welcome",
-		"dial", "offer", "decline", "ready", "attach", "attached"}
+		"dial", "offer", "decline", "ready", "attach", "attached", "punch", "sync"}
 	if int(o) < len(names) && o != 0 {
 		return names[o]
 	}
@@ -111,6 +117,7 @@ type frame struct {
 	reason  string           // error
 	online  bool             // peer
 	addrs   []netip.AddrPort // peer, advertise, welcome; dial, offer: where to connect back
+	splice  netip.AddrPort   // dial, offer (flagSplice), punch: where a spliced connection goes; a node sends only the port
 	port    uint16           // dial, offer
 	flags   uint8            // dial, offer
 	token   [tokenSize]byte  // dial, offer, decline, ready, attach
@@ -149,21 +156,24 @@ func (f *frame) append(b []byte) []byte {
 		b = appendAddrs(b, f.addrs)
 	case opAdvertise, opWelcome:
 		b = appendAddrs(b, f.addrs)
-	case opDial:
-		b = binary.BigEndian.AppendUint64(b, f.coop)
+	case opDial, opOffer:
+		if f.op == opDial {
+			b = binary.BigEndian.AppendUint64(b, f.coop)
+		}
 		b = append(b, f.token[:]...)
 		b = append(b, f.key...)
 		b = binary.BigEndian.AppendUint16(b, f.port)
 		b = append(b, f.flags)
 		b = appendName(b, f.name)
 		b = appendAddrs(b, f.addrs)
-	case opOffer:
+		if f.flags&flagSplice != 0 {
+			b = appendAddr(b, f.splice)
+		}
+	case opPunch:
 		b = append(b, f.token[:]...)
-		b = append(b, f.key...)
-		b = binary.BigEndian.AppendUint16(b, f.port)
-		b = append(b, f.flags)
-		b = appendName(b, f.name)
-		b = appendAddrs(b, f.addrs)
+		b = appendAddr(b, f.splice)
+	case opSync:
+		b = append(b, f.token[:]...)
 	case opDecline:
 		b = append(b, f.token[:]...)
 		b = append(b, byte(f.code))
@@ -187,11 +197,15 @@ func appendName(b []byte, s string) []byte {
 func appendAddrs(b []byte, addrs []netip.AddrPort) []byte {
 	b = append(b, byte(len(addrs)))
 	for _, a := range addrs {
-		v, _ := a.MarshalBinary()
-		b = append(b, byte(len(v)))
-		b = append(b, v...)
+		b = appendAddr(b, a)
 	}
 	return b
+}
+
+func appendAddr(b []byte, a netip.AddrPort) []byte {
+	v, _ := a.MarshalBinary()
+	b = append(b, byte(len(v)))
+	return append(b, v...)
 }
 
 // readFrame reads exactly one frame from r.
@@ -288,6 +302,14 @@ func decode(h header, body []byte) (*frame, error) {
 			d.err = fmt.Errorf("%s without a node or a port", f.op)
 		}
 		f.addrs = d.addrs()
+		if f.flags&flagSplice != 0 {
+			f.splice = d.addr()
+		}
+	case opPunch:
+		d.token(&f.token)
+		f.splice = d.addr()
+	case opSync:
+		d.token(&f.token)
 	case opDecline:
 		d.token(&f.token)
 		f.code = Code(d.byte())
@@ -399,14 +421,19 @@ func (d *decoder) addrs() []netip.AddrPort {
 	}
 	var out []netip.AddrPort
 	for i := 0; i < n && d.err == nil; i++ {
-		v := d.take(int(d.byte()))
-		var a netip.AddrPort
-		if d.err == nil {
-			if err := a.UnmarshalBinary(v); err != nil || !a.IsValid() || a.Port() == 0 {
-				d.err = fmt.Errorf("address %d is not an IP and a port", i)
-			}
-		}
-		out = append(out, a)
+		out = append(out, d.addr())
 	}
 	return out
+}
+
+// addr reads one length-prefixed address: an IP and a port, not 0.
+func (d *decoder) addr() netip.AddrPort {
+	v := d.take(int(d.byte()))
+	var a netip.AddrPort
+	if d.err == nil {
+		if err := a.UnmarshalBinary(v); err != nil || !a.IsValid() || a.Port() == 0 {
+			d.err = errors.New("an address that is not an IP and a port")
+		}
+	}
+	return a
 }

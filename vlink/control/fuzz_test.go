@@ -27,6 +27,12 @@ func FuzzFrame(f *testing.F) {
 		{op: opReady, coop: 5, token: [tokenSize]byte{4}, key: make([]byte, keySize)},
 		{op: opAttach, token: [tokenSize]byte{5}},
 		{op: opAttached},
+		{op: opDial, coop: 6, token: [tokenSize]byte{6}, key: make([]byte, keySize), port: 22, flags: flagSplice, name: "bob",
+			splice: netip.MustParseAddrPort("0.0.0.0:40000")},
+		{op: opOffer, token: [tokenSize]byte{7}, key: make([]byte, keySize), port: 22, flags: flagSplice | flagNoRelay, name: "alice",
+			splice: netip.MustParseAddrPort("192.0.2.1:40000")},
+		{op: opPunch, token: [tokenSize]byte{8}, splice: netip.MustParseAddrPort("[2001:db8::2]:40001")},
+		{op: opSync, token: [tokenSize]byte{9}},
 	}
 	for _, s := range seeds {
 		f.Add(s.append(nil))

@@ -68,12 +68,13 @@ const (
 	CodeRefused
 	// CodeTimeout: the node did not answer in time.
 	CodeTimeout
-	// CodeUnreachable: the node could not connect back to the dialer,
-	// and the dial forbade the relay to carry the connection.
+	// CodeUnreachable: no path the dial allowed reached the dialer (the
+	// node could not connect back, nor splice), and the dial forbade
+	// the relay to carry the connection.
 	CodeUnreachable
-	// codeReversed, in a decline: the node connected back to the dialer
-	// itself, the relay has nothing to carry.
-	codeReversed
+	// codeDirect, in a decline: the node reached the dialer itself
+	// (connected back, or spliced), the relay has nothing to carry.
+	codeDirect
 	codeLimit
 )
 

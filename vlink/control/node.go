@@ -107,14 +107,18 @@ type Node struct {
 	ch        *channel      // the current connection, nil while disconnected
 	connected chan struct{} // closed while ch is set
 	observed  netip.AddrPort
-	relay     string    // the relay registered with
-	listener  *listener // where connections from other nodes go; nil for none
+	local     netip.AddrPort // where the control connection left from, if TCP
+	relay     string         // the relay registered with
+	listener  *listener      // where connections from other nodes go; nil for none
 	// reversePorts are the ports ServeReverse accepts on; reverse maps
 	// the token of each dial in progress to where its reverse connection
 	// goes.
 	reversePorts []uint16
 	reverse      map[[tokenSize]byte]*reverseWait
-	err          error // why the last connection attempt or connection failed
+	// syncs maps the token of each offer being spliced to where its
+	// dialer's sync goes.
+	syncs map[[tokenSize]byte]chan struct{}
+	err   error // why the last connection attempt or connection failed
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -147,6 +151,7 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		handlers:  map[Type]Handler{},
 		coops:     map[uint64]*Cooperation{},
 		reverse:   map[[tokenSize]byte]*reverseWait{},
+		syncs:     map[[tokenSize]byte]chan struct{}{},
 		connected: make(chan struct{}),
 	}
 	if n.log == nil {
@@ -346,6 +351,10 @@ func (n *Node) register(ctx context.Context, relay string) (*channel, error) {
 	n.ch = ch
 	n.relay = relay
 	n.observed = f.addrs[0]
+	n.local = netip.AddrPort{}
+	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		n.local = unmap(ta.AddrPort())
+	}
 	n.err = nil
 	close(n.connected)
 	n.mu.Unlock()
@@ -429,6 +438,10 @@ func (n *Node) serve(ch *channel) error {
 			n.undeliverable(f)
 		case opOffer:
 			n.offer(ch, f)
+		case opPunch:
+			n.punched(f)
+		case opSync:
+			n.synced(f)
 		case opReady:
 			n.deliver(&Message{Type: typeReady, coop: f.coop, node: n, ready: f})
 		case opPeer:

@@ -46,7 +46,7 @@ type RelayConfig struct {
 	IdleTimeout time.Duration
 	// MaxRelayed bounds the connections the relay carries, set up or
 	// being set up. Each holds at most two kernel pipes' worth of bytes
-	// (the relay splices), so this bounds what the relay buffers for
+	// (the relay copies in the kernel), so this bounds what it buffers for
 	// them. Zero means DefaultMaxRelayed.
 	MaxRelayed int
 	// Logger receives registrations and refusals. Nil discards them.
@@ -349,6 +349,10 @@ func (r *Relay) handle(p *peer, f *frame) error {
 		r.dial(p, f)
 	case opDecline:
 		r.decline(p, f)
+	case opPunch:
+		r.punch(p, f)
+	case opSync:
+		r.sync(p, f)
 	case opAdvertise:
 		p.mu.Lock()
 		p.advertised = f.addrs

@@ -19,7 +19,7 @@ import (
 //	B -> relay (new connection): attach{token}     or, on B's control: decline{token, reason}
 //	relay -> A (control): ready{coop, token, key}  or error{coop, refused, reason}
 //	A -> relay (new connection): attach{token}
-//	relay -> both: attached; then raw bytes, relayed by the kernel (splice)
+//	relay -> both: attached; then raw bytes, copied by the kernel (zero-copy)
 //
 // Before any of that, if A accepts reverse connections (Node.ServeReverse),
 // B first connects back to A itself, at the address the relay saw A come
@@ -59,6 +59,9 @@ type rendezvous struct {
 	flags  uint8
 	bConn  net.Conn // B's data connection, once attached
 	expiry *time.Timer
+	// punched and synced: B's punch and A's sync went through; each
+	// passes once.
+	punched, synced bool
 }
 
 // dial handles A's request for a relayed connection to f.name's port.
@@ -99,6 +102,11 @@ func (r *Relay) dial(a *peer, f *frame) {
 	})
 	r.mu.Unlock()
 	offer := &frame{op: opOffer, token: rv.token, key: rv.key, flags: rv.flags, name: a.name, port: f.port, addrs: reverseAddrs(a, f.addrs)}
+	if offer.flags&flagSplice != 0 {
+		if offer.splice = observedAt(a, f.splice.Port()); !offer.splice.IsValid() {
+			offer.flags &^= flagSplice
+		}
+	}
 	if err := b.ch.trySend(offer); err != nil {
 		r.take(rv.token)
 		refuse(CodeBusy, "its queue is full")
@@ -121,6 +129,47 @@ func reverseAddrs(a *peer, asked []netip.AddrPort) []netip.AddrPort {
 		}
 	}
 	return out
+}
+
+// observedAt returns port at the address p was seen connecting from, or
+// the zero AddrPort if p was seen from none.
+func observedAt(p *peer, port uint16) netip.AddrPort {
+	if !p.observed.IsValid() || p.observed.Addr().IsUnspecified() {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(p.observed.Addr(), port)
+}
+
+// punch passes B's splice address on to A, once per rendezvous whose
+// dial offered splicing; the IP is the one the relay saw B come from.
+func (r *Relay) punch(b *peer, f *frame) {
+	r.mu.Lock()
+	rv := r.pending[f.token]
+	ok := rv != nil && rv.b == b && rv.flags&flagSplice != 0 && !rv.punched
+	if ok {
+		rv.punched = true
+	}
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	if at := observedAt(b, f.splice.Port()); at.IsValid() {
+		rv.a.ch.trySend(&frame{op: opPunch, token: f.token, splice: at})
+	}
+}
+
+// sync passes A's signal to connect on to B, once per punched rendezvous.
+func (r *Relay) sync(a *peer, f *frame) {
+	r.mu.Lock()
+	rv := r.pending[f.token]
+	ok := rv != nil && rv.a == a && rv.punched && !rv.synced
+	if ok {
+		rv.synced = true
+	}
+	r.mu.Unlock()
+	if ok {
+		rv.b.ch.trySend(&frame{op: opSync, token: f.token})
+	}
 }
 
 // take removes a rendezvous from the table and returns it, or nil if it
@@ -146,7 +195,7 @@ func (r *Relay) decline(b *peer, f *frame) {
 	if rv == nil || rv.b != b || rv.bConn != nil {
 		return // expired, or not B's to decline
 	}
-	if f.code == codeReversed {
+	if f.code == codeDirect {
 		r.take(f.token) // B reached A itself
 		return
 	}

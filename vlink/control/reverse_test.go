@@ -101,7 +101,8 @@ func TestReverseConn(t *testing.T) {
 }
 
 // TestReverseFallback: when the dialer cannot be reached back, the
-// relay carries the connection, within the reverse attempt's bound.
+// relay carries the connection, within the reverse attempt's bound (no
+// splicing: on loopback it would work).
 func TestReverseFallback(t *testing.T) {
 	r := startRelay(t, RelayConfig{}, "")
 	a, b := connect(t, r.addr, "alice"), connect(t, r.addr, "bob")
@@ -126,13 +127,13 @@ func TestReverseFallback(t *testing.T) {
 	a.reversePorts = []uint16{uint16(silent.Addr().(*net.TCPAddr).Port)}
 	a.mu.Unlock()
 	start := time.Now()
-	c, err := a.DialNode(ctxT(t), "bob", 7)
+	c, err := a.DialPaths(ctxT(t), "bob", 7, PathReverse|PathRelay)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	took := time.Since(start)
-	if p := c.(*Conn).Path(); p != "relay" || <-paths != "relay" {
+	if p := c.Path(); p != "relay" || <-paths != "relay" {
 		t.Fatalf("came by %q, want relay", p)
 	}
 	if took > reverseTimeout+5*time.Second {
@@ -188,7 +189,9 @@ func TestDialPaths(t *testing.T) {
 		{"any, reverse accepted", alice, PathsAny, "reverse", nil},
 		{"reverse only", alice, PathReverse, "reverse", nil},
 		{"relay only, though reverse is accepted", alice, PathRelay, "relay", nil},
-		{"any, no reverse accepted", carol, PathsAny, "relay", nil},
+		{"any, no reverse accepted", carol, PathsAny, "splice", nil},
+		{"splice only", alice, PathSplice, "splice", nil},
+		{"reverse or relay, no reverse accepted", carol, PathReverse | PathRelay, "relay", nil},
 		{"reverse only, none accepted", carol, PathReverse, "", ErrNoReverse},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

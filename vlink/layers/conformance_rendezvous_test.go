@@ -15,7 +15,7 @@ import (
 // loopback: a relay, a node "dialer" that accepts reverse connections,
 // and a node "server" whose listener the pipes' vlink listener wraps.
 func init() {
-	for _, name := range []string{"reverse", "relay"} {
+	for _, name := range []string{"reverse", "relay", "splice"} {
 		venues[name] = nodeVenue
 	}
 }
