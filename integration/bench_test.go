@@ -92,10 +92,11 @@ func push(tb testing.TB, addr string, data []byte) {
 
 // BenchmarkForward pushes 32 MiB (half log text, half random) per
 // operation from this process to a sink in this process, through a relay
-// process: socat, vlink tunnel over the plain stack (the splice path), or
-// vlink tunnel -> vlink serve over a compressing stack. Each operation is
-// paired with one straight to the sink, outside the timer: direct-MB/s is
-// that baseline and x-direct the throughput ratio, from the same run.
+// process: socat, vlink tunnel over the plain stack (the kernel's
+// zero-copy path, splice(2)), or vlink tunnel -> vlink serve over a
+// compressing stack. Each operation is paired with one straight to the
+// sink, outside the timer: direct-MB/s is that baseline and x-direct the
+// throughput ratio, from the same run.
 func BenchmarkForward(b *testing.B) {
 	data := genData(32<<20, 7)
 	sink := startSink(b)
@@ -238,8 +239,8 @@ func startEcho(tb testing.TB) string {
 		tb.Fatal(err)
 	}
 	testnet.Serve(tb, l, func(c net.Conn) {
-		// Not io.Copy(c, c): splicing would hold a pipe, two more
-		// descriptors, per idle connection.
+		// Not io.Copy(c, c): its zero-copy path would hold a pipe, two
+		// more descriptors, per idle connection.
 		buf := make([]byte, 512)
 		for {
 			n, err := c.Read(buf)

@@ -3,7 +3,7 @@
 // the pacing of accept loops.
 //
 // [Relay] joins two connections, as a tunnel, a forwarder or a proxy does.
-// Between two TCP connections it moves the bytes inside the kernel
-// (splice(2) on Linux), and an idle relay holds no buffer, so a process can
-// carry many thousands of idle connections.
+// Between two TCP connections it moves the bytes inside the kernel (the
+// zero-copy path: splice(2) on Linux), and an idle relay holds no buffer,
+// so a process can carry many thousands of idle connections.
 package netconn

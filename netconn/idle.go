@@ -9,8 +9,8 @@ import (
 // An IdleWatch aborts connections that carried no byte for a while. It
 // reads the traffic from the kernel (the TCP connection's counters of
 // bytes received and acknowledged) with a timer, so it costs nothing on
-// the data path, works whatever copies the bytes (splice included), and
-// an idle connection holds no goroutine.
+// the data path, works whatever copies the bytes (the kernel's zero-copy
+// path, splice(2), included), and an idle connection holds no goroutine.
 type IdleWatch struct {
 	idle    time.Duration
 	count   func() (uint64, bool)

@@ -63,7 +63,8 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 }
 
 // WriteTo drains the prefix, then hands the rest to io.Copy, so a relay
-// between two TCP connections still reaches the kernel's splice path.
+// between two TCP connections still reaches the kernel's zero-copy path
+// (splice(2)).
 func (c *prefixConn) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	if len(c.prefix) > 0 {

@@ -32,10 +32,10 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // Relay picks the cheapest copy each direction allows:
 //   - on Linux, from a *net.TCPConn (or stream *net.UnixConn) to a
 //     destination implementing io.ReaderFrom (a *net.TCPConn, or a wrapper
-//     delegating to one): the kernel's splice path, the bytes never enter
-//     the process. Relay waits until the source is readable and calls
-//     ReadFrom with an *io.LimitedReader of just the bytes queued, so an
-//     idle direction holds no splice pipe either;
+//     delegating to one): the kernel's zero-copy path (splice(2)), the
+//     bytes never enter the process. Relay waits until the source is
+//     readable and calls ReadFrom with an *io.LimitedReader of just the
+//     bytes queued, so an idle direction holds no splice(2) pipe either;
 //   - from a source implementing io.WriterTo other than *net.TCPConn: its
 //     WriteTo, which is trusted to hold no buffer while idle (the
 //     compression filters' holds none);
@@ -164,13 +164,13 @@ func unwrap(dst, src net.Conn) (net.Conn, net.Conn, int64, error) {
 }
 
 func copyUnwrapped(dst, src net.Conn) (int64, error) {
-	if n, err, ok := spliceCopy(dst, src); ok {
+	if n, err, ok := zeroCopy(dst, src); ok {
 		return n, err
 	}
 	if wt, ok := src.(io.WriterTo); ok {
 		// *net.TCPConn's WriteTo copies through a buffer it holds for
-		// the whole connection unless it can splice, which spliceCopy
-		// already tried.
+		// the whole connection unless it takes the zero-copy path, which
+		// zeroCopy already tried.
 		if _, isTCP := src.(*net.TCPConn); !isTCP {
 			return wt.WriteTo(dst)
 		}

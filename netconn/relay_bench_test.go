@@ -30,7 +30,7 @@ func BenchmarkRelay(b *testing.B) {
 		wrapB wrap
 		relay pairFunc
 	}{
-		{"Relay/splice", asIs, func(a, c net.Conn, wg *sync.WaitGroup) {
+		{"Relay/zerocopy", asIs, func(a, c net.Conn, wg *sync.WaitGroup) {
 			wg.Add(1)
 			go func() { defer wg.Done(); Relay(a, c) }()
 		}},

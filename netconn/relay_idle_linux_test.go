@@ -33,20 +33,22 @@ var idleVariants = map[string]struct {
 	start    func(a, b net.Conn, wg *sync.WaitGroup)
 	extraFDs int // descriptors a relay may hold beyond its two sockets
 }{
-	// Relay between two TCP connections: the chunked splice path.
+	// Relay between two TCP connections: the chunked zero-copy path
+	// (splice(2)).
 	"Relay": {func(a, b net.Conn, wg *sync.WaitGroup) {
 		wg.Add(1)
 		go func() { defer wg.Done(); Relay(a, b) }()
 	}, 0},
 	// The poll path both ways, as Relay uses it for a TCP source and a
-	// destination it cannot splice to (and on every Unix but Linux).
+	// destination it cannot copy to in the kernel (and on every Unix but
+	// Linux).
 	"poll": {func(a, b net.Conn, wg *sync.WaitGroup) {
 		wg.Add(2)
 		go func() { defer wg.Done(); pollCopy(b, a); b.Close() }()
 		go func() { defer wg.Done(); pollCopy(a, b); a.Close() }()
 	}, 0},
-	// Baseline: io.Copy both ways, which splices between TCP connections
-	// but holds a pipe (two descriptors) per direction.
+	// Baseline: io.Copy both ways, which takes the zero-copy path between
+	// TCP connections but holds a pipe (two descriptors) per direction.
 	"io.Copy": {func(a, b net.Conn, wg *sync.WaitGroup) {
 		wg.Add(2)
 		go func() { defer wg.Done(); io.Copy(b, a); b.Close() }()
@@ -61,8 +63,8 @@ var idleVariants = map[string]struct {
 }
 
 // settle lets the relays park and the garbage collector run until the
-// descriptor count is stable: pipes the net package pooled for splice are
-// closed by cleanups that run after the collection that frees them.
+// descriptor count is stable: pipes the net package pooled for splice(2)
+// are closed by cleanups that run after the collection that frees them.
 func settle(t testing.TB) runtime.MemStats {
 	time.Sleep(200 * time.Millisecond)
 	for fds, i := -1, 0; i < 20; i++ {

@@ -8,16 +8,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// spliceCopy moves bytes from a kernel socket to a destination that
+// zeroCopy moves bytes from a kernel socket to a destination that
 // implements io.ReaderFrom: for a *net.TCPConn (or a wrapper delegating
 // to one) that is splice(2), and the bytes never enter the process.
 //
-// A plain dst.ReadFrom(src) would splice too, but it holds a 1 MiB pipe
-// (two descriptors) for the whole connection, idle or not. Instead each
-// round waits until src is readable and hands ReadFrom exactly the bytes
-// queued, so ReadFrom returns without blocking on src and its pipe goes
-// back to the net package's pool.
-func spliceCopy(dst, src net.Conn) (n int64, err error, handled bool) {
+// A plain dst.ReadFrom(src) would take the zero-copy path too, but it
+// holds a 1 MiB pipe (two descriptors) for the whole connection, idle or
+// not. Instead each round waits until src is readable and hands ReadFrom
+// exactly the bytes queued, so ReadFrom returns without blocking on src
+// and its pipe goes back to the net package's pool.
+func zeroCopy(dst, src net.Conn) (n int64, err error, handled bool) {
 	rf, ok := dst.(io.ReaderFrom)
 	if !ok {
 		return 0, nil, false

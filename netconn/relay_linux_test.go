@@ -35,7 +35,7 @@ func procIO(t testing.TB) (rchar, wchar int64) {
 	return rchar, wchar
 }
 
-var spliceModes = map[string]struct {
+var zeroCopyModes = map[string]struct {
 	wrapA, wrapB wrap
 }{
 	"tcp-tcp":        {asIs, asIs},
@@ -44,12 +44,12 @@ var spliceModes = map[string]struct {
 	"hidden":         {asHidden, asHidden},
 }
 
-// TestRelayHelperProcess is the relay process of TestRelaySplice, alone
+// TestRelayHelperProcess is the relay process of TestRelayZeroCopy, alone
 // in its process so that its I/O accounting counts the relay only.
 func TestRelayHelperProcess(t *testing.T) {
-	mode, ok := spliceModes[os.Getenv("VLINK_RELAY_HELPER")]
+	mode, ok := zeroCopyModes[os.Getenv("VLINK_RELAY_HELPER")]
 	if !ok {
-		t.Skip("skipping: helper process of TestRelaySplice")
+		t.Skip("skipping: helper process of TestRelayZeroCopy")
 	}
 	ln := listen(t)
 	fmt.Printf("addr %s\n", ln.Addr())
@@ -68,10 +68,10 @@ func TestRelayHelperProcess(t *testing.T) {
 	fmt.Printf("result %d %d %d %d %v\n", r1-r0, w1-w0, aToB, bToA, err)
 }
 
-// TestRelaySplice proves that relaying TCP to TCP, directly or through
+// TestRelayZeroCopy proves that relaying TCP to TCP, directly or through
 // wrappers delegating WriteTo/ReadFrom, moves no byte through user space,
 // while the same relay through wrappers that hide them does.
-func TestRelaySplice(t *testing.T) {
+func TestRelayZeroCopy(t *testing.T) {
 	const size = 32 << 20
 	for _, tt := range []struct {
 		mode      string
@@ -150,7 +150,7 @@ func TestRelaySplice(t *testing.T) {
 				t.Errorf("control relay shows %d bytes through user space, want at least %d: the measure is blind", copied, 4*size)
 			}
 			if !tt.userSpace && copied > 64<<10 {
-				t.Errorf("%d bytes went through user space; want none (splice)", copied)
+				t.Errorf("%d bytes went through user space; want none (zero-copy)", copied)
 			}
 		})
 	}

@@ -25,8 +25,8 @@ func (c delegating) WriteTo(w io.Writer) (int64, error)  { return c.tc.WriteTo(w
 func (c delegating) ReadFrom(r io.Reader) (int64, error) { return c.tc.ReadFrom(r) }
 func (c delegating) CloseWrite() error                   { return c.tc.CloseWrite() }
 
-// hidden shows nothing but net.Conn and CloseWrite: no splice, no
-// WriterTo, so relays copy through user space.
+// hidden shows nothing but net.Conn and CloseWrite: no zero-copy path
+// (splice(2)), no WriterTo, so relays copy through user space.
 type hidden struct{ net.Conn }
 
 func (c hidden) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite() }
@@ -45,9 +45,9 @@ var (
 		name         string
 		wrapA, wrapB wrap
 	}{
-		{"tcp-tcp", asIs, asIs},                     // splice both ways
-		{"delegating", asDelegate, asDelegate},      // WriteTo -> ReadFrom -> splice
-		{"tcp-delegating", asIs, asDelegate},        // chunked splice into a ReaderFrom; WriteTo back
+		{"tcp-tcp", asIs, asIs},                     // zero-copy both ways
+		{"delegating", asDelegate, asDelegate},      // WriteTo -> ReadFrom -> zero-copy
+		{"tcp-delegating", asIs, asDelegate},        // chunked zero-copy into a ReaderFrom; WriteTo back
 		{"tcp-hidden", asIs, asHidden},              // poll path one way, pooled buffer back
 		{"hidden-hidden", asHidden, asHidden},       // pooled buffer both ways
 		{"delegating-hidden", asDelegate, asHidden}, // WriteTo into a plain writer

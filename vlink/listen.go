@@ -104,7 +104,8 @@ func (c *Conn) UnwrapConn() net.Conn { return c.Conn }
 // CloseWrite shuts down the writing side, if the layers below can.
 func (c *Conn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
 
-// ReadFrom lets io.Copy use the layer below's fast path (splice for TCP).
+// ReadFrom lets io.Copy use the layer below's fast path (for TCP, the
+// kernel's zero-copy path, splice(2)).
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) { return io.Copy(c.Conn, r) }
 
 // WriteTo lets io.Copy use the layer below's fast path.

@@ -392,7 +392,7 @@ func (s *server) handle(c *vlink.Conn) {
 		c.Close()
 		return
 	}
-	tc := a.Conn // unwrapped, so that relaying TCP to TCP can splice
+	tc := a.Conn // unwrapped, so that relaying TCP to TCP takes the zero-copy path
 	s.log.Debug("forwarding", attrs...)
 	s.t.relay(s.log, c, tc, attrs...)
 }

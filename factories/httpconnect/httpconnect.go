@@ -7,7 +7,8 @@
 // (MaxHeaderBytes): a proxy cannot make a dial hold more memory than
 // that. Bytes the proxy sent after its response header are not lost: the
 // connection returned replays them first, and still unwraps to the
-// proxy's connection, so a relay splices once they are drained.
+// proxy's connection, so a relay takes the zero-copy path once they are
+// drained.
 //
 // Importing the package registers the layer with package vlink.
 package httpconnect

@@ -11,7 +11,8 @@
 // the proxy to resolve. The SOCKS4 messages are small and written here.
 //
 // A dial returns the connection to the proxy once it has granted the
-// CONNECT, unwrapped (a *net.TCPConn over tcp, so relays still splice).
+// CONNECT, unwrapped (a *net.TCPConn over tcp, so relays still take the
+// zero-copy path).
 // Errors are *net.OpError naming the proxy, wrapping ErrAuth, ErrProtocol
 // or a *ReplyError with the proxy's reply code.
 //

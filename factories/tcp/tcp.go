@@ -6,7 +6,8 @@
 // from a chosen source address, and confine local ports to a range so that
 // connections pass firewalls that only open a few ports. Connections are the
 // net package's own *net.TCPConn, unwrapped, so relaying two of them reaches
-// the kernel's splice path, and errors are the net package's *net.OpError.
+// the kernel's zero-copy path (splice(2)), and errors are the net package's
+// *net.OpError.
 //
 // Importing the package registers the layer "tcp" with package vlink.
 package tcp

@@ -157,7 +157,7 @@ func TestDialListen(t *testing.T) {
 			c, s := dialAccept(t, f, tt.network, ln)
 			for _, conn := range []net.Conn{c, s} {
 				if _, ok := conn.(*net.TCPConn); !ok {
-					t.Errorf("got %T, want *net.TCPConn so splice stays available", conn)
+					t.Errorf("got %T, want *net.TCPConn so the zero-copy path stays available", conn)
 				}
 				la := conn.LocalAddr().(*net.TCPAddr).AddrPort().Addr()
 				if la.Unmap().Is6() != tt.v6 {

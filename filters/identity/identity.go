@@ -35,7 +35,8 @@ func (Filter) Server(c net.Conn) (net.Conn, error) { return &conn{c}, nil }
 
 // conn is a thin wrapper: every method goes straight to the underlying
 // connection, including ReadFrom and WriteTo, so that a relay of plain
-// TCP connections through it still takes the kernel's splice path.
+// TCP connections through it still takes the kernel's zero-copy path
+// (splice(2)).
 type conn struct{ net.Conn }
 
 var (
@@ -61,7 +62,7 @@ func (c *conn) CloseWrite() error {
 }
 
 // ReadFrom copies r to the underlying connection with its own ReadFrom
-// when it has one (splice, sendfile).
+// when it has one (splice(2), sendfile(2)).
 func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 	if rf, ok := c.Conn.(io.ReaderFrom); ok {
 		return rf.ReadFrom(r)

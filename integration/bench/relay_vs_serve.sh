@@ -6,7 +6,7 @@
 #   serve       client -> vlink tunnel --stack noise --key-file K
 #                      -> vlink serve --key-file K --target server
 #   relay       client -> vlink tunnel --to web.vlink.alt:PORT --stack noise --node laptop
-#                      -> vlink relay (splices) -> vlink serve --node web -> server
+#                      -> vlink relay (zero-copy) -> vlink serve --node web -> server
 #
 # Both vlink paths run the noise layer end to end, one stream each. In
 # the same run, REPS rounds, the paths interleaved and rotated each

@@ -4,7 +4,7 @@
 #
 #   direct  iperf3 client -> iperf3 server
 #   socat   client -> socat TCP-LISTEN:...,fork,reuseaddr TCP:... -> server
-#   vlink   client -> vlink tunnel --stack tcp (plain: the splice path) -> server
+#   vlink   client -> vlink tunnel --stack tcp (plain: zero-copy, splice(2)) -> server
 #
 # Prints, per path and number of parallel streams, the median Gbit/s of
 # REPS runs (min..max), the ratios against socat and direct, and the CPU
