@@ -35,8 +35,10 @@ type reachCell struct {
 
 var reachCells = []reachCell{
 	{name: "a: b behind a firewall", fwb: &lab.Firewall{Trust: []string{"b"}}, path: "reverse"},
-	{name: "b: both behind firewalls", fwa: &lab.Firewall{Trust: []string{"a"}}, fwb: &lab.Firewall{Trust: []string{"b"}}, path: "relay"},
 	{name: "c: b behind a NAT", fwb: &lab.Firewall{Trust: []string{"b"}, NAT: "masquerade"}, path: "reverse"},
+	{name: "e: both behind firewalls", fwa: &lab.Firewall{Trust: []string{"a"}}, fwb: &lab.Firewall{Trust: []string{"b"}}, path: "splice"},
+	{name: "f: both behind NATs", fwa: &lab.Firewall{Trust: []string{"a"}, NAT: "masquerade"}, fwb: &lab.Firewall{Trust: []string{"b"}, NAT: "masquerade"}, path: "splice"},
+	{name: "g: both behind port-changing NATs", fwa: &lab.Firewall{Trust: []string{"a"}, NAT: "random"}, fwb: &lab.Firewall{Trust: []string{"b"}, NAT: "random"}, path: "relay"},
 }
 
 // TestReach is the firewall lab matrix. In each cell, real processes in
@@ -49,8 +51,8 @@ var reachCells = []reachCell{
 // checked by SHA-256, and the path every connection took (from serve's
 // log) are the cell's row. Then the relay is killed while a connection
 // carries data: a relayed connection fails with a reset at the
-// application, never a clean end; a reversed one carries on to its end,
-// intact. A relay started again on the same address gets both nodes back
+// application, never a clean end; a reversed or spliced one carries on
+// to its end, intact. A relay started again on the same address gets both nodes back
 // by themselves, and a new connection works within 10 s.
 func TestReach(t *testing.T) {
 	lab.Require(t, "nft", "socat")
@@ -59,7 +61,7 @@ func TestReach(t *testing.T) {
 	if _, stderr, err := run(startTimeout, nil, vlinkBin, "key", "--out", keys["network"]); err != nil {
 		t.Fatalf("vlink key: %v\n%s", err, stderr)
 	}
-	for _, n := range []string{"a", "a2", "b"} {
+	for _, n := range []string{"a", "a2", "a3", "b"} {
 		keys[n] = filepath.Join(dir, n+".key")
 		if _, stderr, err := run(startTimeout, nil, vlinkBin, "key", "--node", n, "--key-file", keys["network"], "--out", keys[n]); err != nil {
 			t.Fatalf("vlink key --node %s: %v\n%s", n, err, stderr)
@@ -75,7 +77,7 @@ func TestReach(t *testing.T) {
 			rows = append(rows, reachInLab(t, cell, keys, download))
 		})
 	}
-	t.Logf("firewall lab matrix (first byte: its round trip from the SOCKS connect on, the path's set-up included; relay killed: what a connection carrying data saw; after the relay's restart: both nodes registered again, a new connection worked):\n%-26s %-8s %-12s %-20s %-14s %s\n%s",
+	t.Logf("firewall lab matrix (first byte: its round trip from the SOCKS connect on, the path's set-up included; relay killed: what a connection carrying data saw; after the relay's restart: both nodes registered again, a new connection worked):\n%-34s %-8s %-12s %-20s %-14s %s\n%s",
 		"cell", "path", "first byte", "relay killed", "re-registered", "new conn. works",
 		strings.Join(rows, "\n"))
 }
@@ -222,9 +224,14 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	}
 
 	if cell.fwa != nil {
-		strictDial(t, l, keys, relayAddr)
+		strictDial(t, l, keys, relayAddr, "reverse:fallback=false", "a2", 7202,
+			`unreachable \(reverse: could not connect back to a2 at `)
 	}
-	return fmt.Sprintf("%-26s %-8s %-12v %-20s %-14v %v", cell.name, cell.path, firstByte.Round(100*time.Microsecond), killed,
+	if cell.fwa != nil && cell.fwa.NAT == "random" {
+		strictDial(t, l, keys, relayAddr, "splice:fallback=false", "a3", 7203,
+			`behind a NAT or proxy that changes ports`)
+	}
+	return fmt.Sprintf("%-34s %-8s %-12v %-20s %-14v %v", cell.name, cell.path, firstByte.Round(100*time.Microsecond), killed,
 		reregistered.Round(time.Millisecond), back.Round(time.Millisecond))
 }
 
@@ -283,8 +290,8 @@ func checkUnreachable(t *testing.T, l *lab.Lab, from, to, inside string) {
 // relayKilled kills the relay while c (to b's echo server) carries
 // data, and checks what the application sees, which depends on the
 // path: a relayed connection must fail with a reset, never end cleanly;
-// a reversed one must carry on, intact. It returns what happened, for
-// the matrix.
+// a reversed or spliced one must carry on, intact. It returns what
+// happened, for the matrix.
 func relayKilled(t *testing.T, path string, c net.Conn, relay *proc) string {
 	t.Helper()
 	defer c.Close()
@@ -330,9 +337,10 @@ func relayKilled(t *testing.T, path string, c net.Conn, relay *proc) string {
 	}
 	relay.Kill()
 	<-relay.Done()
-	if path == "reverse" {
+	direct := path != "relay"
+	if direct {
 		if _, err := c.Write(data[before:]); err != nil {
-			t.Fatalf("writing on the reversed connection after the relay died: %v", err)
+			t.Fatalf("writing on the %s connection after the relay died: %v", path, err)
 		}
 		c.(*net.TCPConn).CloseWrite()
 	}
@@ -340,10 +348,10 @@ func relayKilled(t *testing.T, path string, c net.Conn, relay *proc) string {
 	mu.Lock()
 	defer mu.Unlock()
 	switch {
-	case path == "reverse" && readErr == io.EOF && len(received) == total && testnet.Sum(received) == testnet.Sum(data):
+	case direct && readErr == io.EOF && len(received) == total && testnet.Sum(received) == testnet.Sum(data):
 		return "carried on, intact"
-	case path == "reverse":
-		t.Fatalf("the reversed connection after the relay died: %d of %d bytes echoed, then %v", len(received), total, readErr)
+	case direct:
+		t.Fatalf("the %s connection after the relay died: %d of %d bytes echoed, then %v", path, len(received), total, readErr)
 	case readErr == io.EOF:
 		t.Fatalf("the application saw a clean end of stream after %d of %d bytes: a cut looked like a complete transfer", len(received), before)
 	case isTimeout(readErr):
@@ -354,21 +362,23 @@ func relayKilled(t *testing.T, path string, c net.Conn, relay *proc) string {
 	return "reset"
 }
 
-// strictDial: a tunnel whose stack forbids the relay
-// (reverse:fallback=false), from a behind its firewall, cannot reach b:
-// its client sees a reset, and the tunnel says why.
-func strictDial(t *testing.T, l *lab.Lab, keys map[string]string, relayAddr string) {
+// strictDial: a tunnel on a, node name, whose stack's factory forbids
+// the relay, cannot reach b by the one path it allows: its client sees a
+// reset within the path's bound, and the tunnel says why (the regexp
+// why).
+func strictDial(t *testing.T, l *lab.Lab, keys map[string]string, relayAddr, factory, name string, port int, why string) {
 	t.Helper()
-	tunnel := labProc(t, l, "a", vlinkBin, "tunnel", "--listen", "127.0.0.1:8001", "--to", "b.vlink.alt:7300",
-		"--stack", "zstd+reverse:fallback=false", "--node", "a2", "--relay", relayAddr, "--node-key-file", keys["a2"],
-		"--reverse-listen", fmt.Sprintf("%s:7202", l.Addr("a")))
+	listen := fmt.Sprintf("127.0.0.1:%d", port+1000)
+	tunnel := labProc(t, l, "a", vlinkBin, "tunnel", "--listen", listen, "--to", "b.vlink.alt:7300",
+		"--stack", "zstd+"+factory, "--node", name, "--relay", relayAddr, "--node-key-file", keys[name],
+		"--reverse-listen", fmt.Sprintf("%s:%d", l.Addr("a"), port))
 	tunnel.CleanExit = true
 	tunnel.WaitFor(t, regexp.MustCompile(`msg="control: registered"`), startTimeout)
-	got, err := exchangeIn(context.Background(), l, "a", "127.0.0.1:8001", []byte("hello"), 15*time.Second)
+	got, err := exchangeIn(context.Background(), l, "a", listen, []byte("hello"), 15*time.Second)
 	if err == nil || !isReset(err) {
-		t.Fatalf("a client of a tunnel that cannot reach b: %q, %v; want a reset", got, err)
+		t.Fatalf("a client of a tunnel (%s) that cannot reach b: %q, %v; want a reset", factory, got, err)
 	}
-	tunnel.WaitFor(t, regexp.MustCompile(`msg="cannot reach destination" .*unreachable \(could not connect back to a2 at `), startTimeout)
+	tunnel.WaitFor(t, regexp.MustCompile(`msg="cannot reach destination" .*`+why), startTimeout)
 }
 
 // exchangeIn is exchange from a lab host.

@@ -458,10 +458,17 @@ type pathConn struct {
 	path string
 }
 
-// direct tries the paths of offer f that need no relay, together:
-// connecting back to the dialer, and splicing. It returns the first
-// connection that proved the token, and its path; or nil and why each
-// path failed.
+// spliceStagger is how long the node dialed gives the reverse path, the
+// simpler of the two, before it starts splicing too (as Happy Eyeballs
+// staggers its attempts): where both work, the dial comes back the same
+// way every time, and where reverse is blocked splicing pays only this.
+const spliceStagger = 100 * time.Millisecond
+
+// direct tries the paths of offer f that need no relay: connecting back
+// to the dialer, and splicing, whose connecting starts spliceStagger
+// later or once the reverse attempt failed (its exchange with the
+// dialer starts at once, so the dialer times its side well). It returns the first connection that proved the token, and
+// its path; or nil and why each path failed.
 func (n *Node) direct(ctx context.Context, ch *channel, f *frame) (net.Conn, string, []string) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -470,19 +477,34 @@ func (n *Node) direct(ctx context.Context, ch *channel, f *frame) (net.Conn, str
 		err error
 	}
 	results := make(chan result)
+	reverseFailed := make(chan struct{})
 	tries := 0
-	try := func(path string, do func() (net.Conn, error)) {
+	if len(f.addrs) > 0 {
 		tries++
 		go func() {
-			c, err := do()
-			results <- result{pathConn{c, path}, err}
+			c, err := n.connectBack(ctx, f)
+			if err != nil {
+				close(reverseFailed)
+			}
+			results <- result{pathConn{c, "reverse"}, err}
 		}()
-	}
-	if len(f.addrs) > 0 {
-		try("reverse", func() (net.Conn, error) { return n.connectBack(ctx, f) })
+	} else {
+		close(reverseFailed)
 	}
 	if f.flags&flagSplice != 0 {
-		try("splice", func() (net.Conn, error) { return n.spliceTo(ctx, ch, f) })
+		tries++
+		go func() {
+			c, err := n.spliceTo(ctx, ch, f, func() {
+				t := time.NewTimer(spliceStagger)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-reverseFailed:
+				case <-ctx.Done():
+				}
+			})
+			results <- result{pathConn{c, "splice"}, err}
+		}()
 	}
 	var (
 		won  pathConn
@@ -491,6 +513,8 @@ func (n *Node) direct(ctx context.Context, ch *channel, f *frame) (net.Conn, str
 	for range tries {
 		r := <-results
 		switch {
+		case r.err != nil && won.Conn != nil:
+			// Stopped: the other path won.
 		case r.err != nil:
 			n.log.Debug("control: a path failed", "to", f.name, "path", r.path, "err", r.err)
 			errs = append(errs, r.path+": "+r.err.Error())

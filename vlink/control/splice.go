@@ -103,8 +103,9 @@ func (n *Node) spliceFrom(ctx context.Context, l *net.TCPListener, peer netip.Ad
 }
 
 // spliceTo is B's side of an offer with flagSplice: open a port, tell A
-// through the relay, wait for A's sync, connect, and prove the token.
-func (n *Node) spliceTo(ctx context.Context, ch *channel, f *frame) (net.Conn, error) {
+// through the relay, wait for A's sync and for hold to return, connect,
+// and prove the token.
+func (n *Node) spliceTo(ctx context.Context, ch *channel, f *frame, hold func()) (net.Conn, error) {
 	if err := n.spliceCheck(); err != nil {
 		return nil, err
 	}
@@ -138,6 +139,7 @@ func (n *Node) spliceTo(ctx context.Context, ch *channel, f *frame) (net.Conn, e
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	hold()
 	c, err := punchThrough(ctx, l, f.splice, 0)
 	if err != nil {
 		return nil, err
@@ -168,8 +170,8 @@ func (n *Node) synced(f *frame) {
 // it connects from l's port to peer (after delay, and again after each
 // refusal) while l accepts from peer, and returns whichever completes
 // first, within spliceTimeout.
-func punchThrough(ctx context.Context, l *net.TCPListener, peer netip.AddrPort, delay time.Duration) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, spliceTimeout)
+func punchThrough(parent context.Context, l *net.TCPListener, peer netip.AddrPort, delay time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(parent, spliceTimeout)
 	defer cancel()
 	local := l.Addr().(*net.TCPAddr)
 	won := make(chan net.Conn, 2)
@@ -232,6 +234,9 @@ func punchThrough(ctx context.Context, l *net.TCPListener, peer netip.AddrPort, 
 		}
 	}
 	if c == nil {
+		if parent.Err() != nil {
+			return nil, parent.Err() // given up on, not failed
+		}
 		if lastErr == nil {
 			lastErr = ctx.Err()
 		}
