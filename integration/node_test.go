@@ -20,8 +20,10 @@ import (
 // node "laptop" reaching db.vlink.alt:PORT by name. The bytes come back
 // intact; db's serve logs who dialed (laptop, proven by its key) and
 // the stack (zstd, over the noise layer the dialer added since the relay
-// carries the bytes); a tunnel that accepts reverse connections is
-// connected back to by db instead; a port db does not expose is refused
+// carries the bytes: stack zstd+relay); a tunnel that accepts reverse
+// connections is connected back to by db instead; one with no path in
+// its stack gets a spliced connection (nothing filters on loopback, so
+// the splice, tried before the relay, works); a port db does not expose is refused
 // with db's reason; a node with another node's key is refused by the
 // relay.
 func TestNodeThroughRelay(t *testing.T) {
@@ -48,11 +50,18 @@ func TestNodeThroughRelay(t *testing.T) {
 	serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
 	relay.WaitFor(t, regexp.MustCompile(`msg="control: relay: registered" node=db`), startTimeout)
 
-	_, tun := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd",
+	_, tun := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd+relay",
 		"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
 	checkEcho(t, tun, testnet.RandomBytes(4<<20, 11))
 	serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=relay`), startTimeout)
 	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
+
+	t.Run("splice", func(t *testing.T) {
+		_, sp := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd",
+			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+		checkEcho(t, sp, testnet.RandomBytes(1<<20, 14))
+		serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=splice`), startTimeout)
+	})
 
 	t.Run("reverse", func(t *testing.T) {
 		// The dialer accepts connections back: db connects to it, and
