@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -421,9 +422,12 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid uint32, req *connectReq
 		}
 	}
 	dial := a.dialer(d, req.timeoutMs)
-	if d.rule.Action == selector.Stack {
+	switch d.rule.Action {
+	case selector.Stack:
 		attrs = append(attrs, "stack", d.stack.String(), "via", d.rule.Via)
-	} else {
+	case selector.BestEffort:
+		attrs = append(attrs, "stack", "best effort: "+strings.Join(d.rule.Try, " | "))
+	default:
 		attrs = append(attrs, "stack", "direct")
 	}
 	if req.mode == modeAsync {
@@ -472,6 +476,22 @@ func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, strin
 	timeout := a.timeout
 	if t := time.Duration(timeoutMs) * time.Millisecond; t > 0 && t < timeout {
 		timeout = t
+	}
+	if d.rule.Action == selector.BestEffort {
+		// The config's route races its ways (vlink.Dialer with no stack).
+		vd := &vlink.Dialer{Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg}
+		return func(ctx context.Context, target string) (net.Conn, error) {
+			c, err := vd.DialContext(ctx, "tcp", target)
+			if err != nil {
+				return nil, err
+			}
+			if u, ok := c.(netconn.Unwrapper); ok && vlink.PathOf(c) == selector.TryDirect {
+				if tc, ok := u.UnwrapConn().(*net.TCPConn); ok {
+					return tc, nil // direct: the program gets the socket itself
+				}
+			}
+			return c, nil
+		}
 	}
 	if d.rule.Action != selector.Stack {
 		// A far-side name whose rule says direct: the agent resolves it.

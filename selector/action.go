@@ -19,13 +19,17 @@ const (
 	Stack
 	// Refuse fails the dial without touching the network.
 	Refuse
+	// BestEffort races the rule's Try list, best first, and takes the
+	// first that connects (the caller's best-effort selector).
+	BestEffort
 )
 
-var actionNames = [...]string{Auto: "auto", Direct: "direct", Stack: "stack", Refuse: "refuse"}
+var actionNames = [...]string{Auto: "auto", Direct: "direct", Stack: "stack", Refuse: "refuse", BestEffort: "best-effort"}
 
 func (a Action) valid() bool { return int(a) < len(actionNames) }
 
-// String returns the text form: "auto", "direct", "stack" or "refuse".
+// String returns the text form: "auto", "direct", "stack", "refuse" or
+// "best-effort".
 func (a Action) String() string {
 	if a.valid() {
 		return actionNames[a]
@@ -54,5 +58,5 @@ func (a *Action) UnmarshalText(text []byte) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: unknown action %q (want direct, stack or refuse)", ErrBadRule, text)
+	return fmt.Errorf("%w: unknown action %q (want direct, stack, refuse or best-effort)", ErrBadRule, text)
 }

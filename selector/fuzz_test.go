@@ -64,7 +64,7 @@ func FuzzRule(f *testing.F) {
 			if !errors.Is(err, ErrBadAddress) {
 				t.Fatalf("Match(%q) error %v does not wrap ErrBadAddress", addr, err)
 			}
-			if got != (Rule{}) {
+			if !got.Equal(Rule{}) {
 				t.Fatalf("Match(%q) returned %v with error %v", addr, got, err)
 			}
 			if _, nilErr := (*Selector)(nil).Match(addr); nilErr == nil {
@@ -75,15 +75,15 @@ func FuzzRule(f *testing.F) {
 		if splitErr != nil {
 			t.Fatalf("Match(%q) accepted what net.SplitHostPort rejects: %v", addr, splitErr)
 		}
-		if nilGot, err := (*Selector)(nil).Match(addr); err != nil || nilGot != (Rule{Action: Direct}) {
+		if nilGot, err := (*Selector)(nil).Match(addr); err != nil || !nilGot.Equal(Rule{Action: Direct}) {
 			t.Fatalf("nil Selector: Match(%q) = %v, %v; want direct", addr, nilGot, err)
 		}
 		want := r
 		want.Action = r.action()
-		if got != want && got != (Rule{Action: Direct}) {
+		if !got.Equal(want) && !got.Equal(Rule{Action: Direct}) {
 			t.Fatalf("Match(%q) = %v, neither the rule nor the default", addr, got)
 		}
-		if (host == "" || host == "*") && (ports == "" || ports == "*") && got != want {
+		if (host == "" || host == "*") && (ports == "" || ports == "*") && !got.Equal(want) {
 			t.Fatalf("Match(%q) = %v, but the rule matches everything", addr, got)
 		}
 	})

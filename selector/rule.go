@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -46,12 +47,31 @@ type Rule struct {
 	// Via is the host:port of a "vlink serve" gateway that forwards to the
 	// destination. Empty means the stack reaches the destination itself.
 	Via string `toml:"via" json:"via"`
+
+	// Try lists the ways to reach the destination, best first, for
+	// [BestEffort]: the text forms of stacks, or TryDirect for plain TCP.
+	// The selector does not parse them.
+	Try []string `toml:"try" json:"try"`
 }
+
+// Equal reports whether r and o are the same rule, field by field.
+func (r Rule) Equal(o Rule) bool {
+	return r.Host == o.Host && r.Ports == o.Ports && r.Action == o.Action && r.Stack == o.Stack && r.Via == o.Via && slices.Equal(r.Try, o.Try)
+}
+
+// TryDirect, in a rule's Try list, is plain TCP.
+const TryDirect = "direct"
+
+// MaxTry bounds a rule's Try list.
+const MaxTry = 8
 
 // action resolves Auto.
 func (r *Rule) action() Action {
 	if r.Action != Auto {
 		return r.Action
+	}
+	if len(r.Try) > 0 {
+		return BestEffort
 	}
 	if r.Stack != "" || r.Via != "" {
 		return Stack
@@ -94,6 +114,10 @@ func (r *Rule) format(b *strings.Builder) {
 	if r.Via != "" {
 		b.WriteString(" via=")
 		b.WriteString(quote(r.Via))
+	}
+	if len(r.Try) > 0 {
+		b.WriteString(" try=")
+		b.WriteString(quote(strings.Join(r.Try, " | ")))
 	}
 }
 
@@ -155,17 +179,28 @@ func compile(r Rule) (Rule, matcher, error) {
 		return r, m, err
 	}
 	switch resolved.Action {
-	case Direct:
-		if r.Stack != "" || r.Via != "" {
-			return r, m, fmt.Errorf("%w: action direct takes no stack or via", ErrBadRule)
-		}
-	case Refuse:
-		if r.Stack != "" || r.Via != "" {
-			return r, m, fmt.Errorf("%w: action refuse takes no stack or via", ErrBadRule)
+	case Direct, Refuse:
+		if r.Stack != "" || r.Via != "" || len(r.Try) > 0 {
+			return r, m, fmt.Errorf("%w: action %s takes no stack, via or try", ErrBadRule, resolved.Action)
 		}
 	case Stack:
 		if r.Stack == "" && r.Via == "" {
 			return r, m, fmt.Errorf("%w: action stack needs a stack or a via", ErrBadRule)
+		}
+		if len(r.Try) > 0 {
+			return r, m, fmt.Errorf("%w: action stack takes no try list (best-effort does)", ErrBadRule)
+		}
+	case BestEffort:
+		if r.Stack != "" || r.Via != "" {
+			return r, m, fmt.Errorf("%w: action best-effort takes its stacks from try, not stack or via", ErrBadRule)
+		}
+		if len(r.Try) == 0 || len(r.Try) > MaxTry {
+			return r, m, fmt.Errorf("%w: action best-effort needs 1 to %d ways in try, has %d", ErrBadRule, MaxTry, len(r.Try))
+		}
+		for i, t := range r.Try {
+			if t == "" || slices.Contains(r.Try[:i], t) {
+				return r, m, fmt.Errorf("%w: try: %q is empty or given twice", ErrBadRule, t)
+			}
 		}
 	}
 	if r.Via != "" {

@@ -358,7 +358,7 @@ func TestMatch(t *testing.T) {
 						want = group.rules[tt.want]
 					}
 					want.Action = want.action()
-					if got != want {
+					if !got.Equal(want) {
 						t.Errorf("Match(%q) = {%v}, want {%v}", tt.addr, got, want)
 					}
 				})
@@ -419,7 +419,7 @@ func TestMatchMalformed(t *testing.T) {
 				if !errors.Is(err, ErrBadAddress) {
 					t.Fatalf("Match(%q) = %v, %v; want ErrBadAddress", tt.addr, got, err)
 				}
-				if got != (Rule{}) {
+				if !got.Equal(Rule{}) {
 					t.Errorf("Match(%q) returned rule %v with its error", tt.addr, got)
 				}
 				if tt.addrType && !errors.As(err, &addrErr) {
@@ -439,11 +439,11 @@ func TestNilAndZeroSelector(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			for _, addr := range []string{"example.com:80", "10.0.0.1:443", "[::1]:22"} {
 				got, err := s.Match(addr)
-				if err != nil || got != (Rule{Action: Direct}) {
+				if err != nil || !got.Equal(Rule{Action: Direct}) {
 					t.Errorf("Match(%q) = %v, %v; want direct", addr, got, err)
 				}
 			}
-			if got := s.Default(); got != (Rule{Action: Direct}) {
+			if got := s.Default(); !got.Equal(Rule{Action: Direct}) {
 				t.Errorf("Default() = %v", got)
 			}
 			if got := s.Rules(); len(got) != 0 {
@@ -574,7 +574,7 @@ via = "gw.example:7000"
 	if err := json.Unmarshal(js, &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.Default != cfg.Default || len(back.Rule) != len(cfg.Rule) || back.Rule[1] != cfg.Rule[1] {
+	if !back.Default.Equal(cfg.Default) || len(back.Rule) != len(cfg.Rule) || !back.Rule[1].Equal(cfg.Rule[1]) {
 		t.Errorf("JSON round trip: %s -> %+v", js, back)
 	}
 	if !strings.Contains(string(js), `"action":"direct"`) {
@@ -585,5 +585,45 @@ via = "gw.example:7000"
 	err = toml.Unmarshal([]byte("[[rule]]\naction = \"proxy\"\n"), &cfg)
 	if err == nil || !strings.Contains(err.Error(), `"proxy"`) {
 		t.Errorf("decoding action = \"proxy\": %v", err)
+	}
+}
+
+// TestBestEffortRule: a rule with a Try list races its ways; the list is
+// checked, and the rule prints and compares with it.
+func TestBestEffortRule(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		rule Rule
+		err  bool
+	}{
+		{"auto with try", Rule{Host: "db.example", Try: []string{TryDirect, "ssh:host=bastion"}}, false},
+		{"explicit", Rule{Action: BestEffort, Try: []string{"socks5:addr=p:1080"}}, false},
+		{"no ways", Rule{Action: BestEffort}, true},
+		{"a stack too", Rule{Try: []string{TryDirect}, Stack: "zstd"}, true},
+		{"a via too", Rule{Try: []string{TryDirect}, Via: "gw:7000"}, true},
+		{"given twice", Rule{Try: []string{TryDirect, TryDirect}}, true},
+		{"empty way", Rule{Try: []string{""}}, true},
+		{"too many", Rule{Try: []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}}, true},
+		{"direct with try", Rule{Action: Direct, Try: []string{TryDirect}}, true},
+		{"stack with try", Rule{Action: Stack, Stack: "zstd", Try: []string{TryDirect}}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.rule.Validate()
+			if (err != nil) != tt.err || (err != nil && !errors.Is(err, ErrBadRule)) {
+				t.Fatalf("Validate = %v, want an error: %v", err, tt.err)
+			}
+		})
+	}
+	s, err := New([]Rule{{Host: "db.example", Try: []string{TryDirect, "ssh:host=bastion"}}}, Rule{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Match("db.example:5432")
+	want := Rule{Host: "db.example", Action: BestEffort, Try: []string{TryDirect, "ssh:host=bastion"}}
+	if err != nil || !got.Equal(want) {
+		t.Fatalf("Match = %v, %v; want %v", got, err, want)
+	}
+	if str, want := got.String(), `host=db.example action=best-effort try="direct | ssh:host=bastion"`; str != want {
+		t.Fatalf("String = %s, want %s", str, want)
 	}
 }

@@ -45,6 +45,9 @@ type Config struct {
 
 	sel    *selector.Selector
 	stacks map[string]Stack // parsed stacks by text form
+	// only and exclude narrow best-effort routes' ways (EnvPathsOnly,
+	// EnvPathsExclude).
+	only, exclude []string
 }
 
 // configFile is the TOML form of a config file:
@@ -65,6 +68,10 @@ type Config struct {
 //	[[route]]
 //	host = "10.0.0.0/8"
 //	action = "refuse"
+//
+//	[[route]]
+//	host = "db.corp.example"         # best effort: race these ways, best first
+//	try = ["direct", "ssh:host=bastion.corp.example", "socks5:addr=proxy.corp.example:1080"]
 type configFile struct {
 	KeyFile string      `toml:"key_file"`
 	Node    string      `toml:"node"`
@@ -79,6 +86,7 @@ type fileRoute struct {
 	Stack  string          `toml:"stack"`
 	Layers []LayerConfig   `toml:"layers"`
 	Via    string          `toml:"via"`
+	Try    []string        `toml:"try"`
 }
 
 // NewConfig builds a Config from rules, checking every stack they name.
@@ -89,17 +97,23 @@ func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, 
 	c := &Config{Key: key, stacks: map[string]Stack{}}
 	all := append(append([]selector.Rule(nil), routes...), def)
 	for i, r := range all {
-		if r.Stack == "" && r.Via == "" {
-			continue
+		texts := r.Try
+		if r.Stack != "" || r.Via != "" {
+			texts = []string{r.Stack}
 		}
-		s, err := Parse(r.Stack)
-		if err != nil {
-			if i == len(all)-1 {
-				return nil, fmt.Errorf("vlink: config: default route: %w", err)
+		for _, text := range texts {
+			if text == selector.TryDirect && len(r.Try) > 0 {
+				continue
 			}
-			return nil, fmt.Errorf("vlink: config: route %d: %w", i+1, err)
+			s, err := Parse(text)
+			if err != nil {
+				if i == len(all)-1 {
+					return nil, fmt.Errorf("vlink: config: default route: %w", err)
+				}
+				return nil, fmt.Errorf("vlink: config: route %d: %w", i+1, err)
+			}
+			c.stacks[text] = s
 		}
-		c.stacks[r.Stack] = s
 	}
 	sel, err := selector.New(routes, def)
 	if err != nil {
@@ -128,7 +142,7 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("vlink: config %s: %w", path, err)
 	}
 	conv := func(fr *fileRoute, what string) (selector.Rule, error) {
-		r := selector.Rule{Host: fr.Host, Ports: fr.Ports, Action: fr.Action, Stack: fr.Stack, Via: fr.Via}
+		r := selector.Rule{Host: fr.Host, Ports: fr.Ports, Action: fr.Action, Stack: fr.Stack, Via: fr.Via, Try: fr.Try}
 		if fr.Layers != nil {
 			if fr.Stack != "" {
 				return r, fmt.Errorf("vlink: config %s: %s: give stack or layers, not both", path, what)
@@ -200,7 +214,8 @@ func ReadKeyFile(path string) ([]byte, error) {
 
 // ConfigFromEnv loads the user's configuration: the file named by
 // VLINK_CONFIG (or the default path if that file exists), then
-// VLINK_STACK, VLINK_VIA, VLINK_KEY_FILE and VLINK_NODE on top. With none of them it
+// VLINK_STACK, VLINK_VIA, VLINK_KEY_FILE and VLINK_NODE on top, and
+// VLINK_PATHS_ONLY and VLINK_PATHS_EXCLUDE for best-effort routes. With none of them it
 // returns the zero Config: everything direct.
 func ConfigFromEnv() (*Config, error) {
 	path, explicit := os.LookupEnv(EnvConfig)
@@ -247,6 +262,7 @@ func ConfigFromEnv() (*Config, error) {
 	} else if os.Getenv(EnvVia) != "" {
 		return nil, fmt.Errorf("vlink: %s is set without %s", EnvVia, EnvStack)
 	}
+	c.pathsFromEnv()
 	return c, nil
 }
 
@@ -276,6 +292,8 @@ func (c *Config) route(address string) (*route, error) {
 		return nil, fmt.Errorf("%w (%s)", ErrDirectRefused, c.Source)
 	case selector.Stack:
 		return &route{stack: c.stacks[r.Stack], via: r.Via, key: c.Key, node: c.Node}, nil
+	case selector.BestEffort:
+		return &route{best: true, ways: c.ways(r.Try), rule: r.String(), key: c.Key, node: c.Node}, nil
 	}
 	return &route{}, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -63,9 +64,10 @@ type Dialer struct {
 	InsecurePlaintext bool
 
 	// cache keeps the multi-link layers built by this Dialer, so dials
-	// along the same path share them. A Dialer must not be copied after
-	// its first dial.
-	cache layerCache
+	// along the same path share them; memory what its best-effort dials
+	// learnt. A Dialer must not be copied after its first dial.
+	cache  layerCache
+	memory memory
 }
 
 // DefaultDialer is the zero Dialer used by [Dial] and [DialContext]: it
@@ -98,8 +100,22 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 // DialContext connects to address on the named network. Networks other
 // than tcp, tcp4 and tcp6 are dialed with a net.Dialer unchanged. The
 // context governs the setup only: once connected, its expiry does not
-// affect the connection.
+// affect the connection. A best-effort route's connection says which way
+// it took (PathOf).
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	return d.dial(ctx, network, address, nil)
+}
+
+// DialReport is DialContext, and says how it chose: the route that
+// matched and, for a best-effort route, every way it tried, when each
+// started, how long it took and how it ended.
+func (d *Dialer) DialReport(ctx context.Context, network, address string) (net.Conn, *RouteReport, error) {
+	rep := &RouteReport{Address: address}
+	c, err := d.dial(ctx, network, address, rep)
+	return c, rep, err
+}
+
+func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteReport) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
 	default:
@@ -115,7 +131,18 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		if err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 		}
-		return r.dial(ctx, network, address, &d.cache)
+		c, err := r.dial(ctx, network, address, &d.cache)
+		if err != nil {
+			return nil, err
+		}
+		path := r.transport.(*nodeTransport).path
+		if rep != nil {
+			rep.Rule, rep.Way, rep.Path = r.describe(), r.stack.String(), path
+		}
+		if path == "" {
+			return c, nil
+		}
+		return &routedConn{Conn: c, way: path}, nil
 	}
 	r, err := d.route(address)
 	if err == nil {
@@ -124,9 +151,25 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 	}
+	if rep != nil {
+		rep.Rule = r.describe()
+	}
+	if r.best {
+		c, err := d.race(ctx, network, address, r, rep)
+		if err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+		}
+		return c, nil
+	}
 	if !d.InsecurePlaintext {
 		if r, err = r.encrypted(address); err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+		}
+	}
+	if rep != nil {
+		rep.Way = selector.TryDirect
+		if len(r.stack.Layers) > 0 {
+			rep.Way = r.stack.String()
 		}
 	}
 	return r.dial(ctx, network, address, &d.cache)
@@ -149,6 +192,25 @@ type route struct {
 	// reached through the network.
 	transport layer.ContextDialer
 	target    string
+	// best: race ways, the config's best-effort route (rule, in text).
+	best bool
+	ways []way
+	rule string
+}
+
+// describe says what r does, for a RouteReport.
+func (r *route) describe() string {
+	switch {
+	case r.rule != "":
+		return r.rule
+	case r.transport != nil:
+		return "to a node, stack " + r.stack.String()
+	case len(r.stack.Layers) == 0:
+		return "direct"
+	case r.via != "":
+		return "stack " + r.stack.String() + " via " + r.via
+	}
+	return "stack " + r.stack.String()
 }
 
 // A NodeDialer connects to a port of a node of a vlink network. The
@@ -185,7 +247,7 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 	if !ok {
 		network = networkDialer{d.Network}
 	}
-	var transport layer.ContextDialer = nodeTransport{network}
+	transport := &nodeTransport{next: network}
 	switch f := r.stack.factories(); {
 	case len(f) == 0 || (len(f) == 1 && f[0].Name == "tcp"):
 	case len(f) == 1 && lookup(f[0].Name).Nodes:
@@ -197,7 +259,7 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 		if !ok {
 			return nil, fmt.Errorf("layer %s: registered as a factory but is not one", spec.Name)
 		}
-		transport = nodeTransport{&factoryDialer{f: fac, forward: network, stack: f[0].String()}}
+		transport.next = &factoryDialer{f: fac, forward: network, stack: f[0].String()}
 	default:
 		return nil, fmt.Errorf("%w: a node is reached through its network; factories (%s) do not apply: use none, or one that reaches nodes (reverse, relay)", ErrBadStack, Stack{Layers: f})
 	}
@@ -230,10 +292,14 @@ func (n networkDialer) DialContext(ctx context.Context, network, address string)
 }
 
 // nodeTransport dials a node's address and takes only the connections
-// the network vouches for.
-type nodeTransport struct{ next layer.ContextDialer }
+// the network vouches for. It serves one dial, and keeps the path the
+// network says the connection took.
+type nodeTransport struct {
+	next layer.ContextDialer
+	path string
+}
 
-func (t nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+func (t *nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	c, err := t.next.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
@@ -241,6 +307,9 @@ func (t nodeTransport) DialContext(ctx context.Context, network, address string)
 	if _, ok := c.(Vouched); !ok {
 		c.Close()
 		return nil, fmt.Errorf("the network's connection to %s comes with no key for it (not Vouched)", address)
+	}
+	if p, ok := c.(interface{ Path() string }); ok {
+		t.path = p.Path()
 	}
 	return c, nil
 }

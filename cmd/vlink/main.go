@@ -53,7 +53,7 @@ runs unmodified programs on them.
   1  runtime failure
   2  usage error
 `,
-	Commands: []*cli.Command{serveCmd, tunnelCmd, socksCmd, relayCmd, execCmd, keyCmd, benchCmd, layersCmd, versionCmd},
+	Commands: []*cli.Command{serveCmd, tunnelCmd, socksCmd, relayCmd, execCmd, routeCmd, keyCmd, benchCmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
 }
 

@@ -180,6 +180,10 @@ func (o *tunnelOptions) handle(e *env, t *tracker, d *vlink.Dialer, c net.Conn) 
 		}
 		return
 	}
+	if way := vlink.PathOf(rc); way != "" {
+		attrs = append(attrs, "way", way)
+		e.log.Debug("connected", attrs...)
+	}
 	t.relay(e.log, c, rc, attrs...)
 }
 

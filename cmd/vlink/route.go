@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var routeCmd = &cli.Command{
+	Name:     "route",
+	Summary:  "show which way vlink takes to a destination, and why",
+	Synopsis: "[flags] HOST:PORT",
+	About: `
+Connects to HOST:PORT as vlink.Dial, vlink tunnel and vlink exec would,
+by the user's configuration (VLINK_CONFIG, default
+~/.config/vlink/config.toml, and the VLINK_* variables), and explains
+the choice: the route that matched and, for a best-effort route (try =
+[...]), every way it raced: when it started, how long it ran and how it
+ended, and which one won. Then it closes the connection; nothing is sent.
+
+A best-effort route starts its first way at once and each next one 250 ms
+later, or as soon as every way started so far has failed; the first to
+connect wins and the others are stopped. The way that won is tried first
+for 10 minutes, and a way that failed goes last for 30 s: --count 2 shows
+the second dial using what the first learnt. VLINK_PATHS_ONLY and
+VLINK_PATHS_EXCLUDE (comma-separated: "direct", a layer's name such as
+ssh, or a way's whole text) narrow every best-effort route.
+
+A node's address (NODE.vlink.alt:PORT) is reached through the vlink
+network (--node, --relay): the line says which path the connection took
+(reverse, splice or relay).
+
+Exit status 0 if a way connected, 1 if none did.
+`,
+	Examples: `
+  # With a route such as
+  #   [[route]]
+  #   host = "db.corp.example"
+  #   try = ["direct", "ssh:host=bastion.corp.example"]
+  vlink route db.corp.example:5432
+
+  # Which path reaches a node, from this node:
+  vlink route --node laptop --relay relay.example:7100 --node-key-file laptop.key web.vlink.alt:8000
+`,
+	Flags: withEnv(routeFlags),
+	Args:  true,
+}
+
+type routeOptions struct {
+	timeout time.Duration
+	count   int
+	node    nodeOptions
+}
+
+func routeFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	o := &routeOptions{}
+	fs.DurationVar(&o.timeout, "dial-timeout", 10*time.Second, "give up after `DURATION`, handshakes included")
+	fs.IntVar(&o.count, "count", 1, "dial `N` times in a row, to see what the dialer remembers between dials")
+	nodeFlags(fs, &o.node, "to reach NODE.vlink.alt:PORT through the relay")
+	reverseFlag(fs, &o.node)
+	return func(ctx context.Context, e *env) int {
+		ok, err := o.run(ctx, e)
+		if err != nil {
+			return fail(e, "vlink route", err)
+		}
+		if !ok {
+			return exitFailure
+		}
+		return exitOK
+	}
+}
+
+func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
+	if len(e.args) != 1 {
+		return false, usagef("want one destination, HOST:PORT (got %d arguments)", len(e.args))
+	}
+	dest := e.args[0]
+	if err := checkHostPort(dest); err != nil {
+		return false, usagef("%v", err)
+	}
+	if o.timeout <= 0 || o.count < 1 {
+		return false, usagef("--dial-timeout wants a positive duration, --count at least 1")
+	}
+	cfg, err := vlink.DefaultConfig()
+	if err != nil {
+		return false, err
+	}
+	d := &vlink.Dialer{Config: cfg, Timeout: o.timeout}
+	defer d.Close()
+	if _, _, isNode := vlink.SplitNodeAddr(dest); isNode {
+		if !o.node.set() {
+			return false, usagef("%s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", dest)
+		}
+		node, err := o.node.connect(ctx, e, cfg.Key)
+		if err != nil {
+			return false, err
+		}
+		defer node.Close()
+		d.Network = node
+	}
+	source := cfg.Source
+	if source == "" {
+		source = "no configuration file"
+	}
+	fmt.Fprintf(e.stdout, "to %s (configuration: %s)\n", dest, source)
+	ok := true
+	for i := range o.count {
+		if o.count > 1 {
+			fmt.Fprintf(e.stdout, "\ndial %d of %d\n", i+1, o.count)
+		}
+		start := time.Now()
+		c, rep, err := d.DialReport(ctx, "tcp", dest)
+		took := time.Since(start)
+		if c != nil {
+			c.Close()
+		}
+		printReport(e, rep)
+		switch {
+		case err != nil:
+			fmt.Fprintf(e.stdout, "no connection after %v: %v\n", round(took), err)
+			ok = false
+		case rep.Path != "" && rep.Path != rep.Way:
+			fmt.Fprintf(e.stdout, "connected in %v by %s, path %s\n", round(took), rep.Way, rep.Path)
+		default:
+			fmt.Fprintf(e.stdout, "connected in %v by %s\n", round(took), rep.Way)
+		}
+	}
+	return ok, nil
+}
+
+// printReport prints the route and each attempt of a dial.
+func printReport(e *env, rep *vlink.RouteReport) {
+	fmt.Fprintf(e.stdout, "route: %s\n", rep.Rule)
+	if len(rep.Attempts) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  way\tstart\ttook\tresult\tnote")
+	for _, a := range rep.Attempts {
+		start, took, result := round(a.Start).String(), round(a.Took).String(), ""
+		switch {
+		case a.Won:
+			result = "connected, taken"
+		case a.Stopped:
+			result = "stopped: another way won"
+		case a.Err != nil:
+			result = "failed: " + oneLine(a.Err.Error())
+		case !a.Started:
+			start, took, result = "-", "-", "not needed"
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", a.Way, start, took, result, a.Note)
+	}
+	w.Flush()
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
