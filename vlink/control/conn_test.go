@@ -52,10 +52,22 @@ func TestRelayedConn(t *testing.T) {
 			served <- fmt.Errorf("bob's end says the peer is %q", got)
 			return
 		}
-		go func() { c.Write(down); netconn.CloseWrite(c) }()
+		// The write must end before the deferred Close: a Close in the
+		// middle of it would cut the stream, the test's own doing.
+		wrote := make(chan error, 1)
+		go func() {
+			_, err := c.Write(down)
+			if err == nil {
+				err = netconn.CloseWrite(c)
+			}
+			wrote <- err
+		}()
 		got, err := io.ReadAll(c)
 		if err == nil && !bytes.Equal(got, up) {
 			err = fmt.Errorf("bob read %d bytes, sha256 %x; want %d, %x", len(got), sha256.Sum256(got), size, sha256.Sum256(up))
+		}
+		if werr := <-wrote; err == nil {
+			err = werr
 		}
 		served <- err
 	}()
