@@ -485,6 +485,7 @@ func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, strin
 			if err != nil {
 				return nil, err
 			}
+			a.log.Debug("best effort", "to", target, "way", vlink.PathOf(c))
 			if u, ok := c.(netconn.Unwrapper); ok && vlink.PathOf(c) == selector.TryDirect {
 				if tc, ok := u.UnwrapConn().(*net.TCPConn); ok {
 					return tc, nil // direct: the program gets the socket itself

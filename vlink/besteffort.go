@@ -234,8 +234,10 @@ type recall struct {
 
 // order returns ws in the order to try them: the last winner first, the
 // ways that failed lately last, the rest in the route's order; and a note
-// for each that moved.
-func (m *memory) order(address string, ws []way) ([]way, map[string]string) {
+// for each way (by its place in the result) that moved. In the common
+// case, where the winner is the first way already and nothing failed, it
+// returns ws itself.
+func (m *memory) order(address string, ws []way) ([]way, []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.dests[address]
@@ -243,24 +245,41 @@ func (m *memory) order(address string, ws []way) ([]way, map[string]string) {
 		return ws, nil
 	}
 	now := time.Now()
-	notes := map[string]string{}
-	rank := map[string]int{}
-	for _, w := range ws {
+	winner := r.winner
+	if now.After(r.winnerUntil) {
+		winner = ""
+	}
+	if len(r.failed) == 0 && (winner == "" || winner == ws[0].name) {
+		if winner == "" {
+			return ws, nil
+		}
+		return ws, []string{"won last time"}
+	}
+	var rank [selector.MaxTry]int
+	var note [selector.MaxTry]string
+	for i, w := range ws {
 		switch {
-		case w.name == r.winner && now.Before(r.winnerUntil):
-			notes[w.name], rank[w.name] = "won last time", 0
+		case w.name == winner:
+			rank[i], note[i] = 0, "won last time"
 		case now.Before(r.failed[w.name]):
-			note := "failed just now"
+			note[i] = "failed just now"
 			if ago := (failureTTL - r.failed[w.name].Sub(now)).Round(time.Second); ago > 0 {
-				note = fmt.Sprintf("failed %v ago", ago)
+				note[i] = fmt.Sprintf("failed %v ago", ago)
 			}
-			notes[w.name], rank[w.name] = note, 2
+			rank[i] = 2
 		default:
-			rank[w.name] = 1
+			rank[i] = 1
 		}
 	}
-	out := slices.Clone(ws)
-	slices.SortStableFunc(out, func(a, b way) int { return rank[a.name] - rank[b.name] })
+	idx := make([]int, len(ws))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return rank[a] - rank[b] })
+	out, notes := make([]way, len(ws)), make([]string, len(ws))
+	for k, i := range idx {
+		out[k], notes[k] = ws[i], note[i]
+	}
 	return out, notes
 }
 
@@ -277,6 +296,9 @@ func (m *memory) remember(address string, attempts []Attempt) {
 		m.dests[address] = r
 	}
 	now := time.Now()
+	if len(attempts) > 0 && attempts[0].Won && r.winner == attempts[0].Way && len(r.failed) == 0 && r.winnerUntil.Sub(now) > winnerTTL/2 {
+		return // the usual: the winner won again, nothing to note
+	}
 	for _, a := range attempts {
 		switch {
 		case a.Won:
@@ -292,6 +314,13 @@ func (m *memory) remember(address string, attempts []Attempt) {
 }
 
 // race dials address by the ways of best-effort route r.
+//
+// The first way is dialed on the caller's goroutine, whose stack has
+// grown already: a dial whose first way connects within the stagger (the
+// common case, once the winner is remembered) starts no goroutine, and
+// pays a timer and a context. Each other way gets a goroutine of its own.
+// Whoever finishes first, under the racer's lock, wins and cancels the
+// others, the caller's dial included.
 func (d *Dialer) race(ctx context.Context, network, address string, r *route, rep *RouteReport) (net.Conn, error) {
 	if len(r.ways) == 0 {
 		return nil, fmt.Errorf("%w (%s, %s)", ErrNoWay, EnvPathsOnly, EnvPathsExclude)
@@ -299,62 +328,27 @@ func (d *Dialer) race(ctx context.Context, network, address string, r *route, re
 	ws, notes := d.memory.order(address, r.ways)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type result struct {
-		i int
-		c net.Conn
-		e error
-	}
-	results := make(chan result, len(ws))
-	attempts := make([]Attempt, len(ws))
-	begin := time.Now()
-	start := func(i int) {
-		w := ws[i]
-		attempts[i].Started = true
-		attempts[i].Start = time.Since(begin)
-		go func() {
-			c, err := d.dialWay(ctx, network, address, r, w)
-			results <- result{i, c, err}
-		}()
-	}
+	x := &racer{d: d, ctx: ctx, cancel: cancel, network: network, address: address, r: r, ws: ws, begin: time.Now()}
+	x.attempts = x.room[:len(ws)]
 	for i, w := range ws {
-		attempts[i] = Attempt{Way: w.name, Note: notes[w.name]}
-	}
-	start(0)
-	next, running := 1, 1
-	stagger := time.NewTimer(RaceStagger)
-	defer stagger.Stop()
-	startNext := func() {
-		if next < len(ws) && ctx.Err() == nil {
-			start(next)
-			next, running = next+1, running+1
-			stagger.Reset(RaceStagger)
+		x.attempts[i].Way = w.name
+		if i < len(notes) {
+			x.attempts[i].Note = notes[i]
 		}
 	}
-	var won *result
-	for running > 0 {
-		select {
-		case res := <-results:
-			running--
-			a := &attempts[res.i]
-			a.Took = time.Since(begin) - a.Start
-			switch {
-			case res.e != nil && won != nil:
-				a.Stopped = true
-			case res.e != nil:
-				a.Err = res.e
-				startNext() // no need to wait for the stagger
-			case won == nil:
-				won, a.Won = &res, true
-				cancel() // the others stop
-			default:
-				a.Stopped = true
-				res.c.Close() // connected too, but late
-			}
-		case <-stagger.C:
-			if won == nil {
-				startNext()
-			}
-		}
+	x.attempts[0].Started = true
+	x.next, x.running = 1, 1
+	x.wg.Add(1)
+	if len(ws) > 1 {
+		x.mu.Lock() // tick reads x.timer
+		x.timer = time.AfterFunc(RaceStagger, x.tick)
+		x.mu.Unlock()
+	}
+	c, err := d.dialWay(ctx, network, address, r, ws[0])
+	x.finish(0, c, err)
+	x.wg.Wait()
+	if x.timer != nil {
+		x.timer.Stop()
 	}
 	// Failures count only where the dial did not end them: a caller that
 	// gave up says nothing about the ways. (A way's handshake maps the
@@ -362,23 +356,94 @@ func (d *Dialer) race(ctx context.Context, network, address string, r *route, re
 	// context's: the deadline itself is what tells.)
 	dl, hasDeadline := ctx.Deadline()
 	gaveUp := ctx.Err() != nil || hasDeadline && !time.Now().Before(dl)
-	if won != nil || !gaveUp {
-		d.memory.remember(address, attempts)
+	if x.won != nil || !gaveUp {
+		d.memory.remember(address, x.attempts)
 	}
 	if rep != nil {
-		rep.Attempts = attempts
+		rep.Attempts = x.attempts
 	}
-	if won == nil {
-		return nil, &RaceError{Address: address, Attempts: attempts}
+	if x.won == nil {
+		return nil, &RaceError{Address: address, Attempts: x.attempts}
 	}
-	w := ws[won.i].name
-	if p := PathOf(won.c); p != "" && rep != nil {
-		rep.Path = p
-	}
+	w := ws[x.wonAt].name
 	if rep != nil {
-		rep.Way = w
+		rep.Way, rep.Path = w, PathOf(x.won)
 	}
-	return &routedConn{Conn: won.c, way: w}, nil
+	return &routedConn{Conn: x.won, way: w}, nil
+}
+
+// A racer is one best-effort dial's race.
+type racer struct {
+	d             *Dialer
+	ctx           context.Context
+	cancel        context.CancelFunc
+	network       string
+	address       string
+	r             *route
+	ws            []way
+	begin         time.Time
+	timer         *time.Timer
+	wg            sync.WaitGroup // the ways running
+	mu            sync.Mutex
+	attempts      []Attempt // in room
+	room          [selector.MaxTry]Attempt
+	next, running int      // the next way to start; the ways running
+	won           net.Conn // the winner's connection
+	wonAt         int
+}
+
+// start starts the next way, if the race goes on, in a goroutine of its
+// own, and sets the stagger for the one after it. Called with x.mu held.
+func (x *racer) start() {
+	if x.won != nil || x.next >= len(x.ws) || x.ctx.Err() != nil {
+		return
+	}
+	i := x.next
+	x.next++
+	x.running++
+	x.attempts[i].Started = true
+	x.attempts[i].Start = time.Since(x.begin)
+	x.wg.Add(1) // a way is running: the count is not zero
+	go func() {
+		c, err := x.d.dialWay(x.ctx, x.network, x.address, x.r, x.ws[i])
+		x.finish(i, c, err)
+	}()
+	x.timer.Reset(RaceStagger)
+}
+
+// tick is the stagger: the next way starts, though none failed.
+func (x *racer) tick() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.running > 0 {
+		x.start()
+	}
+}
+
+// finish records way i's outcome: the first connection wins and stops the
+// others; a failure starts the next way at once.
+func (x *racer) finish(i int, c net.Conn, err error) {
+	defer x.wg.Done()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.running--
+	a := &x.attempts[i]
+	a.Took = time.Since(x.begin) - a.Start
+	switch {
+	case err != nil && x.won != nil:
+		a.Stopped = true
+	case err != nil:
+		a.Err = err
+		if x.timer != nil {
+			x.start() // no need to wait for the stagger
+		}
+	case x.won == nil:
+		x.won, x.wonAt, a.Won = c, i, true
+		x.cancel() // the others stop
+	default:
+		a.Stopped = true
+		c.Close() // connected too, but late
+	}
 }
 
 // dialWay dials address one way of best-effort route r.

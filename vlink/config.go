@@ -293,7 +293,7 @@ func (c *Config) route(address string) (*route, error) {
 	case selector.Stack:
 		return &route{stack: c.stacks[r.Stack], via: r.Via, key: c.Key, node: c.Node}, nil
 	case selector.BestEffort:
-		return &route{best: true, ways: c.ways(r.Try), rule: r.String(), key: c.Key, node: c.Node}, nil
+		return &route{best: true, ways: c.ways(r.Try), rule: r, key: c.Key, node: c.Node}, nil
 	}
 	return &route{}, nil
 }

@@ -192,17 +192,17 @@ type route struct {
 	// reached through the network.
 	transport layer.ContextDialer
 	target    string
-	// best: race ways, the config's best-effort route (rule, in text).
+	// best: race ways, the config's best-effort route rule.
 	best bool
 	ways []way
-	rule string
+	rule selector.Rule
 }
 
 // describe says what r does, for a RouteReport.
 func (r *route) describe() string {
 	switch {
-	case r.rule != "":
-		return r.rule
+	case r.best:
+		return r.rule.String()
 	case r.transport != nil:
 		return "to a node, stack " + r.stack.String()
 	case len(r.stack.Layers) == 0:

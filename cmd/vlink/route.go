@@ -126,23 +126,30 @@ func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
 			fmt.Fprintf(e.stdout, "no connection after %v: %v\n", round(took), err)
 			ok = false
 		case rep.Path != "" && rep.Path != rep.Way:
-			fmt.Fprintf(e.stdout, "connected in %v by %s, path %s\n", round(took), rep.Way, rep.Path)
+			fmt.Fprintf(e.stdout, "connected in %v by %s, path %s\n", round(took), wayLabel(rep.Way), rep.Path)
 		default:
-			fmt.Fprintf(e.stdout, "connected in %v by %s\n", round(took), rep.Way)
+			fmt.Fprintf(e.stdout, "connected in %v by %s\n", round(took), wayLabel(rep.Way))
 		}
 	}
 	return ok, nil
 }
 
-// printReport prints the route and each attempt of a dial.
+// printReport prints the route and each attempt of a dial: the ways in
+// full, then a table that names them by number and layers.
 func printReport(e *env, rep *vlink.RouteReport) {
-	fmt.Fprintf(e.stdout, "route: %s\n", rep.Rule)
 	if len(rep.Attempts) == 0 {
+		fmt.Fprintf(e.stdout, "route: %s\n", rep.Rule)
 		return
 	}
+	rule, _, _ := strings.Cut(rep.Rule, " try=")
+	fmt.Fprintf(e.stdout, "route: %s, ways in the order tried:\n", rule)
 	w := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "  way\tstart\ttook\tresult\tnote")
-	for _, a := range rep.Attempts {
+	for i, a := range rep.Attempts {
+		fmt.Fprintf(w, "  %d\t%s\n", i+1, a.Way)
+	}
+	w.Flush()
+	fmt.Fprintln(w, "  #\tway\tstart\ttook\tresult\tnote")
+	for i, a := range rep.Attempts {
 		start, took, result := round(a.Start).String(), round(a.Took).String(), ""
 		switch {
 		case a.Won:
@@ -154,9 +161,26 @@ func printReport(e *env, rep *vlink.RouteReport) {
 		case !a.Started:
 			start, took, result = "-", "-", "not needed"
 		}
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", a.Way, start, took, result, a.Note)
+		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", i+1, wayLabel(a.Way), start, took, result, a.Note)
 	}
 	w.Flush()
+}
+
+// wayLabel names a way by its layers, without their parameters and the
+// implied tcp: ssh, zstd+socks5, direct.
+func wayLabel(way string) string {
+	s, err := vlink.Parse(way)
+	if err != nil || len(s.Layers) == 0 {
+		return way
+	}
+	var names []string
+	for _, l := range s.Layers {
+		names = append(names, l.Name)
+	}
+	if len(names) > 1 && names[len(names)-1] == "tcp" {
+		names = names[:len(names)-1] // implied
+	}
+	return strings.Join(names, "+")
 }
 
 func round(d time.Duration) time.Duration {
@@ -166,7 +190,7 @@ func round(d time.Duration) time.Duration {
 	case d >= time.Millisecond:
 		return d.Round(100 * time.Microsecond)
 	}
-	return d.Round(time.Microsecond)
+	return d.Round(10 * time.Microsecond)
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }

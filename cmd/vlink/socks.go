@@ -258,6 +258,9 @@ func (o *socksOptions) handle(e *env, t *tracker, srv *socks.Server, sem chan st
 		}
 		return
 	}
+	if way := vlink.PathOf(out); way != "" {
+		attrs = append(attrs, "way", way)
+	}
 	e.log.Debug("connection", attrs...)
 	t.relay(e.log, c, out, attrs...)
 }

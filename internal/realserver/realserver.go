@@ -98,6 +98,8 @@ type SSHD struct {
 	HostKey KeyPair
 	// KnownHosts is a known_hosts file holding HostKey for Addr.
 	KnownHosts string
+	// Program is sshd's path; ConfigFile its sshd_config.
+	Program, ConfigFile string
 }
 
 // SSHDOptions configure StartSSHD.
@@ -119,6 +121,18 @@ type SSHDOptions struct {
 // sshd's privilege separation wants it, and CI runs as root.
 func StartSSHD(tb testing.TB, o SSHDOptions) *SSHD {
 	tb.Helper()
+	s := PrepareSSHD(tb, o, "127.0.0.1", FreePort(tb))
+	s.Proc = Start(tb, s.Program, "-D", "-e", "-f", s.ConfigFile)
+	s.waitListening(tb, s.Addr)
+	return s
+}
+
+// PrepareSSHD writes what an sshd listening on host:port needs (host
+// key, user key, authorized_keys, known_hosts, sshd_config) and returns
+// the server, not started: run s.Program -D -e -f s.ConfigFile where it
+// must listen (in a lab host's namespace, say).
+func PrepareSSHD(tb testing.TB, o SSHDOptions, host string, port int) *SSHD {
+	tb.Helper()
 	testenv.Root(tb, "for sshd (privilege separation, logging users in)")
 	paths := testenv.Programs(tb, "sshd")
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // privilege separation; the package makes it at boot
@@ -129,7 +143,7 @@ func StartSSHD(tb testing.TB, o SSHDOptions) *SSHD {
 		tb.Fatal(err)
 	}
 	dir := tb.TempDir()
-	s := &SSHD{Dir: dir, User: u.Username, Host: "127.0.0.1", Port: FreePort(tb)}
+	s := &SSHD{Dir: dir, User: u.Username, Host: host, Port: port, Program: paths[0]}
 	s.Addr = net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
 	s.HostKey = NewKey(tb, dir, "ssh_host_ed25519_key", "")
 	s.UserKey = NewKey(tb, dir, "id_ed25519", "")
@@ -148,9 +162,9 @@ func StartSSHD(tb testing.TB, o SSHDOptions) *SSHD {
 	if o.Forwarding {
 		forwarding = "yes"
 	}
-	conf := filepath.Join(dir, "sshd_config")
+	s.ConfigFile = filepath.Join(dir, "sshd_config")
 	text := fmt.Sprintf(`Port %d
-ListenAddress 127.0.0.1
+ListenAddress %s
 HostKey %s
 PidFile none
 AuthorizedKeysFile %s
@@ -170,12 +184,10 @@ MaxSessions 64
 MaxStartups 200
 LogLevel %s
 %s
-`, s.Port, s.HostKey.Private, ak, forwarding, o.LogLevel, o.Config)
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+`, s.Port, s.Host, s.HostKey.Private, ak, forwarding, o.LogLevel, o.Config)
+	if err := os.WriteFile(s.ConfigFile, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	s.Proc = Start(tb, paths[0], "-D", "-e", "-f", conf)
-	s.waitListening(tb, s.Addr)
 	return s
 }
 
