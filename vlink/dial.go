@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -135,7 +136,10 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		if err != nil {
 			return nil, err
 		}
-		path := r.transport.(*nodeTransport).path
+		var path string
+		if p := r.transport.(*nodeTransport).path.Load(); p != nil {
+			path = *p
+		}
 		if rep != nil {
 			rep.Rule, rep.Way, rep.Path = r.describe(), r.stack.String(), path
 		}
@@ -296,7 +300,7 @@ func (n networkDialer) DialContext(ctx context.Context, network, address string)
 // network says the connection took.
 type nodeTransport struct {
 	next layer.ContextDialer
-	path string
+	path atomic.Pointer[string] // a multi-link layer dials several at once
 }
 
 func (t *nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -309,7 +313,8 @@ func (t *nodeTransport) DialContext(ctx context.Context, network, address string
 		return nil, fmt.Errorf("the network's connection to %s comes with no key for it (not Vouched)", address)
 	}
 	if p, ok := c.(interface{ Path() string }); ok {
-		t.path = p.Path()
+		path := p.Path()
+		t.path.Store(&path)
 	}
 	return c, nil
 }

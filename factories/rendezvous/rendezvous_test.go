@@ -166,6 +166,9 @@ func TestFactories(t *testing.T) {
 			if p, s := <-paths, <-stacks; p != tt.path || s != "zstd+noise" {
 				t.Fatalf("came by %s with stack %s, want %s with zstd+noise", p, s, tt.path)
 			}
+			if p := vlink.PathOf(c); p != tt.path {
+				t.Fatalf("the dialer's connection says it came by %q, want %q", p, tt.path)
+			}
 			sumThrough(t, c, data)
 		})
 	}
