@@ -109,11 +109,7 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	}
 	relay := startRelay()
 
-	// b's servers, on its loopback only.
-	for port, action := range map[int]string{7300: "EXEC:cat", 7301: "OPEN:" + download + ",rdonly", 7302: "EXEC:sha256sum"} {
-		p := labProc(t, l, "b", "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork", port), action)
-		waitLabListening(t, l, p, "b", port)
-	}
+	labServers(t, l, "b", "127.0.0.1", download) // on b's loopback only
 	serve := labProc(t, l, "b", vlinkBin, "serve", "--listen", "127.0.0.1:7000", "--grace", "1s", "--log-level", "debug",
 		"--node", "b", "--relay", relayAddr, "--node-key-file", keys["b"], "--allow", "localhost:7300-7302")
 	serve.CleanExit = true
@@ -167,21 +163,7 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	firstByte := time.Since(start)
 	c.Close()
 
-	// 8 MiB down, 8 MiB up.
-	want, _ := fileSum(t, download)
-	c = dialB(7301)
-	got, err := io.ReadAll(c)
-	c.Close()
-	if err != nil || testnet.Sum(got) != want {
-		t.Fatalf("download: %d bytes, sha256 %.16s (%v); want 8 MiB, %.16s", len(got), testnet.Sum(got), err, want)
-	}
-	up := testnet.RandomBytes(8<<20, 32)
-	c = dialB(7302)
-	got, err = echoOn(c, up)
-	c.Close()
-	if sum := sha256.Sum256(up); err != nil || !strings.HasPrefix(string(got), hex.EncodeToString(sum[:])) {
-		t.Fatalf("upload: b's sha256sum says %q (%v), want %x", got, err, sum)
-	}
+	bothWays(t, dialB, download)
 
 	// The relay dies while a connection carries data.
 	killed := relayKilled(t, cell.path, dialB(7300), relay)
@@ -233,6 +215,37 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	}
 	return fmt.Sprintf("%-34s %-8s %-12v %-20s %-14v %v", cell.name, cell.path, firstByte.Round(100*time.Microsecond), killed,
 		reregistered.Round(time.Millisecond), back.Round(time.Millisecond))
+}
+
+// labServers starts the matrix's three socat servers on host, bound to
+// bind: 7300 echoes, 7301 sends download, 7302 answers the SHA-256 of
+// what it received.
+func labServers(t *testing.T, l *lab.Lab, host, bind, download string) {
+	t.Helper()
+	for port, action := range map[int]string{7300: "EXEC:cat", 7301: "OPEN:" + download + ",rdonly", 7302: "EXEC:sha256sum"} {
+		p := labProc(t, l, host, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", port, bind), action)
+		waitLabListening(t, l, p, host, port)
+	}
+}
+
+// bothWays moves 8 MiB down (port 7301) and 8 MiB up (7302) through
+// connections dial makes, and checks each by SHA-256.
+func bothWays(t *testing.T, dial func(port int) net.Conn, download string) {
+	t.Helper()
+	want, _ := fileSum(t, download)
+	c := dial(7301)
+	got, err := io.ReadAll(c)
+	c.Close()
+	if err != nil || testnet.Sum(got) != want {
+		t.Fatalf("download: %d bytes, sha256 %.16s (%v); want 8 MiB, %.16s", len(got), testnet.Sum(got), err, want)
+	}
+	up := testnet.RandomBytes(8<<20, 32)
+	c = dial(7302)
+	got, err = echoOn(c, up)
+	c.Close()
+	if sum := sha256.Sum256(up); err != nil || !strings.HasPrefix(string(got), hex.EncodeToString(sum[:])) {
+		t.Fatalf("upload: the far sha256sum says %q (%v), want %x", got, err, sum)
+	}
 }
 
 // waitLabListening waits until p listens on port in host, and fails at

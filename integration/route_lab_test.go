@@ -4,10 +4,7 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -78,10 +75,7 @@ func routeInLab(t *testing.T, cell routeCell, download string) string {
 	sshd := realserver.PrepareSSHD(t, realserver.SSHDOptions{Forwarding: true}, b, 22)
 	sp := labProc(t, l, "b", sshd.Program, "-D", "-e", "-f", sshd.ConfigFile)
 	waitLabListening(t, l, sp, "b", 22)
-	for port, action := range map[int]string{7300: "EXEC:cat", 7301: "OPEN:" + download + ",rdonly", 7302: "EXEC:sha256sum"} {
-		p := labProc(t, l, "b", "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", port, b), action)
-		waitLabListening(t, l, p, "b", port)
-	}
+	labServers(t, l, "b", b, download)
 
 	ssh := fmt.Sprintf("ssh:host=%s,port=22,user=%s,identity=%s,known-hosts=%s,config=none,agent=false",
 		b, sshd.User, sshd.UserKey.Private, sshd.KnownHosts)
@@ -148,20 +142,7 @@ func routeInLab(t *testing.T, cell routeCell, download string) string {
 		c.SetDeadline(time.Now().Add(time.Minute))
 		return c
 	}
-	sum, _ := fileSum(t, download)
-	c := dial(7301)
-	got, err := io.ReadAll(c)
-	c.Close()
-	if err != nil || testnet.Sum(got) != sum {
-		t.Fatalf("download: %d bytes, sha256 %.16s (%v); want 8 MiB, %.16s", len(got), testnet.Sum(got), err, sum)
-	}
-	up := testnet.RandomBytes(8<<20, 42)
-	c = dial(7302)
-	got, err = echoOn(c, up)
-	c.Close()
-	if s := sha256.Sum256(up); err != nil || !strings.HasPrefix(string(got), hex.EncodeToString(s[:])) {
-		t.Fatalf("upload: b's sha256sum says %q (%v), want %x", got, err, s)
-	}
+	bothWays(t, dial, download)
 	ways := regexp.MustCompile(`msg=connection .* way=(\S+|"[^"]*")`).FindAllStringSubmatch(socksProc.Output(), -1)
 	if len(ways) != 2 {
 		t.Fatalf("socks logged %d connections with their way, want 2:\n%s", len(ways), realserver.Tail(socksProc.Output(), 3000))
@@ -177,7 +158,7 @@ func routeInLab(t *testing.T, cell routeCell, download string) string {
 	ex.Stdin = strings.NewReader("hello through the best way\n")
 	var stderr strings.Builder
 	ex.Stderr = &stderr
-	got, err = ex.Output()
+	got, err := ex.Output()
 	if err != nil || string(got) != "hello through the best way\n" {
 		t.Fatalf("vlink exec socat: %q, %v\n%s", got, err, stderr.String())
 	}
