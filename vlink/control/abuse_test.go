@@ -145,6 +145,8 @@ func TestAbuse(t *testing.T) {
 
 // TestReverseTokenOnce: a reverse connection's token opens one
 // connection; the same token again, or a guessed one, is turned away.
+// (The test plays the dial: it answers attached on the connection the
+// token brought.)
 func TestReverseTokenOnce(t *testing.T) {
 	r := startRelay(t, RelayConfig{}, "")
 	a := connect(t, r.addr, "alice")
@@ -170,10 +172,14 @@ func TestReverseTokenOnce(t *testing.T) {
 		defer c.Close()
 		return attachOn(ctxT(t), c, tok)
 	}
+	go func() {
+		c := <-waiting.conn
+		c.Write((&frame{op: opAttached}).append(nil))
+		c.Close()
+	}()
 	if err := try(token); err != nil {
 		t.Fatalf("the first connection with the token: %v", err)
 	}
-	(<-waiting.conn).Close()
 	var guessed [tokenSize]byte
 	rand.Read(guessed[:])
 	for name, tok := range map[string][tokenSize]byte{"again": token, "guessed": guessed} {

@@ -131,8 +131,10 @@ func (n *Node) DialContext(ctx context.Context, network, address string) (net.Co
 
 // DialPaths connects to port on the named node by one of paths, the best
 // that works: the node connecting back to this one (PathReverse, when
-// this node accepts reverse connections) or both connecting at once
-// (PathSplice), tried together, then the relay (PathRelay). The node
+// this node accepts reverse connections), both connecting at once
+// (PathSplice, 100 ms later) and the relay (PathRelay, 500 ms later, or
+// once the others failed), raced; this side takes the first connection
+// that comes, and the node keeps the same. The node
 // must expose the port (Node.Listen). The connection is a *Conn, whose
 // Path says how it came. A refusal is a *DeliveryError matching
 // ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when no direct path
@@ -218,6 +220,15 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 	for waiting := true; waiting; {
 		select {
 		case c := <-w.conn:
+			// Taken: the node hears so (attached), and the relay that it
+			// carries nothing.
+			c.SetDeadline(time.Now().Add(reverseTimeout))
+			if _, err := c.Write((&frame{op: opAttached}).append(nil)); err != nil {
+				c.Close()
+				continue
+			}
+			c.SetDeadline(time.Time{})
+			ch.trySend(&frame{op: opDecline, token: dial.token, code: codeDirect})
 			return &Conn{Conn: c.Conn, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: c.path}, nil
 		case peer := <-w.punch:
 			// The node waits for the sync; it arrives about half this
@@ -235,6 +246,11 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 			waiting = false
 		}
 	}
+	// The relay it is, or nothing: no connection from the node is taken
+	// from here on.
+	n.mu.Lock()
+	delete(n.reverse, dial.token)
+	n.mu.Unlock()
 	replies, err := coop.Wait(ctx)
 	if err != nil {
 		return nil, err
@@ -417,10 +433,11 @@ func (n *Node) offer(ch *channel, f *frame) {
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, RendezvousTimeout)
 		defer cancel()
-		c, path, errs := n.direct(ctx, ch, f)
+		c, path, errs := n.paths(ctx, ch, f)
 		switch {
-		case c != nil:
+		case c != nil && path != "relay":
 			ch.trySend(&frame{op: opDecline, token: f.token, code: codeDirect})
+		case c != nil:
 		case f.flags&flagNoRelay != 0:
 			reason := "the dialer accepts no connections back"
 			if len(errs) > 0 {
@@ -429,12 +446,8 @@ func (n *Node) offer(ch *channel, f *frame) {
 			decline(CodeUnreachable, truncate(reason, maxReason))
 			return
 		default:
-			path = "relay"
-			var err error
-			if c, err = n.attach(ctx, f.token); err != nil {
-				n.log.Info("control: could not take a connection through the relay", "from", f.name, "port", f.port, "err", err)
-				return
-			}
+			n.log.Info("control: could not take a connection", "from", f.name, "port", f.port, "err", strings.Join(errs, "; "))
+			return
 		}
 		conn := &Conn{Conn: c, local: Addr{n.cfg.Name, f.port}, remote: Addr{f.name, 0}, key: f.key, path: path}
 		n.log.Debug("control: connection from a node", "from", f.name, "port", f.port, "path", path)
@@ -458,18 +471,30 @@ type pathConn struct {
 	path string
 }
 
-// spliceStagger is how long the node dialed gives the reverse path, the
-// simpler of the two, before it starts splicing too (as Happy Eyeballs
-// staggers its attempts): where both work, the dial comes back the same
-// way every time, and where reverse is blocked splicing pays only this.
-const spliceStagger = 100 * time.Millisecond
+// Staggers of the paths the node dialed tries, as Happy Eyeballs
+// staggers its attempts: where several work, the connection comes the
+// same way every time, and the better way.
+const (
+	// spliceStagger is how long the reverse path, the simpler one, runs
+	// alone before splicing starts too; where reverse is blocked, splicing
+	// pays only this.
+	spliceStagger = 100 * time.Millisecond
+	// relayStagger is how long the direct paths run before the relay
+	// joins the race, unless they all failed sooner; where neither direct
+	// path works, the relay pays this.
+	relayStagger = 500 * time.Millisecond
+)
 
-// direct tries the paths of offer f that need no relay: connecting back
-// to the dialer, and splicing, whose connecting starts spliceStagger
-// later or once the reverse attempt failed (its exchange with the
-// dialer starts at once, so the dialer times its side well). It returns the first connection that proved the token, and
-// its path; or nil and why each path failed.
-func (n *Node) direct(ctx context.Context, ch *channel, f *frame) (net.Conn, string, []string) {
+// paths races the paths offer f allows, and returns the connection the
+// dialer took, its path; or nil and why each path failed. The paths:
+// connecting back to the dialer at once; splicing, whose connecting
+// starts spliceStagger later or once reverse failed (its exchange with
+// the dialer starts at once, so the dialer times its side well); the
+// relay, relayStagger later or once both failed. The dialer decides: it
+// answers attached on the one connection it takes, and tells the relay
+// when that is not the relay's; so the first path to come back attached
+// is the connection, and the others are stopped.
+func (n *Node) paths(ctx context.Context, ch *channel, f *frame) (net.Conn, string, []string) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
@@ -477,52 +502,75 @@ func (n *Node) direct(ctx context.Context, ch *channel, f *frame) (net.Conn, str
 		err error
 	}
 	results := make(chan result)
-	reverseFailed := make(chan struct{})
-	tries := 0
-	if len(f.addrs) > 0 {
-		tries++
+	try := func(path string, dial func() (net.Conn, error)) {
 		go func() {
-			c, err := n.connectBack(ctx, f)
-			if err != nil {
-				close(reverseFailed)
-			}
-			results <- result{pathConn{c, "reverse"}, err}
+			c, err := dial()
+			results <- result{pathConn{c, path}, err}
 		}()
+	}
+	reverseFailed, directFailed := make(chan struct{}), make(chan struct{})
+	wait := func(d time.Duration, failed chan struct{}) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-failed:
+		case <-ctx.Done():
+		}
+	}
+	direct, tries := 0, 0
+	if len(f.addrs) > 0 {
+		direct++
+		try("reverse", func() (net.Conn, error) { return n.connectBack(ctx, f) })
 	} else {
 		close(reverseFailed)
 	}
 	if f.flags&flagSplice != 0 {
+		direct++
+		try("splice", func() (net.Conn, error) {
+			return n.spliceTo(ctx, ch, f, func() { wait(spliceStagger, reverseFailed) })
+		})
+	}
+	if direct == 0 {
+		close(directFailed)
+	}
+	tries = direct
+	if f.flags&flagNoRelay == 0 {
 		tries++
-		go func() {
-			c, err := n.spliceTo(ctx, ch, f, func() {
-				t := time.NewTimer(spliceStagger)
-				defer t.Stop()
-				select {
-				case <-t.C:
-				case <-reverseFailed:
-				case <-ctx.Done():
-				}
-			})
-			results <- result{pathConn{c, "splice"}, err}
-		}()
+		try("relay", func() (net.Conn, error) {
+			wait(relayStagger, directFailed)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return n.attach(ctx, f.token)
+		})
 	}
 	var (
-		won  pathConn
-		errs []string
+		won          pathConn
+		errs         []string
+		directErrors int
 	)
 	for range tries {
 		r := <-results
 		switch {
 		case r.err != nil && won.Conn != nil:
-			// Stopped: the other path won.
+			// Stopped: another path won.
 		case r.err != nil:
 			n.log.Debug("control: a path failed", "to", f.name, "path", r.path, "err", r.err)
 			errs = append(errs, r.path+": "+r.err.Error())
+			if r.path == "reverse" {
+				close(reverseFailed)
+			}
+			if r.path != "relay" {
+				if directErrors++; directErrors == direct {
+					close(directFailed)
+				}
+			}
 		case won.Conn == nil:
 			won = r.pathConn
-			cancel() // the other path stops; the dialer takes one connection per token
+			cancel() // the others stop; the dialer took this one
 		default:
-			r.Close()
+			r.Close() // the dialer takes one: this cannot have been it
 		}
 	}
 	if won.Conn != nil {
@@ -672,15 +720,12 @@ func (n *Node) takeReverse(c net.Conn, path string) {
 	delete(n.reverse, f.token) // single use
 	n.mu.Unlock()
 	if waiting == nil {
-		n.log.Info("control: refused a reverse connection with an unknown token", "remote", c.RemoteAddr().String())
+		n.log.Info("control: refused a connection from a node with an unknown token", "remote", c.RemoteAddr().String(), "path", path)
 		c.Close()
 		return
 	}
-	if _, err := c.Write((&frame{op: opAttached}).append(nil)); err != nil {
-		c.Close()
-		return
-	}
-	c.SetDeadline(time.Time{})
+	// The dial decides whether it takes the connection, and says so
+	// (attached) only if it does.
 	select {
 	case waiting.conn <- pathConn{c, path}:
 	case <-waiting.done: // the dial went another way, or gave up

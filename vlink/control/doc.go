@@ -1,7 +1,7 @@
 // Package control is the control channel of a vlink network: the
 // messages nodes exchange through a relay to find and reach each other
-// (reverse and relayed connections are built on it), open to programs
-// for their own messages too.
+// (reverse, spliced and relayed connections are built on it), open to
+// programs for their own messages too.
 //
 // A node ([Connect]) keeps one outbound connection to a relay ([Relay],
 // `vlink relay`): a VLink connection whose hello proved the node's key

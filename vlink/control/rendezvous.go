@@ -21,13 +21,16 @@ import (
 //	A -> relay (new connection): attach{token}
 //	relay -> both: attached; then raw bytes, copied by the kernel (zero-copy)
 //
-// Before any of that, if A accepts reverse connections (Node.ServeReverse),
-// B first connects back to A itself, at the address the relay saw A come
-// from: attach{token} on that connection, attached from A, and B tells the
-// relay it has nothing to carry (decline, reversed). Only when that fails
-// does B attach to the relay, unless A's dial forbade the relay
-// (flagNoRelay): then B declines as unreachable, and the relay takes no
-// attach for that token.
+// B races that with the direct paths, which it starts first: if A accepts
+// reverse connections (Node.ServeReverse), B connects back to A itself,
+// at the address the relay saw A come from, and sends attach{token}; if
+// A's dial offers splicing, both connect at once (splice.go) and B sends
+// attach{token} on that. B attaches to the relay only relayStagger later,
+// or once the direct paths failed, and never if A's dial forbade the
+// relay (flagNoRelay): then B declines as unreachable, and the relay
+// takes no attach for that token. A decides: it answers attached on the
+// one connection it takes, and if that is a direct one, tells the relay
+// (decline, direct), which drops the set-up and B's connection to it.
 //
 // The token (A's, random) is single use, bound to both nodes' names at
 // the relay (each attach comes on a connection whose hello proved its
@@ -187,20 +190,28 @@ func (r *Relay) take(token [tokenSize]byte) *rendezvous {
 	return rv
 }
 
-// decline handles B's refusal of an offer.
-func (r *Relay) decline(b *peer, f *frame) {
+// decline handles a node's word on a rendezvous: from B, its refusal of
+// the offer; from either, codeDirect: the nodes connected by themselves,
+// and the relay drops the set-up, and B's data connection if it came.
+func (r *Relay) decline(p *peer, f *frame) {
 	r.mu.Lock()
 	rv := r.pending[f.token]
+	var bConn net.Conn
+	if rv != nil {
+		bConn = rv.bConn
+	}
 	r.mu.Unlock()
-	if rv == nil || rv.b != b || rv.bConn != nil {
-		return // expired, or not B's to decline
-	}
-	if f.code == codeDirect {
-		r.take(f.token) // B reached A itself
-		return
-	}
-	if r.take(f.token) != nil {
-		rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: f.code, name: b.name, reason: f.reason})
+	switch {
+	case rv == nil:
+		// Expired, taken, or never was.
+	case f.code == codeDirect && (p == rv.a || p == rv.b):
+		if r.take(f.token) != nil && bConn != nil {
+			r.drop(bConn)
+		}
+	case p == rv.b && bConn == nil:
+		if r.take(f.token) != nil {
+			rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: f.code, name: p.name, reason: f.reason})
+		}
 	}
 }
 
