@@ -134,12 +134,11 @@ func (n *Node) DialContext(ctx context.Context, network, address string) (net.Co
 // this node accepts reverse connections), both connecting at once
 // (PathSplice, 100 ms later) and the relay (PathRelay, 500 ms later, or
 // once the others failed), raced; this side takes the first connection
-// that comes, and the node keeps the same. The node
-// must expose the port (Node.Listen). The connection is a *Conn, whose
-// Path says how it came. A refusal is a *DeliveryError matching
-// ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when no direct path
-// worked and the relay was not allowed, ErrUnreachable (its reason says
-// what each path met).
+// that comes, and the node keeps the same. The node must expose the port
+// (Node.Listen). The connection is a *Conn, whose Path says how it came.
+// A refusal is a *DeliveryError matching ErrRefused, ErrNoNode, ErrBusy,
+// ErrTimeout or, when no direct path worked and the relay was not
+// allowed, ErrUnreachable (its reason says what each path met).
 func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
