@@ -30,7 +30,8 @@ import (
 // pscom's PSP_* variables do its paths: EnvPathsOnly keeps only the ways
 // it names, in the route's order; EnvPathsExclude drops those it names. A
 // name is "direct", a layer's name (ssh, socks5, zstd) matching every way
-// whose stack holds that layer, or a way's whole text.
+// whose stack holds that layer, or a way's whole text. They narrow the
+// paths to a node too (PathNodeDialer: reverse, splice, relay).
 
 // RaceStagger is how long a best-effort dial gives a way before it starts
 // the next (RFC 8305's Connection Attempt Delay).

@@ -254,6 +254,19 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 	transport := &nodeTransport{next: network}
 	switch f := r.stack.factories(); {
 	case len(f) == 0 || (len(f) == 1 && f[0].Name == "tcp"):
+		// The network picks the path, within EnvPathsOnly and
+		// EnvPathsExclude if it can take them.
+		if only, exclude := d.pathFilters(); len(only)+len(exclude) > 0 {
+			pd, ok := d.Network.(PathNodeDialer)
+			if !ok {
+				return nil, fmt.Errorf("%s or %s is set, and this network (%T) cannot choose its paths", EnvPathsOnly, EnvPathsExclude, d.Network)
+			}
+			allow := func(path string) bool {
+				w := way{name: path}
+				return (len(only) == 0 || w.matches(only)) && !w.matches(exclude)
+			}
+			transport.next = pathsDialer{pd, allow}
+		}
 	case len(f) == 1 && lookup(f[0].Name).Nodes:
 		spec, v, err := f[0].build()
 		if err != nil {
@@ -282,6 +295,42 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 		transport: transport,
 		target:    net.JoinHostPort("localhost", strconv.Itoa(int(port))),
 	}, nil
+}
+
+// A PathNodeDialer is a NodeDialer that can keep to some of its paths,
+// by name ("reverse", "splice", "relay" for package control's *Node): the
+// ways EnvPathsOnly and EnvPathsExclude narrow for a dial to a node.
+type PathNodeDialer interface {
+	NodeDialer
+	DialNodeWays(ctx context.Context, node string, port uint16, allow func(path string) bool) (net.Conn, error)
+}
+
+// pathsDialer dials a node's address by the paths allow lets through.
+type pathsDialer struct {
+	pd    PathNodeDialer
+	allow func(string) bool
+}
+
+func (p pathsDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	node, port, ok := SplitNodeAddr(address)
+	if !ok {
+		return nil, fmt.Errorf("%s is not a node's address (NODE%s:PORT)", address, NodeSuffix)
+	}
+	return p.pd.DialNodeWays(ctx, node, port, p.allow)
+}
+
+// pathFilters returns the path names EnvPathsOnly and EnvPathsExclude
+// gave the Dialer's config, or the user's (a config that cannot be read
+// filters nothing: the dial does not otherwise depend on it).
+func (d *Dialer) pathFilters() (only, exclude []string) {
+	cfg := d.Config
+	if cfg == nil {
+		cfg, _ = DefaultConfig()
+	}
+	if cfg == nil {
+		return nil, nil
+	}
+	return cfg.only, cfg.exclude
 }
 
 // networkDialer dials a node's address with a NodeDialer.

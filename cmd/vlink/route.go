@@ -30,7 +30,8 @@ connect wins and the others are stopped. The way that won is tried first
 for 10 minutes, and a way that failed goes last for 30 s: --count 2 shows
 the second dial using what the first learnt. VLINK_PATHS_ONLY and
 VLINK_PATHS_EXCLUDE (comma-separated: "direct", a layer's name such as
-ssh, or a way's whole text) narrow every best-effort route.
+ssh, or a way's whole text) narrow every best-effort route, and the
+paths to nodes: reverse, splice, relay.
 
 A node's address (NODE.vlink.alt:PORT) is reached through the vlink
 network (--node, --relay): the line says which path the connection took

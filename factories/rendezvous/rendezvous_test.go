@@ -211,3 +211,55 @@ type fakeNetwork struct{}
 func (fakeNetwork) DialNode(context.Context, string, uint16) (net.Conn, error) {
 	return nil, errors.New("fake")
 }
+
+// TestPathsFromEnv: VLINK_PATHS_ONLY and VLINK_PATHS_EXCLUDE narrow the
+// paths the network may take to a node, as they narrow best-effort
+// routes: excluding the one it would take moves it to the next, and
+// excluding every one it can take is an error, never a path it may not.
+func TestPathsFromEnv(t *testing.T) {
+	relay := network(t)
+	carol, bob := node(t, relay, "carol"), node(t, relay, "bob") // carol accepts no reverse connections
+	paths, _ := sumServer(t, bob)
+	t.Setenv("VLINK_CONFIG", "")
+	for _, tt := range []struct {
+		only, exclude string
+		path          string // "" for an error
+		is            error
+	}{
+		{"", "", "splice", nil},
+		{"", "splice", "relay", nil},
+		{"relay", "", "relay", nil},
+		{"reverse,splice", "", "splice", nil},
+		{"", "relay,splice", "", control.ErrNoReverse},
+		{"", "relay,splice,reverse", "", vlink.ErrNoWay},
+	} {
+		t.Run("only="+tt.only+" exclude="+tt.exclude, func(t *testing.T) {
+			t.Setenv(vlink.EnvPathsOnly, tt.only)
+			t.Setenv(vlink.EnvPathsExclude, tt.exclude)
+			cfg, err := vlink.ConfigFromEnv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := &vlink.Dialer{Config: cfg, Network: carol}
+			defer d.Close()
+			c, err := d.DialContext(ctxT(t), "tcp", "bob.vlink.alt:5432")
+			if tt.path == "" {
+				if err == nil {
+					c.Close()
+				}
+				if !errors.Is(err, tt.is) {
+					t.Fatalf("dial = %v, want %v", err, tt.is)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if p, theirs := vlink.PathOf(c), <-paths; p != tt.path || theirs != tt.path {
+				t.Fatalf("came by %q (bob's end: %q), want %q", p, theirs, tt.path)
+			}
+			sumThrough(t, c, []byte("through the allowed path"))
+		})
+	}
+}

@@ -48,7 +48,8 @@ var (
 	_ netconn.Unwrapper = (*Conn)(nil)
 	_ vlink.Vouched     = (*Conn)(nil)
 
-	_ vlink.NodeDialer = (*Node)(nil)
+	_ vlink.NodeDialer     = (*Node)(nil)
+	_ vlink.PathNodeDialer = (*Node)(nil)
 )
 
 func (c *Conn) LocalAddr() net.Addr  { return c.local }
@@ -109,6 +110,26 @@ func (n *Node) DialNode(ctx context.Context, name string, port uint16) (net.Conn
 	c, err := n.DialPaths(ctx, name, port, PathsAny)
 	if err != nil {
 		return nil, err // not a nil *Conn in a non-nil net.Conn
+	}
+	return c, nil
+}
+
+// DialNodeWays is DialNode by the paths allow lets through, by name:
+// "reverse", "splice", "relay" (what VLINK_PATHS_ONLY and
+// VLINK_PATHS_EXCLUDE narrow). It makes Node a vlink.PathNodeDialer.
+func (n *Node) DialNodeWays(ctx context.Context, name string, port uint16, allow func(path string) bool) (net.Conn, error) {
+	var paths Paths
+	for p, path := range map[Paths]string{PathReverse: "reverse", PathSplice: "splice", PathRelay: "relay"} {
+		if allow(path) {
+			paths |= p
+		}
+	}
+	if paths == 0 {
+		return nil, fmt.Errorf("%w: reverse, splice and relay, to %s", vlink.ErrNoWay, name)
+	}
+	c, err := n.DialPaths(ctx, name, port, paths)
+	if err != nil {
+		return nil, err
 	}
 	return c, nil
 }
