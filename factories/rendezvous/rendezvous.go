@@ -37,42 +37,12 @@ import (
 )
 
 func init() {
-	layer.Register(layer.Spec{
-		Name:     "reverse",
-		Kind:     layer.KindFactory,
-		Terminal: true,
-		Nodes:    true,
-		Summary:  "reach a node (NODE.vlink.alt:PORT) by having it connect back to us, through a firewall on its side; needs --reverse-listen",
-		Params: []layer.Param{
-			{Name: "fallback", Type: layer.TypeBool, Default: "true", Local: true,
-				Doc: "when the node cannot connect back (a firewall on our side too), let the relay carry the bytes; false fails the dial instead"},
-		},
-		New: func(a layer.Args) (any, error) {
-			paths := control.PathReverse
-			if a.Bool("fallback") {
-				paths |= control.PathRelay
-			}
-			return Factory{Paths: paths}, nil
-		},
-	})
-	layer.Register(layer.Spec{
-		Name:     "splice",
-		Kind:     layer.KindFactory,
-		Terminal: true,
-		Nodes:    true,
-		Summary:  "reach a node (NODE.vlink.alt:PORT) by both connecting at once (TCP simultaneous open), through firewalls on both sides and NATs that keep ports",
-		Params: []layer.Param{
-			{Name: "fallback", Type: layer.TypeBool, Default: "true", Local: true,
-				Doc: "when splicing fails (a NAT that changes ports), let the relay carry the bytes; false fails the dial instead"},
-		},
-		New: func(a layer.Args) (any, error) {
-			paths := control.PathSplice
-			if a.Bool("fallback") {
-				paths |= control.PathRelay
-			}
-			return Factory{Paths: paths}, nil
-		},
-	})
+	layer.Register(directPath("reverse", control.PathReverse,
+		"reach a node (NODE.vlink.alt:PORT) by having it connect back to us, through a firewall on its side; needs --reverse-listen",
+		"when the node cannot connect back (a firewall on our side too)"))
+	layer.Register(directPath("splice", control.PathSplice,
+		"reach a node (NODE.vlink.alt:PORT) by both connecting at once (TCP simultaneous open), through firewalls on both sides and NATs that keep ports",
+		"when splicing fails (a NAT that changes ports)"))
 	layer.Register(layer.Spec{
 		Name:     "relay",
 		Kind:     layer.KindFactory,
@@ -81,6 +51,29 @@ func init() {
 		Summary:  "reach a node (NODE.vlink.alt:PORT) through the network's relay, which carries the bytes (encrypted end to end)",
 		New:      func(layer.Args) (any, error) { return Factory{Paths: control.PathRelay}, nil },
 	})
+}
+
+// directPath is the spec of a factory that takes one direct path, and
+// the relay after it unless fallback=false; fails says when it fails.
+func directPath(name string, path control.Paths, summary, fails string) layer.Spec {
+	return layer.Spec{
+		Name:     name,
+		Kind:     layer.KindFactory,
+		Terminal: true,
+		Nodes:    true,
+		Summary:  summary,
+		Params: []layer.Param{
+			{Name: "fallback", Type: layer.TypeBool, Default: "true", Local: true,
+				Doc: fails + ", let the relay carry the bytes; false fails the dial instead"},
+		},
+		New: func(a layer.Args) (any, error) {
+			paths := path
+			if a.Bool("fallback") {
+				paths |= control.PathRelay
+			}
+			return Factory{Paths: paths}, nil
+		},
+	}
 }
 
 // A Factory dials a node's port by the paths it allows.
