@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -247,6 +248,9 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 	if r.via != "" {
 		return nil, fmt.Errorf("%w: a node is reached through its network, not via %s", ErrBadStack, r.via)
 	}
+	if len(r.stack.routes()) > 0 {
+		return nil, fmt.Errorf("%w: a node is reached through its network, not through route layers (%s)", ErrBadStack, Stack{Layers: r.stack.routes()})
+	}
 	network, ok := d.Network.(layer.ContextDialer)
 	if !ok {
 		network = networkDialer{d.Network}
@@ -418,24 +422,37 @@ const EncryptionLayer = "noise"
 // layers above included. A program that did not register the layer gets
 // an error rather than plaintext on the network.
 func (r *route) encrypted(address string) (*route, error) {
+	vias, via, err := r.vias()
+	if err != nil {
+		return nil, err
+	}
 	peer := address
-	if r.via != "" {
-		peer = r.via
+	if via != "" {
+		peer = via
 	}
 	mirrored := r.stack.mirrored()
-	sendsHello := len(mirrored) > 0 || r.via != ""
-	if r.key == nil || !sendsHello || keyedLayer(mirrored) != "" || isLoopbackHost(peer) {
+	sendsHello := len(mirrored) > 0 || via != ""
+	local := isLoopbackHost(peer)
+	for _, v := range vias {
+		local = local && isLoopbackHost(v)
+	}
+	if r.key == nil || !sendsHello || keyedLayer(mirrored) != "" || local {
 		return r, nil
 	}
 	if lookup(EncryptionLayer) == nil {
 		return nil, fmt.Errorf("%w: the key is set and %s is beyond loopback, so the stack needs the %s layer: import github.com/vlink-dev/vlink/filters/noise (or vlink/layers), or set Dialer.InsecurePlaintext", ErrUnknownLayer, peer, EncryptionLayer)
 	}
+	routes := r.stack.routes()
+	if via != r.via {
+		routes = routes[1:] // the last node is the gateway now, as Via
+	}
 	layers := make([]Layer, 0, len(r.stack.Layers)+1)
 	layers = append(layers, mirrored...)
 	layers = append(layers, Layer{Name: EncryptionLayer})
+	layers = append(layers, routes...)
 	layers = append(layers, r.stack.factories()...)
 	out := *r
-	out.stack = Stack{Layers: layers}
+	out.stack, out.via = Stack{Layers: layers}, via
 	return &out, nil
 }
 
@@ -476,8 +493,18 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 			return fail(err)
 		}
 	}
+	vias, via, err := r.vias()
+	if err != nil {
+		return fail(err)
+	}
+	if len(vias) > 0 {
+		if r.transport != nil {
+			return fail(fmt.Errorf("%w: a node is reached through its network, not through route layers", ErrBadStack))
+		}
+		transport = &fwdTransport{next: transport, vias: vias, node: r.node, key: r.key}
+	}
 	mirrored := r.stack.mirrored()
-	if len(mirrored) == 0 && r.via == "" && r.target == "" {
+	if len(mirrored) == 0 && via == "" && r.target == "" {
 		// Nothing to mirror: no hello, the factory's stream as is.
 		return transport.DialContext(ctx, network, address)
 	}
@@ -486,8 +513,11 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		return fail(fmt.Errorf("%w: layer %s: set Dialer.Key, key_file in the config, VLINK_KEY_FILE or --key-file", ErrKeyRequired, name))
 	}
 	peer, target := address, r.target
-	if r.via != "" {
-		peer, target = r.via, address
+	if via != "" {
+		peer, target = via, address
+	}
+	if slices.Contains(vias, peer) {
+		return fail(fmt.Errorf("%w: the route names %s twice", ErrLoop, peer))
 	}
 	// Build bottom-up, one hello per segment: the bottom one on the
 	// factory's stream, each one above on what a multi-link layer built.
@@ -505,7 +535,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		stack := Stack{Layers: seg}.String()
 		if d == nil {
-			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack}
+			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias)}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -644,6 +674,7 @@ type helloDialer struct {
 	node   string // the dialer's node name; empty for none
 	key    []byte // the pre-shared key, or the node's key
 	stack  string
+	hops   int // the nodes of route layers before the peer
 }
 
 func (d *helloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -660,7 +691,10 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if v, ok := c.(Vouched); ok {
 		node, key = "", v.VouchedKey() // the relay vouched for both ends
 	}
-	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, node, key)
+	transcript, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node}, key)
+	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
+		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
+	}
 	if err != nil {
 		c.Close()
 		return nil, layer.Handshake{}, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
@@ -671,14 +705,14 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 // handshakeWithContext runs the dialer's side of a hello on c, within the
 // context's deadline (or DefaultHandshakeTimeout) and interrupted by its
 // cancellation, and returns its transcript.
-func handshakeWithContext(ctx context.Context, c net.Conn, stack, target, node string, key []byte) ([]byte, error) {
+func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key []byte) ([]byte, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
 	stop := netconn.InterruptOnDone(ctx, c)
-	transcript, herr := clientHandshake(c, stack, target, node, key)
+	transcript, herr := clientHandshake(c, hello, key)
 	if !stop() && ctx.Err() != nil {
 		return nil, fmt.Errorf("handshake: %w", ctx.Err())
 	}

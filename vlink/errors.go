@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -32,6 +33,9 @@ var (
 	// ErrDirectRefused is matched when the user's rules refuse a
 	// destination.
 	ErrDirectRefused = errors.New("destination refused by the routing rules")
+	// ErrLoop is matched when a connection would cross a node twice on
+	// its way through route layers (fwd), or more than MaxHops nodes.
+	ErrLoop = errors.New("forwarding loop")
 	// ErrKeyRequired is matched when a stack holds a layer that needs the
 	// pre-shared key (an encryption layer such as noise) and no key is
 	// configured. It is layer.ErrKeyRequired.
@@ -52,6 +56,7 @@ const (
 	CodeUnreachable  RefuseCode = 8  // the forwarding target could not be reached
 	CodeBusy         RefuseCode = 9  // the listener is overloaded or shutting down
 	CodeRejected     RefuseCode = 10 // the application rejected the connection
+	CodeLoop         RefuseCode = 11 // the connection already crossed this node, or too many
 )
 
 var codeText = map[RefuseCode]string{
@@ -65,6 +70,7 @@ var codeText = map[RefuseCode]string{
 	CodeUnreachable:  "target unreachable",
 	CodeBusy:         "busy",
 	CodeRejected:     "rejected",
+	CodeLoop:         "forwarding loop",
 }
 
 func (c RefuseCode) String() string {
@@ -86,6 +92,8 @@ func (c RefuseCode) sentinel() error {
 		return ErrUnreachable
 	case CodeBusy:
 		return ErrBusy
+	case CodeLoop:
+		return ErrLoop
 	}
 	return nil
 }
@@ -94,13 +102,28 @@ func (c RefuseCode) sentinel() error {
 type RefusedError struct {
 	Code   RefuseCode
 	Reason string // the listener's explanation, for a person
+	// Hop says which node refused a connection that goes through route
+	// layers (fwd), counted from the dialer: 1 is the node it dialed,
+	// then each node the hello names in turn; 0 when there was no route.
+	// HopAddr is that node's address, as the dialer named it.
+	Hop     int
+	HopAddr string
 }
 
 func (e *RefusedError) Error() string {
-	if e.Reason == "" {
-		return fmt.Sprintf("%v: %v", ErrRefused, e.Code)
+	var b strings.Builder
+	b.WriteString(ErrRefused.Error())
+	if e.Hop > 0 {
+		fmt.Fprintf(&b, " at hop %d", e.Hop)
+		if e.HopAddr != "" {
+			fmt.Fprintf(&b, " (%s)", e.HopAddr)
+		}
 	}
-	return fmt.Sprintf("%v: %v: %s", ErrRefused, e.Code, e.Reason)
+	fmt.Fprintf(&b, ": %v", e.Code)
+	if e.Reason != "" {
+		fmt.Fprintf(&b, ": %s", e.Reason)
+	}
+	return b.String()
 }
 
 // Is makes a refusal match ErrRefused and its code's sentinel.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -34,6 +36,15 @@ const (
 	maxTargetText = 262 // a 255-byte host name, ':' and a port, or a bracketed IPv6 address
 	maxReasonText = 1024
 	maxNodeText   = maxNodeName // a DNS label
+
+	// MaxHops bounds the nodes a connection may cross through route
+	// layers (fwd): the hops a hello names and the trail of those it
+	// has crossed, together. A forwarding loop so ends even where the
+	// trail cannot tell (two spellings of one node).
+	MaxHops      = 8
+	maxHopsText  = MaxHops * (maxTargetText + 1)
+	trailIDSize  = 8 // a forwarding listener's random identity
+	maxOriginTxt = len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535")
 )
 
 type msgType uint8
@@ -72,15 +83,19 @@ const (
 	tagCode   fieldTag = 5 // RefuseCode, one byte
 	tagReason fieldTag = 6 // UTF-8 text for a person
 	tagNode   fieldTag = 7 // the dialer's node name (ValidNodeName)
+	tagHops   fieldTag = 8 // the nodes to forward through, host:port, comma-separated
+	tagOrigin fieldTag = 9 // where the connection came from, IP:port, as its first node saw it
+	tagTrail  fieldTag = 10 // the forwarding listeners crossed so far, trailIDSize bytes each
+	tagHop    fieldTag = 11 // in a refusal: how many nodes beyond the sender refused, u8
 )
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
 	msgAccept:    {tagProof},
-	msgRefuse:    {tagCode, tagReason},
+	msgRefuse:    {tagCode, tagReason, tagHop},
 }
 
 // header is a frame header.
@@ -100,6 +115,10 @@ type message struct {
 	proof  []byte
 	code   RefuseCode
 	reason string
+	hops   []string // next hops, in order
+	origin string   // an IP:port
+	trail  []byte   // trailIDSize bytes per listener crossed
+	hop    uint8    // in a refusal, see RefusedError.Hop
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -125,12 +144,20 @@ func (m *message) appendFrame(b []byte) []byte {
 	str(tagStack, m.stack)
 	str(tagTarget, m.target)
 	str(tagNode, m.node)
+	str(tagHops, strings.Join(m.hops, ","))
+	str(tagOrigin, m.origin)
+	if len(m.trail) > 0 {
+		field(tagTrail, m.trail)
+	}
 	field(tagNonce, m.nonce)
 	field(tagProof, m.proof)
 	if m.code != 0 {
 		field(tagCode, []byte{byte(m.code)})
 	}
 	str(tagReason, m.reason)
+	if m.hop != 0 {
+		field(tagHop, []byte{m.hop})
+	}
 	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
 	return b
 }
@@ -173,6 +200,26 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			if m.node, err = text(v, maxNodeText, "node"); err == nil && !ValidNodeName(m.node) {
 				err = fmt.Errorf("node %q: %w", m.node, ErrBadNodeName)
 			}
+		case tagHops:
+			m.hops, err = decodeHops(v)
+		case tagOrigin:
+			if m.origin, err = text(v, maxOriginTxt, "origin"); err == nil {
+				if _, perr := netip.ParseAddrPort(m.origin); perr != nil {
+					err = fmt.Errorf("origin %q is not an IP:port", m.origin)
+				}
+			}
+		case tagTrail:
+			if len(v) == 0 || len(v)%trailIDSize != 0 || len(v) > MaxHops*trailIDSize {
+				err = fmt.Errorf("trail is %d bytes, want a multiple of %d up to %d", len(v), trailIDSize, MaxHops*trailIDSize)
+			}
+			m.trail = append([]byte(nil), v...)
+		case tagHop:
+			if len(v) != 1 || v[0] == 0 || v[0] > MaxHops {
+				err = fmt.Errorf("hop must be one byte in 1..%d", MaxHops)
+			}
+			if len(v) == 1 {
+				m.hop = v[0]
+			}
 		case tagNonce:
 			m.nonce, err = fixed(v, nonceSize, "nonce")
 		case tagProof:
@@ -190,6 +237,30 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 		}
 	}
 	return m, nil
+}
+
+// decodeHops parses the hops field: 1..MaxHops distinct host:port, the
+// port numeric, comma-separated.
+func decodeHops(v []byte) ([]string, error) {
+	s, err := text(v, maxHopsText, "hops")
+	if err != nil {
+		return nil, err
+	}
+	hops := strings.Split(s, ",")
+	if len(hops) > MaxHops {
+		return nil, fmt.Errorf("%d hops, at most %d", len(hops), MaxHops)
+	}
+	for i, h := range hops {
+		if err := checkTarget(h); err != nil {
+			return nil, fmt.Errorf("hop %q: %v", h, err)
+		}
+		for _, prev := range hops[:i] {
+			if prev == h {
+				return nil, fmt.Errorf("%w: hop %s named twice", ErrLoop, h)
+			}
+		}
+	}
+	return hops, nil
 }
 
 func tagIn(t fieldTag, set []fieldTag) bool {

@@ -18,6 +18,8 @@ func TestFrameRoundTrip(t *testing.T) {
 		{typ: msgAuth, proof: bytes.Repeat([]byte{2}, proofSize)},
 		{typ: msgAccept},
 		{typ: msgRefuse, code: CodeParam, reason: "zstd level 22 is outside [1, 9]\nsecond line"},
+		{typ: msgHello, hops: []string{"gw2.example:7000", "[fd00::1]:7000"}, trail: bytes.Repeat([]byte{9}, 2*trailIDSize), origin: "192.0.2.1:5555"},
+		{typ: msgRefuse, code: CodeLoop, reason: "round", hop: 3},
 	}
 	for _, m := range msgs {
 		t.Run(m.typ.String(), func(t *testing.T) {
@@ -27,7 +29,8 @@ func TestFrameRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.stack != m.stack || got.target != m.target || got.node != m.node || !bytes.Equal(got.nonce, m.nonce) ||
-				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason {
+				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason ||
+				strings.Join(got.hops, ",") != strings.Join(m.hops, ",") || got.origin != m.origin || !bytes.Equal(got.trail, m.trail) || got.hop != m.hop {
 				t.Fatalf("got %+v, want %+v", got, m)
 			}
 		})
@@ -69,6 +72,13 @@ func TestFrameErrors(t *testing.T) {
 		{"long node", hello(field(tagNode, bytes.Repeat([]byte{'a'}, 64))), ErrBadHello, "node is 64 bytes"},
 		{"bad node", hello(field(tagNode, []byte("Alice"))), ErrBadHello, `"Alice"`},
 		{"node ends in dash", hello(field(tagNode, []byte("a-"))), ErrBadHello, "invalid node name"},
+		{"hop without port", hello(field(tagHops, []byte("gw:7000,gw2"))), ErrBadHello, `hop "gw2"`},
+		{"hop named twice", hello(field(tagHops, []byte("gw:7000,gw:7000"))), ErrBadHello, "named twice"},
+		{"too many hops", hello(field(tagHops, []byte("a:1,b:1,c:1,d:1,e:1,f:1,g:1,h:1,i:1"))), ErrBadHello, "9 hops"},
+		{"empty hop", hello(field(tagHops, []byte("a:1,"))), ErrBadHello, `hop ""`},
+		{"origin not an address", hello(field(tagOrigin, []byte("gw.example:80"))), ErrBadHello, "origin"},
+		{"ragged trail", hello(field(tagTrail, make([]byte, trailIDSize+1))), ErrBadHello, "trail is 9 bytes"},
+		{"long trail", hello(field(tagTrail, make([]byte, (MaxHops+1)*trailIDSize))), ErrBadHello, "trail is 72 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,6 +98,8 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgHello, stack: "noise", node: "alice-2", nonce: make([]byte, nonceSize)}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, node: "Bad.Name"}).appendFrame(nil))
 	f.Add((&message{typ: msgRefuse, code: CodeAuthFailed, reason: "no"}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, hops: []string{"a:1", "[::1]:2"}, trail: make([]byte, trailIDSize), origin: "[::1]:9"}).appendFrame(nil))
+	f.Add((&message{typ: msgRefuse, code: CodeLoop, hop: 2}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -104,7 +116,8 @@ func FuzzReadFrame(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded frame does not decode: %v", err)
 		}
-		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason {
+		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason ||
+			strings.Join(again.hops, ",") != strings.Join(m.hops, ",") || again.origin != m.origin || !bytes.Equal(again.trail, m.trail) || again.hop != m.hop {
 			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
 		}
 	})

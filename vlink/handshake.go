@@ -32,13 +32,12 @@ func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
 	return m.Sum(nil)
 }
 
-// clientHandshake sends the hello on c and waits for the listener's answer.
-// A non-empty node names the dialer's node in the hello; key is then that
-// node's key (NodeKey). It returns the transcript: every handshake byte
-// sent and received, in order (see layer.Handshake). The caller sets c's
-// deadline.
-func clientHandshake(c net.Conn, stack, target, node string, key []byte) (transcript []byte, err error) {
-	buf := helloBytes(stack, target, node, key)
+// clientHandshake sends hello on c and waits for the listener's answer.
+// A hello that names a node proves that node's key (NodeKey). It returns
+// the transcript: every handshake byte sent and received, in order (see
+// layer.Handshake). The caller sets c's deadline.
+func clientHandshake(c net.Conn, hello *message, key []byte) (transcript []byte, err error) {
+	buf := helloBytes(hello, key)
 	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
 		return nil, fmt.Errorf("sending hello: %w", err)
@@ -72,20 +71,21 @@ func clientHandshake(c net.Conn, stack, target, node string, key []byte) (transc
 		return nil, fmt.Errorf("%w: the listener accepted without checking the key, so it cannot prove who it is; refusing", ErrAuth)
 	}
 	if m.typ == msgRefuse {
-		return nil, &RefusedError{Code: m.code, Reason: m.reason}
+		return nil, &RefusedError{Code: m.code, Reason: m.reason, Hop: int(m.hop)}
 	}
 	return appendFrameBytes(transcript, m.typ, body), nil
 }
 
-// helloBytes is the magic and a hello frame, with a fresh nonce if the
-// dialer holds a key, and the dialer's node name if it has one.
-func helloBytes(stack, target, node string, key []byte) []byte {
-	hello := &message{typ: msgHello, stack: stack, target: target, node: node}
+// helloBytes is the magic and the hello frame, with a fresh nonce if the
+// dialer holds a key.
+func helloBytes(hello *message, key []byte) []byte {
+	hello.typ = msgHello
+	hello.nonce = nil
 	if key != nil {
 		hello.nonce = make([]byte, nonceSize)
 		rand.Read(hello.nonce)
 	}
-	buf := append(make([]byte, 0, len(magic)+headerSize+64+len(stack)+len(target)+len(node)), magic...)
+	buf := append(make([]byte, 0, len(magic)+headerSize+96+len(hello.stack)+len(hello.target)+len(hello.node)), magic...)
 	return hello.appendFrame(buf)
 }
 
@@ -112,7 +112,11 @@ func answerError(err error) error {
 // A hello that names a node proves that node's key, NodeKey(Policy.Key,
 // node), instead of Policy.Key, and the listener proves it back with the
 // same key: the name is bound to the proof, never taken on trust.
-func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
+//
+// An end-to-end hello (via non-nil) arrives through route layers, after
+// the hello of the node that forwarded it (via): it comes from via's
+// Origin, and proves its own key to this listener, as if it had dialed.
+func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello, error) {
 	p := &l.cfg.Policy
 	m, helloBody, err := readFrame(c, msgHello)
 	if err != nil {
@@ -125,12 +129,17 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 		}
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
-	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr(), key: p.Key}
+	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
 	h.transcript = appendFrameBytes([]byte(magic), msgHello, helloBody)
 	// A connection from another node of a vlink network comes with the
 	// key the relay gave both ends for it, and the dialer's name: the
-	// hello proves that key, whatever the policy's.
+	// hello proves that key, whatever the policy's. An end-to-end hello
+	// comes from beyond the node that proved it.
 	vouched, _ := c.(Vouched)
+	if via != nil {
+		vouched = nil
+		h.RemoteAddr, h.Forwarded = via.RemoteAddr, via.Forwarded
+	}
 	if vouched != nil && j == nil {
 		if m.node != "" {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "a hello from another node of the network names no node: the relay vouched for it"))
@@ -195,6 +204,9 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 		h.serverProof = proof(h.key, labelServer, helloBody, nonce)
 		h.transcript = appendFrameBytes(append(h.transcript, challenge...), msgAuth, authBody)
 	}
+	if rerr := l.checkRoute(m, h, j != nil || via != nil); rerr != nil {
+		return nil, sendRefusal(c, rerr)
+	}
 	stack, rerr := p.checkStack(m.stack, h.key != nil)
 	if rerr != nil {
 		return nil, sendRefusal(c, rerr)
@@ -206,7 +218,9 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction) (*Hello, error) {
 	// Bytes that cross a network are encrypted: the bottom segment's
 	// hello (a nested one rides inside it) must hold the encryption
 	// layer when it comes from beyond loopback.
-	if h.key != nil && !p.InsecurePlaintext && j == nil && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
+	// A hello that goes on to other nodes carries the end-to-end hello
+	// after it, which is checked where it ends.
+	if h.key != nil && !p.InsecurePlaintext && j == nil && !h.routed() && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
 		return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: add %s to the stack (vlink adds it when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
 	}
 	if h.Target != "" {
@@ -269,7 +283,11 @@ func sendRefusal(c net.Conn, r *RefusedError) error {
 	if len(r.Reason) > maxReasonText {
 		r.Reason = strings.ToValidUTF8(r.Reason[:maxReasonText], "")
 	}
-	c.Write((&message{typ: msgRefuse, code: r.Code, reason: r.Reason}).appendFrame(nil))
+	hop := uint8(0)
+	if r.Hop > 0 && r.Hop <= MaxHops {
+		hop = uint8(r.Hop) // how many nodes beyond this one refused
+	}
+	c.Write((&message{typ: msgRefuse, code: r.Code, reason: r.Reason, hop: hop}).appendFrame(nil))
 	return r
 }
 

@@ -2,6 +2,7 @@ package vlink
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -68,10 +69,24 @@ type Hello struct {
 	// A dialer that names a node proves that node's key, NodeKey of
 	// Policy.Key and the name, so it can prove no other node's name.
 	// The connections a multi-link layer builds inherit it.
-	Node       string
+	Node string
+	// RemoteAddr is where the connection came from: for one that came
+	// through route layers (fwd), its origin as the first node saw it,
+	// which each node vouched for with its key, or, when a node on the
+	// way had none, the last node's address.
 	RemoteAddr net.Addr
+	// Hops are the nodes this listener is asked to carry the connection
+	// through, in order (see layer.Route): the first is the next node.
+	// A listener that takes such a hello forwards it with DialNextHop;
+	// nothing is mirrored on the way.
+	Hops []string
+	// Forwarded is how many nodes the connection crossed to get here.
+	Forwarded int
 
 	key         []byte // the key proven: Policy.Key, or Node's key derived from it
+	listener    *Listener
+	route       bool   // the hello goes on to Hops, or ends a route here
+	trail       []byte // the forwarding listeners crossed (trailIDSize each)
 	serverProof []byte
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 }
@@ -119,6 +134,8 @@ type Listener struct {
 	inner   net.Listener
 	cfg     ListenConfig
 	targets *selector.Selector
+	hops    *selector.Selector // Policy.Hops; nil: forwards to no node
+	id      [trailIDSize]byte  // this listener in the trail of a route, for loops
 	log     *slog.Logger
 
 	ready  chan *Conn
@@ -222,6 +239,8 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 		pending: map[net.Conn]struct{}{},
 	}
 	l.targets, _ = lc.Policy.targets() // checked by Validate
+	l.hops, _ = lc.Policy.hops()
+	rand.Read(l.id[:])
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
@@ -397,7 +416,7 @@ func (l *Listener) serveNested(c net.Conn, j *junction) {
 		if string(m[:]) != magic {
 			return sendRefusal(c, refuse(CodeMalformed, "a connection built by a multi-link layer must open with a hello"))
 		}
-		h, err := l.serverHandshake(c, j)
+		h, err := l.serverHandshake(c, j, nil)
 		if err != nil {
 			return err
 		}
@@ -442,12 +461,29 @@ func (l *Listener) handshake(raw net.Conn) (*Conn, error) {
 		l.log.Debug("vlink: accepted plain", "remote", raw.RemoteAddr().String())
 		return &Conn{Conn: netconn.Prefixed(raw, prefix)}, nil
 	}
-	h, err := l.serverHandshake(raw, nil)
+	h, err := l.serverHandshake(raw, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	// Past the policy, and with a key, proven: no longer sheddable.
 	l.shed.authenticated(raw)
+	if h.ends() {
+		// The last node of a route forwarded the connection here:
+		// the dialer's own hello follows, end to end.
+		if err := accept(raw, h); err != nil {
+			return nil, fmt.Errorf("sending accept: %w", err)
+		}
+		var m [len(magic)]byte
+		if _, err := io.ReadFull(raw, m[:]); err != nil {
+			return nil, fmt.Errorf("reading the end-to-end hello: %w", err)
+		}
+		if string(m[:]) != magic {
+			return nil, errors.New("a forwarded connection did not open with its dialer's hello")
+		}
+		if h, err = l.serverHandshake(raw, nil, h); err != nil {
+			return nil, err
+		}
+	}
 	return l.finish(raw, h, deadline, 0)
 }
 
@@ -544,7 +580,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 		return nil, nil
 	}
 	l.log.Debug("vlink: accepted", "remote", h.RemoteAddr.String(), "stack", h.Stack.String(),
-		"target", h.Target, "node", h.Node, "took", time.Since(start))
+		"target", h.Target, "node", h.Node, "hops", h.Hops, "forwarded", h.Forwarded, "took", time.Since(start))
 	return &Conn{Conn: c, hello: h, admitted: admitted}, nil
 }
 

@@ -87,7 +87,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		if dl, ok := ctx.Deadline(); ok {
 			c.SetWriteDeadline(dl)
 		}
-		_, err = c.Write(helloBytes(d.stack, d.target, "", nil))
+		_, err = c.Write(helloBytes(&message{stack: d.stack, target: d.target}, nil))
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			c.Close()
@@ -95,7 +95,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		}
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	transcript, err := handshakeWithContext(ctx, c, d.stack, d.target, "", nil)
+	transcript, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target}, nil)
 	if err != nil {
 		c.Close()
 		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}

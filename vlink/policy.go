@@ -63,6 +63,12 @@ type Policy struct {
 	// decides (Refuse forbids). Nil forbids all forwarding: never an open
 	// proxy by default.
 	Targets []selector.Rule
+	// Hops are the nodes (VLink listeners, host:port) a dialer may ask
+	// the listener to carry its connection on to, through route layers
+	// (fwd), as selector rules matched against the next hop as the hello
+	// names it; the action of the first match decides (Refuse forbids).
+	// Nil forbids: a listener forwards to no other node by default.
+	Hops []selector.Rule
 }
 
 // Validate reports whether the policy is usable.
@@ -98,7 +104,21 @@ func (p *Policy) Validate() error {
 	if _, err := p.targets(); err != nil {
 		return err
 	}
+	if _, err := p.hops(); err != nil {
+		return err
+	}
 	return nil
+}
+
+func (p *Policy) hops() (*selector.Selector, error) {
+	if p.Hops == nil {
+		return nil, nil
+	}
+	s, err := selector.New(p.Hops, selector.Rule{Action: selector.Refuse})
+	if err != nil {
+		return nil, fmt.Errorf("vlink: policy: hops: %w", err)
+	}
+	return s, nil
 }
 
 // AllowsTarget reports, as a nil error, whether a dialer may name target

@@ -166,7 +166,7 @@ func (s *Stack) validate(text string) error {
 	if text == "" {
 		text = s.String()
 	}
-	seenFactory := false
+	seenFactory, seenRoute := false, false
 	for i := range s.Layers {
 		l := &s.Layers[i]
 		fail := func(err error) error { return &StackError{Stack: text, Index: i + 1, Layer: l.Name, Err: err} }
@@ -185,7 +185,14 @@ func (s *Stack) validate(text string) error {
 			}
 		case seenFactory:
 			return fail(fmt.Errorf("%w: a %s must sit above every factory", ErrBadStack, spec.Kind))
+		case spec.Kind == layer.KindRoute:
+			seenRoute = true
+		case seenRoute:
+			return fail(fmt.Errorf("%w: a %s must sit above every route layer: the layers above a route run end to end", ErrBadStack, spec.Kind))
 		}
+	}
+	if len(s.routes()) > MaxHops {
+		return &StackError{Stack: text, Err: fmt.Errorf("%w: %d route layers, at most %d", ErrLoop, len(s.routes()), MaxHops)}
 	}
 	if n := len(s.Layers); n == 0 || !lookup(s.Layers[n-1].Name).Terminal {
 		if lookup("tcp") == nil {
@@ -234,23 +241,36 @@ func (l Layer) format(b *strings.Builder) {
 	}
 }
 
-// IsPlain reports whether the stack has nothing for a peer to mirror, so a
-// connection made with it is byte-for-byte the factory's stream.
-func (s Stack) IsPlain() bool { return len(s.mirrored()) == 0 }
+// IsPlain reports whether the stack has nothing for a peer to mirror and
+// no node to go through, so a connection made with it is byte-for-byte
+// the factory's stream.
+func (s Stack) IsPlain() bool { return len(s.mirrored()) == 0 && len(s.routes()) == 0 }
 
-// mirrored returns the layers above the topmost factory: the ones the peer
-// rebuilds from the hello.
+// mirrored returns the layers above the topmost route layer or factory:
+// the ones the peer rebuilds from the hello.
 func (s Stack) mirrored() []Layer {
 	for i, l := range s.Layers {
-		if spec := lookup(l.Name); spec != nil && spec.Kind == layer.KindFactory {
+		if spec := lookup(l.Name); spec != nil && !spec.Kind.Mirrored() {
 			return s.Layers[:i]
 		}
 	}
 	return s.Layers
 }
 
+// routes returns the route layers (fwd), top first: the last one is the
+// node the stack's factories reach.
+func (s Stack) routes() []Layer {
+	rest := s.Layers[len(s.mirrored()):]
+	for i, l := range rest {
+		if spec := lookup(l.Name); spec == nil || spec.Kind != layer.KindRoute {
+			return rest[:i]
+		}
+	}
+	return rest
+}
+
 // factories returns the factory layers, top first.
-func (s Stack) factories() []Layer { return s.Layers[len(s.mirrored()):] }
+func (s Stack) factories() []Layer { return s.Layers[len(s.mirrored())+len(s.routes()):] }
 
 // MarshalText implements encoding.TextMarshaler with the text form.
 func (s Stack) MarshalText() ([]byte, error) { return []byte(s.String()), nil }

@@ -129,3 +129,54 @@ func TestEncryptedByDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestEncryptedThroughRoute: a plain stack through fwd nodes beyond
+// loopback gets the noise layer end to end, with the last node as the
+// gateway, and the gateway learns the origin the first node vouched for.
+func TestEncryptedThroughRoute(t *testing.T) {
+	host := hostAddr(t).String()
+	listen := func(p vlink.Policy, admit func(context.Context, *vlink.Hello) (any, error)) *vlink.Listener {
+		lc := vlink.ListenConfig{Policy: p, Admit: admit}
+		l, err := lc.Listen(context.Background(), "tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	gw := listen(vlink.Policy{Key: key, Targets: []selector.Rule{{Host: "127.0.0.1", Ports: "9"}}}, nil)
+	node := listen(vlink.Policy{Key: key, Hops: []selector.Rule{{Host: host, Ports: "*"}}},
+		func(ctx context.Context, h *vlink.Hello) (any, error) { return h.DialNextHop(ctx, nil) })
+	go func() {
+		c, err := node.AcceptVLink()
+		if err != nil {
+			return
+		}
+		next := c.Admitted().(net.Conn)
+		go func() { io.Copy(next, c); next.Close() }()
+		io.Copy(c, next)
+		c.Close()
+	}()
+	seen := make(chan *vlink.Hello, 1)
+	go func() {
+		c, err := gw.AcceptVLink()
+		if err != nil {
+			return
+		}
+		seen <- c.Hello()
+		c.Close()
+	}()
+	d := vlink.Dialer{Stack: vlink.MustParse("fwd:via=" + gw.Addr().String() + "+fwd:via=" + node.Addr().String()), Key: key}
+	c, err := d.Dial("tcp", "127.0.0.1:9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := <-seen
+	if h.Stack.String() != "noise" || h.Target != "127.0.0.1:9" || h.Forwarded != 1 {
+		t.Errorf("the gateway saw stack %q target %q forwarded %d, want noise, 127.0.0.1:9, 1", h.Stack, h.Target, h.Forwarded)
+	}
+	if h.RemoteAddr.String() != c.LocalAddr().String() {
+		t.Errorf("the gateway saw the connection from %s, want its origin %s", h.RemoteAddr, c.LocalAddr())
+	}
+}

@@ -20,6 +20,11 @@ const (
 	// the layer below, or many streams over one. They are mirrored by the
 	// peer and implement [MultiLink].
 	KindMultiLink
+	// KindRoute layers reach the peer through another node, which
+	// forwards the stream (a chain of them crosses a chain of nodes).
+	// They sit between the mirrored layers and the factories, are not
+	// mirrored, and implement [Route].
+	KindRoute
 )
 
 func (k Kind) String() string {
@@ -30,6 +35,8 @@ func (k Kind) String() string {
 		return "filter"
 	case KindMultiLink:
 		return "multi-link"
+	case KindRoute:
+		return "route"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -58,6 +65,14 @@ type Factory interface {
 type ListenFactory interface {
 	Factory
 	Listen(ctx context.Context, network, address string, forward ContextDialer) (net.Listener, error)
+}
+
+// A Route names the node a route layer goes through: that node forwards
+// the stream to the next one, or to the peer, as the hello names them.
+// The mirrored layers above a route run end to end, so the nodes on the
+// way carry their bytes (compressed, encrypted) without reading them.
+type Route interface {
+	Via() string // the node's VLink listener, host:port
 }
 
 // A Filter transforms a byte stream; the peer applies the same filter on its

@@ -30,7 +30,8 @@ type Spec struct {
 	// terminal, and the only factory of its stack.
 	Nodes bool
 	// New builds the layer. It returns a Factory for KindFactory, a Filter
-	// for KindFilter and a MultiLink for KindMultiLink.
+	// for KindFilter, a MultiLink for KindMultiLink and a Route for
+	// KindRoute.
 	New func(args Args) (any, error)
 }
 
@@ -106,7 +107,7 @@ func Register(s Spec) {
 	if s.New == nil {
 		panic(fmt.Sprintf("vlink: Register %s: New is nil", s.Name))
 	}
-	if s.Kind < KindFactory || s.Kind > KindMultiLink {
+	if s.Kind < KindFactory || s.Kind > KindRoute {
 		panic(fmt.Sprintf("vlink: Register %s: invalid kind %d", s.Name, s.Kind))
 	}
 	if s.Terminal && s.Kind != KindFactory {

@@ -14,6 +14,7 @@ import (
 	_ "github.com/vlink-dev/vlink/factories/ssh"
 	_ "github.com/vlink-dev/vlink/factories/tcp"
 	_ "github.com/vlink-dev/vlink/filters/compress"
+	_ "github.com/vlink-dev/vlink/filters/fwd"
 	_ "github.com/vlink-dev/vlink/filters/identity"
 	_ "github.com/vlink-dev/vlink/filters/mux"
 	_ "github.com/vlink-dev/vlink/filters/noise"
