@@ -80,11 +80,11 @@ const (
 	tagTarget fieldTag = 2 // host:port the listener should forward to
 	tagNonce  fieldTag = 3
 	tagProof  fieldTag = 4
-	tagCode   fieldTag = 5 // RefuseCode, one byte
-	tagReason fieldTag = 6 // UTF-8 text for a person
-	tagNode   fieldTag = 7 // the dialer's node name (ValidNodeName)
-	tagHops   fieldTag = 8 // the nodes to forward through, host:port, comma-separated
-	tagOrigin fieldTag = 9 // where the connection came from, IP:port, as its first node saw it
+	tagCode   fieldTag = 5  // RefuseCode, one byte
+	tagReason fieldTag = 6  // UTF-8 text for a person
+	tagNode   fieldTag = 7  // the dialer's node name (ValidNodeName)
+	tagHops   fieldTag = 8  // the nodes to forward through, host:port, comma-separated
+	tagOrigin fieldTag = 9  // where the connection came from, IP:port, as its first node saw it
 	tagTrail  fieldTag = 10 // the forwarding listeners crossed so far, trailIDSize bytes each
 	tagHop    fieldTag = 11 // in a refusal: how many nodes beyond the sender refused, u8
 )
