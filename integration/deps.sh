@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the integration tests and benchmarks drive:
-# the real peers (OpenSSH, dante, tinyproxy, redis, socat, iperf3), the
+# the real peers (OpenSSH, dante, tinyproxy, redis, socat, iperf3, nginx), the
 # unmodified programs the preload shim is tested on (curl, wget, netcat,
 # git, python3) and the lab's tools (iproute2, nftables, iptables).
 # Idempotent and quiet: installed packages are left alone, and the package
@@ -17,7 +17,7 @@ packages=(
   dante-server:danted tinyproxy:tinyproxy
   redis-server:redis-server redis-tools:redis-cli
   iproute2:ip nftables:nft iptables:iptables
-  gcc:gcc libc6-dev:
+  nginx-light:nginx gcc:gcc libc6-dev:
 )
 
 if [ "${1:-}" = --list ]; then

@@ -184,3 +184,28 @@ func (r *route) vias() (vias []string, via string, err error) {
 	}
 	return vias, via, nil
 }
+
+// Through returns s going through nodes first, the first reached first:
+// a fwd layer per node, below the route layers s has. The fwd layer must
+// be registered (import github.com/vlink-dev/vlink/filters/fwd, or
+// vlink/layers). vlink tunnel --via A,B,C is Stack.Through("A", "B") with
+// C as the gateway.
+func (s Stack) Through(nodes ...string) (Stack, error) {
+	if len(nodes) == 0 {
+		return s, nil
+	}
+	if spec := lookup("fwd"); spec == nil || spec.Kind != layer.KindRoute {
+		return Stack{}, fmt.Errorf("%w: going through other nodes needs the fwd layer: import github.com/vlink-dev/vlink/filters/fwd (or vlink/layers)", ErrUnknownLayer)
+	}
+	above := len(s.mirrored()) + len(s.routes())
+	layers := append([]Layer(nil), s.Layers[:above]...)
+	for i := len(nodes) - 1; i >= 0; i-- {
+		layers = append(layers, Layer{Name: "fwd", Params: map[string]string{"via": nodes[i]}})
+	}
+	layers = append(layers, s.Layers[above:]...)
+	out := Stack{Layers: layers}
+	if err := out.validate(""); err != nil {
+		return Stack{}, err
+	}
+	return out, nil
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/proxyproto"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
@@ -21,7 +22,7 @@ import (
 var serveCmd = &cli.Command{
 	Name:     "serve",
 	Summary:  "accept VLink and plain connections on a port and forward them",
-	Synopsis: "(--target HOST:PORT | --allow PATTERN ...) [flags]",
+	Synopsis: "(--target HOST:PORT | --allow PATTERN ... | --hop PATTERN ...) [flags]",
 	About: `
 Accepts VLink connections (from "vlink tunnel", or any program dialing with
 the vlink library) and plain TCP connections on one port, and forwards each:
@@ -29,10 +30,17 @@ the vlink library) and plain TCP connections on one port, and forwards each:
   - a VLink connection gets the stack its dialer asks for mirrored (within
     --layers and --limit), then goes to the target it names if an --allow
     pattern matches it, or to --target if it names none;
-  - a plain connection (one that sends no hello) goes to --target.
+  - a plain connection (one that sends no hello) goes to --target;
+  - a VLink connection that goes through this node to other nodes (the
+    fwd layer, or vlink tunnel --via A,B,C) is carried on to the next node
+    it names if a --hop pattern matches it, reached through --hop-stack;
+    nothing is mirrored here: the layers run end to end, and this node
+    relays bytes it does not read. With --key-file the nodes of a route
+    prove the key to each other and vouch for the connection's origin,
+    which each node logs and the last can pass on (--proxy-protocol).
 
-serve is never an open proxy: it needs --target, --allow, or both, and a
-target a dialer names is refused unless an --allow pattern matches it.
+serve is never an open proxy: it needs --target, --allow or --hop, and a
+target or next node a dialer names is refused unless a pattern matches it.
 Patterns match the target as the dialer wrote it, without resolving names,
 so an IP pattern only matches targets given as IP addresses.
 
@@ -55,14 +63,25 @@ key.
   vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
       --allow 10.0.0.0/8:1-65535 --allow '*.corp.example:443' \
       --layers zstd,lz4 --limit zstd.level=1-9
+
+  # A node of a chain: carries tunnels on to gw2 (reached through a SOCKS
+  # proxy), without reading them; a tunnel crosses both nodes with
+  # vlink tunnel --via gw1:7000,gw2:7000 --stack zstd --to db:5432
+  vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
+      --hop 'gw2.example:7000' --hop-stack socks5:addr=proxy:1080
+
+  # A gateway that tells its web server where each connection came from
+  # (nginx: listen 8080 proxy_protocol):
+  vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
+      --allow 127.0.0.1:8080 --proxy-protocol 127.0.0.1:8080
 `,
 	Flags: withEnv(serveFlags),
 }
 
 type serveOptions struct {
 	listen, target, keyFile, layers, plain string
-	listenStack                            string
-	allow, limits                          listFlag
+	listenStack, hopStack                  string
+	allow, limits, hops, proxyProtocol     listFlag
 	handshakeTimeout, dialTimeout, grace   time.Duration
 	idleTimeout                            time.Duration
 	insecurePlaintext                      bool
@@ -74,6 +93,9 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:7000", "accept connections on `ADDR` (host:port); a non-loopback address serves other hosts")
 	fs.StringVar(&o.target, "target", "", "forward plain connections, and VLink connections that name no target, to `HOST:PORT` (default: none)")
 	fs.Var(&o.allow, "allow", "let VLink dialers name targets matching `PATTERN`, written HOST:PORTS: HOST is a name glob (*.corp.example), an IP or a CIDR prefix (10.0.0.0/8, [fd00::1]); PORTS is a port, a range, a comma list or * (repeatable; default: none)")
+	fs.Var(&o.hops, "hop", "let VLink dialers route through this node to a next node matching `PATTERN` (HOST:PORTS, as --allow): the next node must be a VLink listener, vlink serve (repeatable; default: none)")
+	fs.StringVar(&o.hopStack, "hop-stack", "tcp", "reach next nodes through the factories of `STACK` (ssh:host=bastion, socks5:addr=proxy:1080, ...)")
+	fs.Var(&o.proxyProtocol, "proxy-protocol", "send targets matching `PATTERN` (HOST:PORTS, as --allow) a PROXY protocol v2 header with the connection's origin, as nginx (listen ... proxy_protocol) and haproxy (accept-proxy) take it; only for targets that expect it (repeatable; default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "require VLink dialers to prove they hold the pre-shared key in `FILE` (at least 16 bytes, mode 600; default: no authentication)")
 	fs.StringVar(&o.layers, "layers", "", "let dialers ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
 	fs.Var(&o.limits, "limit", "narrow a layer parameter's bounds, written `LAYER.PARAM=MIN-MAX` or LAYER.PARAM=VALUE: the server runs the mirrored layer too, so a high compression level costs it CPU (repeatable; default: the layer's own bounds)")
@@ -99,6 +121,8 @@ const defaultIdleTimeout = time.Hour
 // server is a running "vlink serve".
 type server struct {
 	target      string
+	hop         *vlink.Dialer      // reaches next nodes; nil: --hop not given
+	proxy       *selector.Selector // targets that get a PROXY v2 header
 	dialTimeout time.Duration
 	idleTimeout time.Duration // plain relays only
 	log         *slog.Logger
@@ -106,9 +130,9 @@ type server struct {
 }
 
 func (o *serveOptions) run(ctx context.Context, e *env) error {
-	if o.target == "" && len(o.allow) == 0 {
-		return usagef("nothing to forward to: add --target HOST:PORT (where connections go) " +
-			"or --allow PATTERN (the targets VLink dialers may name), or both; serve never runs as an open proxy")
+	if o.target == "" && len(o.allow) == 0 && len(o.hops) == 0 {
+		return usagef("nothing to forward to: add --target HOST:PORT (where connections go), " +
+			"--allow PATTERN (the targets VLink dialers may name) or --hop PATTERN (the nodes they may route through); serve never runs as an open proxy")
 	}
 	policy, err := o.policy()
 	if err != nil {
@@ -129,6 +153,31 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 	}
 
 	s := &server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout, log: e.log, t: newTracker()}
+	if len(o.hops) > 0 {
+		hs, err := vlink.Parse(o.hopStack)
+		if err != nil {
+			return usagef("--hop-stack: %v", err)
+		}
+		if !hs.IsPlain() {
+			return usagef("--hop-stack %s: give factories only; the layers a dialer asks for run end to end, not between nodes", o.hopStack)
+		}
+		s.hop = &vlink.Dialer{Stack: hs, Timeout: o.dialTimeout}
+	} else if o.hopStack != "tcp" {
+		return usagef("--hop-stack needs --hop: it says how to reach the next nodes --hop lets dialers name")
+	}
+	if len(o.proxyProtocol) > 0 {
+		var rules []selector.Rule
+		for _, a := range o.proxyProtocol {
+			r, err := parseAllow(a)
+			if err != nil {
+				return usagef("--proxy-protocol: %v", err)
+			}
+			rules = append(rules, r)
+		}
+		if s.proxy, err = selector.New(rules, selector.Rule{Action: selector.Refuse}); err != nil {
+			return usagef("--proxy-protocol: %v", err)
+		}
+	}
 	var listenStack vlink.Stack
 	if o.listenStack != "" {
 		if listenStack, err = vlink.Parse(o.listenStack); err != nil {
@@ -200,6 +249,13 @@ func (o *serveOptions) policy() (vlink.Policy, error) {
 			return p, err
 		}
 		p.Targets = append(p.Targets, r)
+	}
+	for _, a := range o.hops {
+		r, err := parseAllow(a)
+		if err != nil {
+			return p, usagef("--hop: %v", err)
+		}
+		p.Hops = append(p.Hops, r)
 	}
 	if o.layers != "" {
 		p.Layers = []string{}
@@ -329,6 +385,9 @@ func mirroredNames() []string {
 // dialer is answered: it dials the target, so an unreachable target is
 // reported to the dialer rather than seen as a connection that closes.
 func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
+	if len(h.Hops) > 0 {
+		return s.admitHop(ctx, h)
+	}
 	to := h.Target
 	if to == "" {
 		if s.target == "" {
@@ -343,12 +402,57 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 		s.log.Warn("target unreachable", "remote", h.RemoteAddr.String(), "target", to, "err", err)
 		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
 	}
-	// Tracked from here: should the listener close before handing the
-	// connection over, shutdown still closes the target's side.
+	if err := s.sendProxyHeader(c, to, h.RemoteAddr); err != nil {
+		c.Close()
+		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: "sending the PROXY header: " + err.Error()}
+	}
+	return s.track(c)
+}
+
+// admitHop carries a routed connection on to the next node, before the
+// dialer is answered, so a refusal further on comes back to it.
+func (s *server) admitHop(ctx context.Context, h *vlink.Hello) (any, error) {
+	c, err := h.DialNextHop(ctx, s.hop)
+	if err != nil {
+		s.log.Warn("next node refused or unreachable", "origin", h.RemoteAddr.String(), "next", h.Hops[0], "err", err)
+		var re *vlink.RefusedError
+		if errors.As(err, &re) {
+			return nil, re
+		}
+		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: fmt.Sprintf("cannot reach the next node, %s: %v", h.Hops[0], err)}
+	}
+	return s.track(c)
+}
+
+// track hands the tracker a connection dialed for a dialer being
+// admitted: should the listener close before handing the connection
+// over, shutdown still closes it.
+func (s *server) track(c net.Conn) (any, error) {
 	if !s.t.add(c) {
+		c.Close()
 		return nil, &vlink.RefusedError{Code: vlink.CodeBusy, Reason: "shutting down"}
 	}
 	return &admitted{Conn: c, t: s.t}, nil
+}
+
+// sendProxyHeader sends c a PROXY v2 header naming origin when target
+// matches --proxy-protocol.
+func (s *server) sendProxyHeader(c net.Conn, target string, origin net.Addr) error {
+	if s.proxy == nil {
+		return nil
+	}
+	if r, err := s.proxy.Match(target); err != nil || r.Action == selector.Refuse {
+		return nil
+	}
+	src, ok1 := origin.(*net.TCPAddr)
+	dst, ok2 := c.RemoteAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return fmt.Errorf("addresses %v -> %v are not TCP", origin, c.RemoteAddr())
+	}
+	c.SetWriteDeadline(time.Now().Add(s.dialTimeout))
+	defer c.SetWriteDeadline(time.Time{})
+	_, err := c.Write(proxyproto.Header(src.AddrPort(), dst.AddrPort()))
+	return err
 }
 
 // admitted is a target connection dialed by admit. The listener closes it
@@ -371,6 +475,11 @@ func (s *server) handle(c *vlink.Conn) {
 		attrs = append(attrs, "stack", "plain", "target", s.target)
 		d := net.Dialer{Timeout: s.dialTimeout}
 		tc, err := d.DialContext(s.t.ctx, "tcp", s.target)
+		if err == nil {
+			if err = s.sendProxyHeader(tc, s.target, c.RemoteAddr()); err != nil {
+				tc.Close()
+			}
+		}
 		if err != nil {
 			netconn.Abort(c) // a reset, never a clean empty stream
 			if !errors.Is(err, context.Canceled) {
@@ -386,7 +495,21 @@ func (s *server) handle(c *vlink.Conn) {
 	if to == "" {
 		to = s.target
 	}
-	attrs = append(attrs, "stack", h.Stack.String(), "target", to, "authenticated", h.Authenticated)
+	switch {
+	case len(h.Hops) > 0:
+		// Nothing is mirrored or targeted here: the bytes go on to the
+		// next node. Every node of a route logs where the connection
+		// came from, as the nodes before it vouched for it.
+		attrs = []any{"origin", h.RemoteAddr.String(), "from", c.RemoteAddr().String(), "forwarded", h.Forwarded,
+			"next", h.Hops[0], "then", strings.Join(h.Hops[1:], ","), "authenticated", h.Authenticated}
+		s.log.Info("forwarding a routed connection to the next node", attrs...)
+	case h.Forwarded > 0:
+		attrs = []any{"origin", h.RemoteAddr.String(), "from", c.RemoteAddr().String(), "forwarded", h.Forwarded,
+			"stack", h.Stack.String(), "target", to, "authenticated", h.Authenticated}
+		s.log.Info("forwarding a routed connection to its target", attrs...)
+	default:
+		attrs = append(attrs, "stack", h.Stack.String(), "target", to, "authenticated", h.Authenticated)
+	}
 	a, ok := c.Admitted().(*admitted)
 	if !ok { // cannot happen: admit returns a connection or an error
 		c.Close()

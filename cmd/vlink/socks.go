@@ -69,7 +69,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	o := &socksOptions{}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:1080", "accept SOCKS clients on `ADDR` (host:port)")
 	fs.StringVar(&o.stack, "stack", "", "reach every destination through `STACK`, e.g. ssh:host=bastion or socks5:addr=proxy:1080; with --node, filters such as zstd reach the nodes' ports, which mirror them (default: the configuration decides per destination)")
-	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow); needs --stack")
+	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), or a chain of nodes HOST:PORT,HOST:PORT,... ending with the gateway (see vlink tunnel --help); needs --stack")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the gateway that we hold the pre-shared key in `FILE`; needs --stack")
 	fs.StringVar(&o.config, "config", "", "route destinations by the rules of the config `FILE` (default: VLINK_CONFIG or ~/.config/vlink/config.toml, if any)")
 	fs.Var(&o.allowFrom, "allow-from", "also serve clients from `CIDR`, e.g. 10.1.0.0/16 (repeatable; loopback clients are always served; default: none)")
@@ -121,12 +121,14 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 		if !s.IsPlain() && o.via == "" && !o.node.set() {
 			return nil, nil, "", usagef("--stack %s has layers a VLink peer must mirror: add --via GATEWAY (a SOCKS destination is a plain server), or --node to reach the nodes of a vlink network, which do", o.stack)
 		}
-		d.Stack, route = s, s.String()
 		if o.via != "" {
-			if err := checkHostPort(o.via); err != nil {
-				return nil, nil, "", usagef("--via %v", err)
+			if s, d.Via, err = viaChain(s, o.via); err != nil {
+				return nil, nil, "", err
 			}
-			d.Via, route = o.via, route+" via "+o.via
+		}
+		d.Stack, route = s, s.String()
+		if d.Via != "" {
+			route += " via " + d.Via
 		}
 		if o.keyFile != "" {
 			if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {

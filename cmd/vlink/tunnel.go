@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
@@ -69,7 +70,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
 	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
 	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd or lz4+tcp (default: the user's configuration decides)")
-	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which forwards to --to; needs --stack (default: none)")
+	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which forwards to --to; or through a chain of nodes, HOST:PORT,HOST:PORT,...: the first is reached first and forwards to the next (vlink serve --hop), the last is the gateway. Needs --stack (default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
@@ -117,13 +118,12 @@ func (o *tunnelOptions) dialer() (*vlink.Dialer, error) {
 	if err != nil {
 		return nil, usagef("--stack: %v", err)
 	}
-	d.Stack = s
 	if o.via != "" {
-		if err := checkHostPort(o.via); err != nil {
-			return nil, usagef("--via %v", err)
+		if s, d.Via, err = viaChain(s, o.via); err != nil {
+			return nil, err
 		}
-		d.Via = o.via
 	}
+	d.Stack = s
 	if o.keyFile != "" {
 		if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
 			return nil, err
@@ -199,4 +199,25 @@ func listenOn(ctx context.Context, stack, addr string) (net.Listener, error) {
 		return nil, usagef("--listen-stack: %v", err)
 	}
 	return vlink.ListenStack(ctx, s, "tcp", addr)
+}
+
+// viaChain reads --via: a gateway, or a chain of nodes ending with one,
+// HOST:PORT,HOST:PORT,...; the nodes before the gateway become the
+// stack's fwd layers, the first reached first.
+func viaChain(s vlink.Stack, via string) (vlink.Stack, string, error) {
+	nodes := strings.Split(via, ",")
+	if len(nodes) > vlink.MaxHops {
+		return s, "", usagef("--via %s: %d nodes, at most %d", via, len(nodes), vlink.MaxHops)
+	}
+	for _, n := range nodes {
+		if err := checkHostPort(n); err != nil {
+			return s, "", usagef("--via %v", err)
+		}
+	}
+	gw := nodes[len(nodes)-1]
+	s, err := s.Through(nodes[:len(nodes)-1]...)
+	if err != nil {
+		return s, "", usagef("--via %s: %v", via, err)
+	}
+	return s, gw, nil
 }
