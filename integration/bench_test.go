@@ -342,3 +342,39 @@ func openEchoing(b *testing.B, addr string, n int) []net.Conn {
 	}
 	return conns
 }
+
+// BenchmarkFwdChain pushes 32 MiB (half log text, half random) per
+// operation through a route of two vlink serve nodes (vlink tunnel --via
+// gw1,gw2: gw1 relays, gw2 mirrors the stack and forwards to the sink),
+// and, in the same operation outside the timer, through one vlink serve
+// hop with the same stack: x-one-hop is the two-hop throughput as a
+// fraction of the one-hop one (the target is 0.7 or more).
+func BenchmarkFwdChain(b *testing.B) {
+	data := genData(32<<20, 7)
+	sink := startSink(b)
+	for _, stack := range []string{"tcp", "zstd"} {
+		b.Run(stack, func(b *testing.B) {
+			_, one := startVLink(b, "serve", "--allow", sink)
+			_, oneTun := startVLink(b, "tunnel", "--to", sink, "--via", one, "--stack", stack)
+			_, gw2 := startVLink(b, "serve", "--allow", sink)
+			_, gw1 := startVLink(b, "serve", "--hop", gw2)
+			_, twoTun := startVLink(b, "tunnel", "--to", sink, "--via", gw1+","+gw2, "--stack", stack)
+			push(b, oneTun, data[:1<<20]) // warm up
+			push(b, twoTun, data[:1<<20])
+			b.SetBytes(int64(len(data)))
+			var oneHop time.Duration
+			b.ResetTimer()
+			for range b.N {
+				push(b, twoTun, data)
+				b.StopTimer()
+				start := time.Now()
+				push(b, oneTun, data)
+				oneHop += time.Since(start)
+				b.StartTimer()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)*float64(len(data))/1e6/oneHop.Seconds(), "one-hop-MB/s")
+			b.ReportMetric(oneHop.Seconds()/b.Elapsed().Seconds(), "x-one-hop")
+		})
+	}
+}

@@ -3,9 +3,9 @@ package layers_test
 import (
 	"context"
 	"net"
-	"sync"
 	"testing"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
@@ -31,22 +31,6 @@ func forwarder(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.AcceptVLink()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				netconn.Relay(c, c.Admitted().(net.Conn))
-			}()
-		}
-	}()
+	testnet.Serve(t, l, func(c net.Conn) { netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn)) })
 	return l.Addr().String()
 }
