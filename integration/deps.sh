@@ -17,7 +17,7 @@ packages=(
   dante-server:danted tinyproxy:tinyproxy
   redis-server:redis-server redis-tools:redis-cli
   iproute2:ip nftables:nft iptables:iptables
-  nginx-light:nginx gcc:gcc libc6-dev:
+  nginx:nginx gcc:gcc libc6-dev:
 )
 
 if [ "${1:-}" = --list ]; then

@@ -150,7 +150,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		h.key = vouched.VouchedKey()
 	}
 	if j != nil {
-		h.RemoteAddr = j.remote
+		h.RemoteAddr, h.Forwarded = j.remote, j.forwarded
 		h.Authenticated = j.authenticated
 		h.Node, h.key = j.node, j.key
 		if m.node != "" {

@@ -512,7 +512,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 			if h.Target != "" {
 				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
 			}
-			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, depth: depth + 1, remote: h.RemoteAddr}
+			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, depth: depth + 1, remote: h.RemoteAddr, forwarded: h.Forwarded}
 			// Before the accept: once it is sent, the dialer can no
 			// longer be told that the layer has no room.
 			if r, ok := ml.(layer.Reserver); ok {

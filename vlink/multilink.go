@@ -211,7 +211,8 @@ type junction struct {
 	node          string // the node the connections' hello proved, if any
 	key           []byte // the key it proved, for the nested segments' filters
 	depth         int
-	remote        net.Addr
+	remote        net.Addr // the origin, for a connection through route layers
+	forwarded     int      // the nodes the connections crossed (Hello.Forwarded)
 }
 
 var _ layer.Junction = (*junction)(nil)
