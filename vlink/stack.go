@@ -187,6 +187,9 @@ func (s *Stack) validate(text string) error {
 			return fail(fmt.Errorf("%w: a %s must sit above every factory", ErrBadStack, spec.Kind))
 		case spec.Kind == layer.KindRoute:
 			seenRoute = true
+			if _, _, err := l.build(); err != nil { // its node's address, checked now
+				return fail(errors.Unwrap(err))
+			}
 		case seenRoute:
 			return fail(fmt.Errorf("%w: a %s must sit above every route layer: the layers above a route run end to end", ErrBadStack, spec.Kind))
 		}
