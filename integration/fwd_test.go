@@ -45,6 +45,7 @@ var originRE = regexp.MustCompile(`msg="forwarding a routed connection to (?:the
 func TestFwdChain(t *testing.T) {
 	for _, stack := range []string{"zstd", "mux+zstd", "parallel:streams=3+lz4"} {
 		t.Run("bytes, origin, layers end to end: "+stack, func(t *testing.T) {
+			testenv.Programs(t, "socat")
 			_, echo := startSocatEcho(t)
 			gw1, gw2, gw1Addr, gw2Addr, keyFile := chain(t, "--allow", echo)
 			tunnel, tun := startVLink(t, "tunnel", "--via", gw1Addr+","+gw2Addr, "--stack", stack, "--key-file", keyFile, "--to", echo)
@@ -75,6 +76,7 @@ func TestFwdChain(t *testing.T) {
 	}
 
 	t.Run("refused next node is named", func(t *testing.T) {
+		testenv.Programs(t, "socat")
 		_, echo := startSocatEcho(t)
 		_, _, gw1Addr, _, keyFile := chain(t, "--allow", echo)
 		elsewhere := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
@@ -123,7 +125,7 @@ func TestFwdChain(t *testing.T) {
 // address the PROXY v2 header named, which must be the tunnel's, not the
 // last node's.
 func TestFwdProxyProtocol(t *testing.T) {
-	nginx := testenv.Programs(t, "nginx")[0]
+	nginx := testenv.Programs(t, "nginx", "curl")[0]
 	dir := t.TempDir()
 	port := realserver.FreePort(t)
 	conf := fmt.Sprintf(`daemon off;
