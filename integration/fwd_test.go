@@ -52,9 +52,11 @@ func TestFwdChain(t *testing.T) {
 			data := genData(16<<20, 3)
 			checkEcho(t, tun, data)
 
+			// A multi-link session is several connections, each with its
+			// origin: gw2 names one of those gw1 took directly.
 			o1 := gw1.WaitFor(t, originRE, startTimeout)
 			o2 := gw2.WaitFor(t, originRE, startTimeout)
-			if o1[1] != o2[1] || o1[1] != o1[2] {
+			if o1[1] != o1[2] || !strings.Contains(gw1.Output(), "origin="+o2[1]+" from="+o2[1]+" ") {
 				t.Errorf("the nodes disagree on the origin: gw1 says %s (from %s), gw2 says %s (from %s)", o1[1], o1[2], o2[1], o2[2])
 			}
 			if o2[2] == o2[1] {
@@ -69,8 +71,10 @@ func TestFwdChain(t *testing.T) {
 			// gw1 logs what it relayed when the connection closes.
 			up := gw1.WaitFor(t, regexp.MustCompile(`msg="connection closed".* bytes_up=(\d+)`), startTimeout)
 			n, _ := strconv.Atoi(up[1])
-			if n == 0 || n >= len(data)*3/4 {
-				t.Errorf("gw1 carried %d bytes of a %d-byte upload that compresses to about half: zstd did not run end to end", n, len(data))
+			// Half the payload is log text: compressed, even in small
+			// frames, it leaves well under 15/16 of the payload to carry.
+			if n == 0 || n >= len(data)*15/16 {
+				t.Errorf("gw1 carried %d bytes of a %d-byte upload, half of it log text: zstd did not run end to end", n, len(data))
 			}
 		})
 	}
