@@ -114,8 +114,9 @@ func answerError(err error) error {
 // same key: the name is bound to the proof, never taken on trust.
 //
 // An end-to-end hello (via non-nil) arrives through route layers, after
-// the hello of the node that forwarded it (via): it comes from via's
-// Origin, and proves its own key to this listener, as if it had dialed.
+// the hello of the last node on the way (via): it comes from the origin
+// that node vouched for (via.RemoteAddr), and proves its own key to this
+// listener, as if it had dialed it.
 func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello, error) {
 	p := &l.cfg.Policy
 	m, helloBody, err := readFrame(c, msgHello)
