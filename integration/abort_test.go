@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -77,14 +78,8 @@ func TestCutMidStream(t *testing.T) {
 				dir = "upload"
 			}
 			t.Run(stack+"/"+dir+", "+cut.name, func(t *testing.T) {
-				switch {
-				case cut.framed && stack == "tcp":
+				if cut.framed && stack == "tcp" {
 					t.Skip("the plain stack has no end marker: a killed hop's FIN is all the next one sees")
-				case stack == "mux" && strings.Contains(cut.name, "grace"):
-					// smux has no stream reset: an aborted stream ends
-					// with its FIN. Only the session's death reaches its
-					// streams.
-					t.Skip("known gap (issue 10, item 2): a mux stream aborted on its own ends cleanly")
 				}
 				if cut.upload {
 					cutUpload(t, stack, data, cut)
@@ -189,5 +184,72 @@ func checkCut(t *testing.T, who string, n, size int64, err error) {
 		t.Errorf("%s read all %d bytes though a hop was killed halfway", who, n)
 	default:
 		t.Logf("%s read %d of %d bytes, then %v", who, n, size, err)
+	}
+}
+
+// TestMuxStreamAbort: when serve's target resets one stream of a mux
+// session in the middle of a download, that stream's client gets an
+// error, and a stream of the same session running beside it carries on
+// to its last byte, as does one opened after.
+func TestMuxStreamAbort(t *testing.T) {
+	testenv.Programs(t, "ss")
+	const size = 8 << 20
+	data := genData(size, 11)
+	bRunning := make(chan struct{})
+	target := testnet.Listen(t, func(c net.Conn) {
+		var which [1]byte
+		if _, err := io.ReadFull(c, which[:]); err != nil {
+			return
+		}
+		switch which[0] {
+		case 'A': // half, then a reset once B is under way
+			c.Write(data[:size/2])
+			<-bRunning
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		case 'B':
+			c.Write(data[:size/4])
+			close(bRunning)
+			c.Write(data[size/4:])
+		default:
+			c.Write([]byte("after"))
+		}
+	})
+	_, gw := startVLink(t, "serve", "--target", target)
+	_, tun := startVLink(t, "tunnel", "--to", gw, "--stack", "mux")
+	dial := func(which byte) net.Conn {
+		c, err := net.Dial("tcp", tun)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		if _, err := c.Write([]byte{which}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a := dial('A')
+	if _, err := io.ReadFull(a, make([]byte, size/4)); err != nil {
+		t.Fatalf("A: %v", err)
+	}
+	b := dial('B')
+	n, err := io.Copy(io.Discard, a)
+	checkCut(t, "A's client", size/4+n, size, err)
+	got, err := io.ReadAll(b)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("B's client read %d of %d bytes (equal: %v), then %v; want them all, then the end", len(got), size, bytes.Equal(got, data), err)
+	}
+	if got, err := io.ReadAll(dial('C')); err != nil || string(got) != "after" {
+		t.Fatalf("a stream opened after the abort: %q, %v", got, err)
+	}
+	// All three streams went through one session.
+	_, port, _ := net.SplitHostPort(gw)
+	out, err := exec.Command("ss", "-Htn", "state", "established", "dst", "127.0.0.1", "dport", "=", port).Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	if n := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; strings.TrimSpace(string(out)) == "" || n != 1 {
+		t.Fatalf("%d connections from the tunnel to serve, want the one session's:\n%s", n, out)
 	}
 }

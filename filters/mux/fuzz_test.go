@@ -62,9 +62,30 @@ func (j *junk) Deliver(c net.Conn) error {
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()
-		r.n, r.err = io.Copy(io.Discard, c)
+		if id%4 == 1 {
+			// Read, in pieces smaller than a header and a record.
+			r.n, r.err = readAll(c, 5)
+			return
+		}
+		r.n, r.err = io.Copy(io.Discard, c) // WriteTo
 	}()
 	return nil
+}
+
+// readAll reads c to its end through Read, size bytes at a time.
+func readAll(c net.Conn, size int) (int64, error) {
+	var n int64
+	buf := make([]byte, size)
+	for {
+		m, err := c.Read(buf)
+		n += int64(m)
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 func (j *junk) count() int {
@@ -101,11 +122,30 @@ const (
 	cmdUPD
 )
 
-// sent is what the peer sent one stream: payload bytes before its FIN,
-// in all, and whether a FIN came.
+// sent is what the peer sent one stream: the frames' payloads before its
+// FIN, all of them, and whether a FIN came.
 type sent struct {
-	beforeFIN, total int64
-	fin              bool
+	beforeFIN, all []byte
+	fin            bool
+}
+
+// unrecord is the stream's records as a reader must see them, decoded
+// here as plainly as possible: the payload bytes up to the end record (or
+// to where b runs out), and whether the end record came.
+func unrecord(b []byte) (payload int64, ended bool) {
+	for len(b) >= headerSize {
+		n := int(b[0])<<8 | int(b[1])
+		if n == 0 {
+			return payload, true
+		}
+		b = b[headerSize:]
+		payload += int64(min(n, len(b)))
+		if n >= len(b) {
+			break
+		}
+		b = b[n:]
+	}
+	return payload, false
 }
 
 // script is what a correct session must make of the peer's bytes, read
@@ -153,9 +193,10 @@ func readScript(b []byte) script {
 		case cmd == cmdFIN && st != nil:
 			st.fin = true
 		case cmd == cmdPSH && st != nil:
-			st.total += int64(n)
+			data := b[off+8 : off+8+n]
+			st.all = append(st.all, data...)
 			if !st.fin {
-				st.beforeFIN += int64(n)
+				st.beforeFIN = append(st.beforeFIN, data...)
 			}
 		}
 		off += 8 + n
@@ -164,8 +205,10 @@ func readScript(b []byte) script {
 
 // FuzzSession feeds arbitrary bytes to the accepting side of a session,
 // as a hostile dialer would, and checks what the listener sees: the
-// streams opened are delivered (no other); a stream the peer did not
-// finish never ends as if it had, but with ErrSessionClosed; a frame
+// streams opened are delivered (no other); a stream ends cleanly only
+// after its end record, with the records' payload; one the peer did not
+// finish ends with ErrAborted (a FIN, no end record) or ErrSessionClosed
+// (neither); a frame
 // smux must reject ends the session at once, with the peer's connection
 // still open; the end of the connection ends it too. Nothing hangs,
 // panics, leaves a goroutine behind or allocates out of proportion to the
@@ -182,8 +225,16 @@ func FuzzSession(f *testing.F) {
 		}
 		return b
 	}
+	rec := func(s string) []byte { return append([]byte{byte(len(s) >> 8), byte(len(s))}, s...) }
+	end := []byte(endRecord)
 	for _, seed := range [][]byte{
-		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("hi")), frame(cmdFIN, 3, nil)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, join(rec("hi"), end)), frame(cmdFIN, 3, nil)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, rec("aborted")), frame(cmdFIN, 3, nil)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, rec("split ")[:1]), frame(cmdPSH, 3, rec("split ")[1:5]),
+			frame(cmdPSH, 3, join(rec("split ")[5:], rec("records"), end[:1])), frame(cmdPSH, 3, end[1:]), frame(cmdFIN, 3, nil)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, join(rec("ended, no FIN"), end, []byte("after the end")))),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, rec("end after the FIN")), frame(cmdFIN, 3, nil), frame(cmdPSH, 3, end)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte{0xff, 0xff, 'x'}), frame(cmdFIN, 3, nil)),
 		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("never finished"))),
 		join(frame(cmdSYN, 3, nil), frame(cmdSYN, 5, nil), frame(cmdFIN, 3, nil), frame(cmdSYN, 3, nil), frame(cmdPSH, 3, []byte("late"))),
 		frame(cmdPSH, 5, []byte("data for a stream never opened")),
@@ -283,17 +334,32 @@ func FuzzSession(f *testing.F) {
 
 		for id, r := range j.delivered {
 			st := want.opened[id]
-			switch {
-			case st == nil:
+			if st == nil {
 				t.Errorf("stream %d delivered, never opened", id)
+				continue
+			}
+			// Every frame before the FIN is read before the stream's end;
+			// one after it may or may not be. The session may fail a
+			// reader before it has read all (a window update it sends
+			// fails once the connection is gone): an error, never a clean
+			// end, and never taken for the peer's abort.
+			n1, ended1 := unrecord(st.beforeFIN)
+			n2, ended2 := unrecord(st.all)
+			switch {
 			case r.twice:
 				t.Errorf("stream %d delivered twice", id)
-			case r.err == nil && !st.fin:
-				t.Errorf("stream %d ended cleanly after %d bytes, but the peer never finished it: want ErrSessionClosed", id, r.n)
-			case r.err != nil && !errors.Is(r.err, ErrSessionClosed):
-				t.Errorf("stream %d ended with %v, want ErrSessionClosed or a clean end", id, r.err)
-			case r.n > st.total || r.err == nil && r.n < st.beforeFIN:
-				t.Errorf("stream %d read %d bytes (%v); the peer sent %d, %d before its FIN", id, r.n, r.err, st.total, st.beforeFIN)
+			case ended1 && (r.err == nil && r.n != n1 || errors.Is(r.err, ErrAborted)):
+				t.Errorf("stream %d: %d bytes then %v; its end record came before its FIN, after %d bytes", id, r.n, r.err, n1)
+			case r.err == nil && !ended2:
+				t.Errorf("stream %d ended cleanly after %d bytes, but the peer never sent its end record", id, r.n)
+			case r.err == nil && r.n != n2:
+				t.Errorf("stream %d ended cleanly after %d bytes; the peer sent %d before its end record", id, r.n, n2)
+			case errors.Is(r.err, ErrAborted) && !st.fin:
+				t.Errorf("stream %d: %v, but the peer sent no FIN: want ErrSessionClosed", id, r.err)
+			case r.err != nil && !errors.Is(r.err, ErrAborted) && !errors.Is(r.err, ErrSessionClosed):
+				t.Errorf("stream %d ended with %v, want ErrSessionClosed, ErrAborted or a clean end", id, r.err)
+			case r.n > n2:
+				t.Errorf("stream %d read %d bytes (%v); the peer's records hold %d", id, r.n, r.err, n2)
 			}
 		}
 		for _, c := range j.streams {

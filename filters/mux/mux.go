@@ -19,9 +19,10 @@
 //
 // smux's streams are wrapped to honour the whole net.Conn contract:
 // deadlines wrap os.ErrDeadlineExceeded and apply to calls already
-// blocked, use after Close is net.ErrClosed, CloseWrite half-closes, and a
-// stream whose session died reports ErrSessionClosed rather than a clean
-// end of stream.
+// blocked, use after Close is net.ErrClosed, CloseWrite half-closes. A
+// stream never ends cleanly unless its peer closed it: one whose session
+// died reports ErrSessionClosed, and one the peer aborted on its own
+// (smux has no stream reset; see frame.go) reports ErrAborted.
 package mux
 
 import (
@@ -113,7 +114,6 @@ type Layer struct {
 	mu      sync.Mutex
 	sess    *smux.Session
 	dialing chan struct{} // closed when the session being dialed is ready
-	dialErr error         // the last dial's error, for those that waited on it
 	closed  bool
 }
 

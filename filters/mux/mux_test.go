@@ -1,6 +1,7 @@
 package mux
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -15,6 +16,8 @@ import (
 
 	_ "github.com/vlink-dev/vlink/factories/tcp"
 	_ "github.com/vlink-dev/vlink/filters/compress"
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -367,4 +370,96 @@ func sessionPair(t *testing.T) (client, server *smux.Session) {
 	}
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
+}
+
+// TestEnds: a stream ends cleanly for its peer only when it was closed
+// (Close, CloseWrite, or both), with every byte written; an abort, a
+// Close that cuts a Write short, or the end of the session reaches the
+// peer's Read and WriteTo as an error, never as io.EOF after a short
+// stream.
+func TestEnds(t *testing.T) {
+	data := testnet.RandomBytes(3*DefaultWindow, 5) // more than the window: chunks wait at the end
+	type streams struct {
+		client, server *smux.Session
+		c, s           *stream
+	}
+	for _, tc := range []struct {
+		name   string
+		end    func(p streams)
+		during bool  // end while the Write still runs (nobody reads)
+		want   error // nil for all of data, then io.EOF
+	}{
+		{"Close", func(p streams) { p.c.Close() }, false, nil},
+		{"CloseWrite", func(p streams) { p.c.CloseWrite() }, false, nil},
+		{"CloseWrite then Close", func(p streams) { p.c.CloseWrite(); p.c.Close() }, false, nil},
+		{"Abort", func(p streams) { p.c.Abort() }, false, ErrAborted},
+		{"netconn.Abort", func(p streams) { netconn.Abort(p.c) }, false, ErrAborted},
+		{"Close during a Write", func(p streams) { p.c.Close() }, true, ErrAborted},
+		{"the session closed", func(p streams) { p.client.Close() }, false, ErrSessionClosed},
+	} {
+		for _, how := range []string{"Read", "WriteTo"} {
+			t.Run(tc.name+"/"+how, func(t *testing.T) {
+				client, server := sessionPair(t)
+				st, err := client.OpenStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := newStream(st)
+				defer c.Close()
+				sst, err := server.AcceptStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := newStream(sst)
+				defer s.Close()
+
+				ended := make(chan struct{})
+				type result struct {
+					got []byte
+					err error
+				}
+				read := make(chan result, 1)
+				go func() {
+					if tc.during {
+						<-ended
+					}
+					s.SetReadDeadline(time.Now().Add(10 * time.Second))
+					var got bytes.Buffer
+					var err error
+					if how == "Read" {
+						_, err = io.CopyBuffer(&got, struct{ io.Reader }{s}, make([]byte, 1000))
+					} else {
+						_, err = s.WriteTo(&got)
+					}
+					read <- result{got.Bytes(), err}
+				}()
+				wrote := make(chan error, 1)
+				go func() { _, err := c.Write(data); wrote <- err }()
+				if tc.during {
+					time.Sleep(50 * time.Millisecond) // the Write blocks: nobody reads
+				} else if err := <-wrote; err != nil {
+					t.Fatal(err)
+				}
+				tc.end(streams{client, server, c, s})
+				close(ended)
+				r := <-read
+				switch {
+				case tc.want == nil && (r.err != nil || !bytes.Equal(r.got, data)):
+					t.Fatalf("peer read %d of %d bytes, then %v; want them all, then io.EOF", len(r.got), len(data), r.err)
+				case tc.want != nil && !errors.Is(r.err, tc.want):
+					t.Fatalf("peer read %d of %d bytes, then %v; want %v", len(r.got), len(data), r.err, tc.want)
+				case !bytes.Equal(r.got, data[:len(r.got)]):
+					t.Fatalf("peer read %d bytes that differ from what was sent", len(r.got))
+				}
+				if tc.want == ErrAborted && !errors.Is(r.err, io.ErrUnexpectedEOF) {
+					t.Errorf("%v does not match io.ErrUnexpectedEOF", r.err)
+				}
+				if tc.during {
+					if err := <-wrote; !errors.Is(err, net.ErrClosed) {
+						t.Errorf("the Write Close cut short: %v, want net.ErrClosed", err)
+					}
+				}
+			})
+		}
+	}
 }

@@ -36,6 +36,8 @@ import (
 // buffer: Write copies each chunk into a buffer of its own and hands it
 // to smux from a goroutine, with no deadline, and counts it as written
 // from then on; only the wait for the chunk before it obeys the deadline.
+// Each chunk is one record (frame.go), its header in front of the data in
+// the same buffer.
 type stream struct {
 	st *smux.Stream
 
@@ -47,6 +49,17 @@ type stream struct {
 	// Held with the writing token: the chunk in flight, if any.
 	sent    chan struct{} // closed when smux has taken the chunk in flight
 	sendErr error         // what smux said of it, valid once sent is closed
+
+	// Set when a Write was cut short by Close or failed: the stream then
+	// ends without its end record.
+	cut atomic.Bool
+	// Closed when CloseWrite's end record and FIN are out (or failed);
+	// nil before CloseWrite. Written with the token held.
+	tail chan struct{}
+
+	rmu  sync.Mutex // serializes readers: they share rec
+	rec  records
+	body recordWriter // WriteTo's writer, kept to save an allocation
 
 	rdl, wdl netconn.Deadline
 }
@@ -62,16 +75,41 @@ var (
 	_ net.Conn            = (*stream)(nil)
 	_ io.WriterTo         = (*stream)(nil)
 	_ netconn.CloseWriter = (*stream)(nil)
+	_ netconn.Aborter     = (*stream)(nil)
 )
 
 func newStream(st *smux.Stream) *stream {
 	return &stream{st: st, closing: make(chan struct{}), writing: make(chan struct{}, 1)}
 }
 
+// Read reads the payload of the peer's records; the end record is
+// io.EOF, a FIN without it ErrAborted.
 func (s *stream) Read(p []byte) (int, error) {
 	if err := s.check("read", &s.rdl); err != nil {
 		return 0, err
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	for s.rec.rem == 0 {
+		if s.rec.ended {
+			return 0, io.EOF
+		}
+		n, err := s.readBelow(s.rec.headerRoom())
+		s.rec.gotHeader(n)
+		if err != nil {
+			return 0, s.readErr(err)
+		}
+	}
+	n, err := s.readBelow(p[:min(len(p), s.rec.rem)])
+	s.rec.rem -= n
+	return n, s.readErr(err)
+}
+
+// readBelow reads from the smux stream.
+func (s *stream) readBelow(p []byte) (int, error) {
 	n, err := s.st.Read(p)
 	if n == 0 && err == io.EOF {
 		// smux v1.5.58 finds the buffer empty, then, without its lock,
@@ -83,17 +121,83 @@ func (s *stream) Read(p []byte) (int, error) {
 		// io.EOF again, at once.
 		n, err = s.st.Read(p)
 	}
-	return n, s.mapErr("read", err)
+	return n, err
+}
+
+// readErr is what a reader reports of an error of the smux stream: its
+// end, where a record was due or in the middle of one, means the peer
+// did not send the end record.
+func (s *stream) readErr(err error) error {
+	if err == io.EOF {
+		return s.opError("read", errNoEnd)
+	}
+	return s.mapErr("read", err)
 }
 
 // WriteTo lets io.Copy take the stream's buffers as they come, without
-// a copy into a buffer of its own.
+// a copy into a buffer of its own: the records' payloads go to w as
+// slices of smux's buffers.
 func (s *stream) WriteTo(w io.Writer) (int64, error) {
 	if err := s.check("read", &s.rdl); err != nil {
 		return 0, err
 	}
-	n, err := s.st.WriteTo(w)
-	return n, s.mapErr("read", err)
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	if s.rec.ended {
+		return 0, nil
+	}
+	s.body = recordWriter{rec: &s.rec, w: w}
+	defer func() { s.body = recordWriter{} }()
+	_, err := s.st.WriteTo(&s.body)
+	if err == nil {
+		// A second look, as in readBelow.
+		_, err = s.st.WriteTo(&s.body)
+	}
+	switch {
+	case err == errEnded:
+		return s.body.n, nil
+	case s.body.err != nil:
+		return s.body.n, s.body.err
+	case err == nil:
+		return s.body.n, s.opError("read", errNoEnd)
+	}
+	return s.body.n, s.mapErr("read", err)
+}
+
+// errEnded stops smux's WriteTo at the end record.
+var errEnded = errors.New("end record")
+
+// recordWriter takes what smux's WriteTo hands it and writes the records'
+// payloads to w.
+type recordWriter struct {
+	rec *records
+	w   io.Writer
+	n   int64 // payload bytes written to w
+	err error // w's error
+}
+
+func (rw *recordWriter) Write(b []byte) (int, error) {
+	all := len(b)
+	for len(b) > 0 {
+		var payload []byte
+		payload, b = rw.rec.scan(b)
+		if rw.rec.ended {
+			return all, errEnded
+		}
+		if len(payload) == 0 {
+			continue
+		}
+		n, err := rw.w.Write(payload)
+		rw.n += int64(n)
+		if err == nil && n < len(payload) {
+			err = io.ErrShortWrite
+		}
+		if err != nil {
+			rw.err = err
+			return all, err
+		}
+	}
+	return all, nil
 }
 
 func (s *stream) Write(p []byte) (int, error) {
@@ -111,12 +215,18 @@ func (s *stream) Write(p []byte) (int, error) {
 	for n < len(p) {
 		// Copy the next chunk while smux still sends the one before.
 		buf := chunks.Get().(*[chunkSize]byte)
-		m := copy(buf[:], p[n:])
+		m := copy(buf[headerSize:], p[n:])
+		putHeader(buf[:], m)
 		if err := s.waitSent(); err != nil {
 			chunks.Put(buf)
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				// Cut short by Close, or the session failed: the stream
+				// must not look complete to the peer.
+				s.cut.Store(true)
+			}
 			return n, err
 		}
-		s.send(buf, m)
+		s.send(buf, headerSize+m)
 		n += m
 	}
 	return n, nil
@@ -208,8 +318,9 @@ func (s *stream) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "mux", Source: s.st.LocalAddr(), Addr: s.st.RemoteAddr(), Err: err}
 }
 
-// CloseWrite half-closes: the peer reads to the end, then io.EOF. It does
-// not wait for the chunk in flight: the FIN follows it.
+// CloseWrite half-closes: the peer reads to the end, then io.EOF. It
+// does not wait for the chunk in flight: the end record and the FIN
+// follow it, as a socket's FIN follows its send buffer.
 func (s *stream) CloseWrite() error {
 	if s.closed.Load() {
 		return s.opError("close", net.ErrClosed)
@@ -223,25 +334,36 @@ func (s *stream) CloseWrite() error {
 	if s.writeClosed.Swap(true) {
 		return nil
 	}
-	if sent := s.sent; sent != nil {
-		// Writes are over: sent and sendErr no longer change.
-		go func() {
-			<-sent
-			if s.sendErr == nil {
-				s.st.CloseWrite()
-			}
-		}()
-		return nil
-	}
-	if s.sendErr != nil {
+	if s.sent == nil && s.sendErr != nil {
 		return s.mapErr("close", s.sendErr)
 	}
-	return s.mapErr("close", s.st.CloseWrite())
+	tail := make(chan struct{})
+	s.tail = tail
+	go func() {
+		defer close(tail)
+		s.finish(!s.cut.Load())
+		s.st.CloseWrite()
+	}()
+	return nil
+}
+
+// finish waits for the chunk in flight, then sends the end record if end
+// is set and every chunk went out. Writes are over: sent and sendErr no
+// longer change.
+func (s *stream) finish(end bool) {
+	if s.sent != nil {
+		<-s.sent
+	}
+	if end && s.sendErr == nil {
+		s.st.Write([]byte(endRecord))
+	}
 }
 
 // Close closes the stream. Like a socket's close it does not discard what
-// was written: the chunk in flight is still sent, in the background, for
-// up to lingerTimeout, before the stream ends.
+// was written: the chunk in flight and the end record are still sent, in
+// the background, for up to lingerTimeout, before the stream ends. A
+// Close that cuts a Write short sends no end record: the peer's Read
+// fails with ErrAborted.
 func (s *stream) Close() error {
 	if s.closed.Swap(true) {
 		return s.opError("close", net.ErrClosed)
@@ -250,19 +372,42 @@ func (s *stream) Close() error {
 	// Writers give the token back at once once closing is closed; it is
 	// never released again.
 	s.writing <- struct{}{}
-	if sent := s.sent; sent != nil {
-		netconn.InterruptRead(s.st) // wake blocked readers now
-		go func() {
-			t := time.NewTimer(lingerTimeout)
-			defer t.Stop()
-			select {
-			case <-sent:
-			case <-t.C:
-			}
-			s.st.Close()
-		}()
-		return nil
+	tail, end := s.tail, !s.writeClosed.Swap(true) && !s.cut.Load()
+	if tail == nil && !end {
+		return s.closeBelow()
 	}
+	netconn.InterruptRead(s.st) // wake blocked readers now
+	go func() {
+		// Past lingerTimeout, closing the stream fails the writes still
+		// waiting for the peer's window.
+		t := time.AfterFunc(lingerTimeout, func() { s.st.Close() })
+		defer t.Stop()
+		if tail != nil {
+			<-tail
+		} else {
+			s.finish(true)
+		}
+		s.st.Close()
+	}()
+	return nil
+}
+
+// Abort closes the stream without its end record, so the peer's Read
+// fails with ErrAborted rather than reaching a clean end: relays call it
+// (through netconn.Abort) when the other side of a stream failed. The
+// session and its other streams carry on.
+func (s *stream) Abort() error {
+	if s.closed.Swap(true) {
+		return s.opError("close", net.ErrClosed)
+	}
+	s.cut.Store(true)
+	close(s.closing)
+	return s.closeBelow()
+}
+
+// closeBelow closes the smux stream now: the peer sees its FIN, and the
+// end record only if it was sent before.
+func (s *stream) closeBelow() error {
 	err := s.st.Close()
 	if errors.Is(err, io.ErrClosedPipe) {
 		// The session is gone, or the stream was already half-closed
@@ -273,7 +418,7 @@ func (s *stream) Close() error {
 }
 
 // lingerTimeout bounds how long a closed stream still tries to send its
-// last chunk to a peer that does not read.
+// last chunk and its end record to a peer that does not read.
 const lingerTimeout = 30 * time.Second
 
 func (s *stream) LocalAddr() net.Addr  { return s.st.LocalAddr() }
