@@ -115,9 +115,10 @@ type earlyConn struct {
 }
 
 var (
-	_ net.Conn      = (*earlyConn)(nil)
-	_ io.WriterTo   = (*earlyConn)(nil)
-	_ io.ReaderFrom = (*earlyConn)(nil)
+	_ net.Conn        = (*earlyConn)(nil)
+	_ io.WriterTo     = (*earlyConn)(nil)
+	_ io.ReaderFrom   = (*earlyConn)(nil)
+	_ netconn.Aborter = (*earlyConn)(nil)
 )
 
 // await reads the listener's answer once; every read returns its error.
@@ -159,6 +160,11 @@ func (c *earlyConn) WriteTo(w io.Writer) (int64, error) {
 func (c *earlyConn) ReadFrom(r io.Reader) (int64, error) { return io.Copy(c.Conn, r) }
 
 func (c *earlyConn) CloseWrite() error { return netconn.CloseWrite(c.Conn) }
+
+// Abort aborts the stream below (see netconn.Abort). earlyConn cannot
+// let netconn find that stream itself: it is no netconn.Unwrapper, since
+// its reads take the answer first.
+func (c *earlyConn) Abort() error { return netconn.Abort(c.Conn) }
 
 // layerCache keeps the multi-link layers a Dialer has built, one per path.
 type layerCache struct {

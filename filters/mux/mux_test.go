@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -458,6 +460,65 @@ func TestEnds(t *testing.T) {
 					if err := <-wrote; !errors.Is(err, net.ErrClosed) {
 						t.Errorf("the Write Close cut short: %v, want net.ErrClosed", err)
 					}
+				}
+			})
+		}
+	}
+}
+
+// TestAbortThroughDialer: netconn.Abort on what a vlink.Dialer returned
+// for a mux stack (a stream whose nested hello travelled as early data,
+// maybe under a filter) reaches the stream: the listener's side reads an
+// error after the bytes sent, never a clean end; Close still ends it
+// cleanly.
+func TestAbortThroughDialer(t *testing.T) {
+	for _, stack := range []string{"mux", "zstd+mux", "mux+zstd"} {
+		for _, abort := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/abort=%v", stack, abort), func(t *testing.T) {
+				var lc vlink.ListenConfig
+				l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				type result struct {
+					n   int64
+					err error
+				}
+				got := make(chan result, 1)
+				go func() {
+					c, err := l.Accept()
+					if err != nil {
+						got <- result{0, err}
+						return
+					}
+					defer c.Close()
+					c.SetReadDeadline(time.Now().Add(10 * time.Second))
+					n, err := io.Copy(io.Discard, c)
+					got <- result{n, err}
+				}()
+				d := &vlink.Dialer{Stack: vlink.MustParse(stack)}
+				defer d.Close()
+				c, err := d.Dial("tcp", l.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.Write(make([]byte, 100<<10)); err != nil {
+					t.Fatal(err)
+				}
+				if abort {
+					netconn.Abort(c)
+				} else {
+					c.Close()
+				}
+				r := <-got
+				switch {
+				case abort && r.err == nil:
+					t.Fatalf("the listener read %d bytes, then a clean end; want an error", r.n)
+				case abort && errors.Is(r.err, os.ErrDeadlineExceeded):
+					t.Fatalf("the listener read %d bytes, then nothing: the abort never came", r.n)
+				case !abort && (r.err != nil || r.n != 100<<10):
+					t.Fatalf("the listener read %d bytes, then %v; want 102400, then the end", r.n, r.err)
 				}
 			})
 		}
