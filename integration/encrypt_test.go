@@ -3,10 +3,13 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
@@ -58,4 +61,54 @@ func hostIPv4(t *testing.T) string {
 	}
 	testenv.Missing(t, "a non-loopback IPv4 address on this host")
 	return ""
+}
+
+// TestIdentityPinned runs `vlink serve --identity` beyond loopback and a
+// `vlink tunnel` that reaches it through its default encryption: the
+// tunnel pins the identity `vlink key --identity` printed on first use
+// and says so; when a serve with another identity (and the same key)
+// takes the address, the tunnel refuses it, naming both fingerprints and
+// the pinning line, and its client gets an error, not a clean end.
+func TestIdentityPinned(t *testing.T) {
+	testenv.Programs(t, "socat")
+	host := hostIPv4(t)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "vlink.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fingerprintRE := regexp.MustCompile(`SHA256:[A-Za-z0-9+/]{43}`)
+	var ids, fps [2]string
+	for i := range ids {
+		ids[i] = filepath.Join(dir, fmt.Sprintf("id%d", i))
+		out, err := exec.Command(vlinkBin, "key", "--identity", "--out", ids[i]).CombinedOutput()
+		if err != nil {
+			t.Fatalf("vlink key --identity: %v: %s", err, out)
+		}
+		if fps[i] = fingerprintRE.FindString(string(out)); fps[i] == "" {
+			t.Fatalf("vlink key --identity printed no fingerprint: %s", out)
+		}
+	}
+	_, echo := startSocatEcho(t)
+	gw := net.JoinHostPort(host, strconv.Itoa(realserver.FreePort(t)))
+	serve := func(i int) *proc {
+		p := startProc(t, vlinkBin, "serve", "--listen", gw, "--target", echo, "--key-file", keyFile, "--identity", ids[i], "--grace", "1s")
+		p.Name, p.CleanExit = "vlink serve", true
+		p.WaitFor(t, regexp.MustCompile(`msg=serving .*identity=`+regexp.QuoteMeta(fps[i])), startTimeout)
+		p.Ports = append(p.Ports, realserver.Port(t, gw))
+		return p
+	}
+	first := serve(0)
+	knownNodes := filepath.Join(dir, "known_nodes")
+	tunnel, tun := startVLink(t, "tunnel", "--to", gw, "--stack", "zstd", "--key-file", keyFile, "--known-nodes", knownNodes)
+	checkEcho(t, tun, testnet.RandomBytes(1<<20, 7))
+	tunnel.WaitFor(t, regexp.MustCompile(`msg="pinned the identity.*addr=`+regexp.QuoteMeta(gw)+` fingerprint=`+regexp.QuoteMeta(fps[0])), startTimeout)
+	checkEcho(t, tun, []byte("again, the same identity"))
+	first.Stop(t)
+
+	serve(1)
+	if got, err := exchange(t, tun, []byte("to an impostor"), startTimeout); err == nil {
+		t.Fatalf("a tunnel to a listener with another identity got %q and a clean end; want an error", got)
+	}
+	tunnel.WaitFor(t, regexp.MustCompile(`announced the key `+regexp.QuoteMeta(fps[1])+`, but `+regexp.QuoteMeta(knownNodes)+`:1 pins `+regexp.QuoteMeta(fps[0])), startTimeout)
 }

@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	// vlink keeps the user's configuration and pins (known_nodes) under
+	// XDG_CONFIG_HOME: the processes of the tests keep theirs here.
+	os.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
 	code := m.Run()
 	os.RemoveAll(dir)
 	if code == 0 {

@@ -449,7 +449,7 @@ func (x *racer) finish(i int, c net.Conn, err error) {
 
 // dialWay dials address one way of best-effort route r.
 func (d *Dialer) dialWay(ctx context.Context, network, address string, r *route, w way) (net.Conn, error) {
-	wr := &route{stack: w.stack, key: r.key, node: r.node}
+	wr := &route{stack: w.stack, key: r.key, node: r.node, peerKey: r.peerKey}
 	if err := wr.checkNode(); err != nil {
 		return nil, err
 	}

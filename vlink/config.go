@@ -42,6 +42,9 @@ type Config struct {
 	// Node is this host's node name (see Dialer.Node): Key is then that
 	// node's key, NodeKey(network key, Node). Empty: none.
 	Node string
+	// PeerKey checks the identity a listener announces, for Dialers that
+	// have none of their own (see Dialer.PeerKey). Nil: none.
+	PeerKey PeerKeyCallback
 
 	sel    *selector.Selector
 	stacks map[string]Stack // parsed stacks by text form
@@ -194,22 +197,31 @@ func LoadConfig(path string) (*Config, error) {
 // ReadKeyFile reads a pre-shared key. Surrounding white space is not part
 // of the key. The file must not be readable by others.
 func ReadKeyFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
+	b, err := readSecretFile(path, "key file")
 	if err != nil {
-		return nil, fmt.Errorf("key file: %w", err)
+		return nil, err
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("key file %s is readable by others (mode %v); run chmod 600 %s", path, fi.Mode().Perm(), path)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("key file: %w", err)
-	}
-	b = bytes.TrimSpace(b)
 	if len(b) < MinKeySize {
 		return nil, fmt.Errorf("key file %s holds %d bytes, want at least %d", path, len(b), MinKeySize)
 	}
 	return b, nil
+}
+
+// readSecretFile reads a file only its owner may read, trimmed of
+// surrounding space; what names the file in errors.
+func readSecretFile(path, what string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s %s is readable by others (mode %v); run chmod 600 %s", what, path, fi.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return bytes.TrimSpace(b), nil
 }
 
 // ConfigFromEnv loads the user's configuration: the file named by

@@ -64,6 +64,13 @@ type Dialer struct {
 	// hello) is never changed. UNSAFE: set it only where the network
 	// itself is trusted.
 	InsecurePlaintext bool
+	// PeerKey checks the static key a listener announces (its
+	// Policy.Identity) before the encryption layer proves the listener
+	// holds it; see PeerKeyCallback. Nil means the Config's PeerKey, and
+	// with none, any key or none is accepted: the listener is then
+	// authenticated by the pre-shared key alone, as one of the group
+	// that holds it.
+	PeerKey PeerKeyCallback
 
 	// cache keeps the multi-link layers built by this Dialer, so dials
 	// along the same path share them; memory what its best-effort dials
@@ -71,6 +78,18 @@ type Dialer struct {
 	cache  layerCache
 	memory memory
 }
+
+// A PeerKeyCallback checks the static public key (X25519, IdentitySize
+// bytes) that the listener at address announced in its accept, before the
+// encryption layer proves the listener holds its private half. address is
+// the listener dialed: the destination, or the gateway (Dialer.Via), as
+// written in the stack or the config. key is nil when the listener
+// announced none, which a callback that pinned a key must refuse (a
+// downgrade). It is called only for a hello whose stack holds the
+// encryption layer; an error fails the dial. Package
+// github.com/vlink-dev/vlink/vlink/knownnodes pins keys on first use and
+// checks them afterwards, as OpenSSH's known_hosts does.
+type PeerKeyCallback func(address string, key []byte) error
 
 // DefaultDialer is the zero Dialer used by [Dial] and [DialContext]: it
 // follows the user's configuration and shares multi-link layers (a
@@ -151,6 +170,10 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	}
 	r, err := d.route(address)
 	if err == nil {
+		r.peerKey = d.PeerKey
+		if r.peerKey == nil && d.Config != nil {
+			r.peerKey = d.Config.PeerKey
+		}
 		err = r.checkNode()
 	}
 	if err != nil {
@@ -192,6 +215,8 @@ type route struct {
 	via   string
 	key   []byte
 	node  string // the dialer's node name; key is then its node key
+	// peerKey checks the identity of the listener a hello reaches.
+	peerKey PeerKeyCallback
 	// transport, when set, reaches the destination instead of the
 	// stack's factories, and the hello names target: a node's port,
 	// reached through the network.
@@ -536,6 +561,9 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		stack := Stack{Layers: seg}.String()
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias)}
+			if keyedLayer(seg) != "" {
+				d.(*helloDialer).peerKey = r.peerKey
+			}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -675,6 +703,9 @@ type helloDialer struct {
 	key    []byte // the pre-shared key, or the node's key
 	stack  string
 	hops   int // the nodes of route layers before the peer
+	// peerKey, set when the segment is encrypted, checks the static key
+	// the listener announces.
+	peerKey PeerKeyCallback
 }
 
 func (d *helloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -691,41 +722,45 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if v, ok := c.(Vouched); ok {
 		node, key = "", v.VouchedKey() // the relay vouched for both ends
 	}
-	transcript, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node}, key)
+	transcript, static, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node}, key)
 	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
 		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
+	}
+	if err == nil && d.peerKey != nil {
+		err = d.peerKey(d.peer, static)
 	}
 	if err != nil {
 		c.Close()
 		return nil, layer.Handshake{}, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
 	}
-	return c, layer.Handshake{Key: key, Transcript: transcript}, nil
+	return c, layer.Handshake{Key: key, Transcript: transcript, PeerStatic: static}, nil
 }
 
 // handshakeWithContext runs the dialer's side of a hello on c, within the
 // context's deadline (or DefaultHandshakeTimeout) and interrupted by its
-// cancellation, and returns its transcript.
-func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key []byte) ([]byte, error) {
+// cancellation, and returns its transcript and the static key the
+// listener announced (see clientHandshake).
+func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key []byte) (transcript, static []byte, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
 	stop := netconn.InterruptOnDone(ctx, c)
-	transcript, herr := clientHandshake(c, hello, key)
+	transcript, static, herr := clientHandshake(c, hello, key)
 	if !stop() && ctx.Err() != nil {
-		return nil, fmt.Errorf("handshake: %w", ctx.Err())
+		return nil, nil, fmt.Errorf("handshake: %w", ctx.Err())
 	}
 	if dl, ok := ctx.Deadline(); ok && herr != nil && isTimeout(herr) && !time.Now().Before(dl) {
 		// The context's deadline, enforced through the connection's.
-		return nil, fmt.Errorf("handshake: %w (%w)", context.DeadlineExceeded, herr)
+		return nil, nil, fmt.Errorf("handshake: %w (%w)", context.DeadlineExceeded, herr)
 	}
 	if herr != nil {
 		var re *RefusedError
 		if errors.As(herr, &re) {
-			return nil, herr
+			return nil, nil, herr
 		}
-		return nil, fmt.Errorf("handshake: %w", herr)
+		return nil, nil, fmt.Errorf("handshake: %w", herr)
 	}
-	return transcript, c.SetDeadline(time.Time{})
+	return transcript, static, c.SetDeadline(time.Time{})
 }

@@ -30,8 +30,11 @@ const (
 	// read before it is authenticated.
 	maxBody = 4096
 
-	nonceSize     = 32
-	proofSize     = 32 // HMAC-SHA256
+	nonceSize = 32
+	proofSize = 32 // HMAC-SHA256
+	// IdentitySize is the size of a listener's static key (Policy.Identity),
+	// private or public: X25519.
+	IdentitySize  = 32
 	maxStackText  = 1024
 	maxTargetText = 262 // a 255-byte host name, ':' and a port, or a bracketed IPv6 address
 	maxReasonText = 1024
@@ -87,6 +90,7 @@ const (
 	tagOrigin fieldTag = 9  // where the connection came from, IP:port, as its first node saw it
 	tagTrail  fieldTag = 10 // the forwarding listeners crossed so far, trailIDSize bytes each
 	tagHop    fieldTag = 11 // in a refusal: how many nodes beyond the sender refused, u8
+	tagStatic fieldTag = 12 // in an accept: the listener's static X25519 public key (Policy.Identity)
 )
 
 // allowed lists the fields each message may carry.
@@ -94,7 +98,7 @@ var allowed = map[msgType][]fieldTag{
 	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
-	msgAccept:    {tagProof},
+	msgAccept:    {tagProof, tagStatic},
 	msgRefuse:    {tagCode, tagReason, tagHop},
 }
 
@@ -119,6 +123,7 @@ type message struct {
 	origin string   // an IP:port
 	trail  []byte   // trailIDSize bytes per listener crossed
 	hop    uint8    // in a refusal, see RefusedError.Hop
+	static []byte   // in an accept: the listener's static public key
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -151,6 +156,7 @@ func (m *message) appendFrame(b []byte) []byte {
 	}
 	field(tagNonce, m.nonce)
 	field(tagProof, m.proof)
+	field(tagStatic, m.static)
 	if m.code != 0 {
 		field(tagCode, []byte{byte(m.code)})
 	}
@@ -224,6 +230,8 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			m.nonce, err = fixed(v, nonceSize, "nonce")
 		case tagProof:
 			m.proof, err = fixed(v, proofSize, "proof")
+		case tagStatic:
+			m.static, err = fixed(v, IdentitySize, "static key")
 		case tagCode:
 			if len(v) != 1 || v[0] == 0 {
 				err = errors.New("refusal code must be one non-zero byte")

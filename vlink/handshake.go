@@ -35,45 +35,46 @@ func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
 // clientHandshake sends hello on c and waits for the listener's answer.
 // A hello that names a node proves that node's key (NodeKey). It returns
 // the transcript: every handshake byte sent and received, in order (see
-// layer.Handshake). The caller sets c's deadline.
-func clientHandshake(c net.Conn, hello *message, key []byte) (transcript []byte, err error) {
+// layer.Handshake), and the static key the accept announced, if any. The
+// caller sets c's deadline.
+func clientHandshake(c net.Conn, hello *message, key []byte) (transcript, static []byte, err error) {
 	buf := helloBytes(hello, key)
 	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
-		return nil, fmt.Errorf("sending hello: %w", err)
+		return nil, nil, fmt.Errorf("sending hello: %w", err)
 	}
 	transcript = buf
 	m, body, err := readFrame(c, msgChallenge, msgAccept, msgRefuse)
 	if err != nil {
-		return nil, answerError(err)
+		return nil, nil, answerError(err)
 	}
 	if m.typ == msgChallenge {
 		if key == nil {
-			return nil, &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key; give one (--key-file, key_file in the config)"}
+			return nil, nil, &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key; give one (--key-file, key_file in the config)"}
 		}
 		if m.nonce == nil {
-			return nil, fmt.Errorf("%w: challenge without a nonce", ErrBadHello)
+			return nil, nil, fmt.Errorf("%w: challenge without a nonce", ErrBadHello)
 		}
 		transcript = appendFrameBytes(transcript, m.typ, body)
 		auth := (&message{typ: msgAuth, proof: proof(key, labelClient, helloBody, m.nonce)}).appendFrame(nil)
 		if _, err := c.Write(auth); err != nil {
-			return nil, fmt.Errorf("sending proof: %w", err)
+			return nil, nil, fmt.Errorf("sending proof: %w", err)
 		}
 		transcript = append(transcript, auth...)
 		serverNonce := m.nonce
 		if m, body, err = readFrame(c, msgAccept, msgRefuse); err != nil {
-			return nil, answerError(err)
+			return nil, nil, answerError(err)
 		}
 		if m.typ == msgAccept && !hmac.Equal(m.proof, proof(key, labelServer, helloBody, serverNonce)) {
-			return nil, fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
+			return nil, nil, fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
 		}
 	} else if m.typ == msgAccept && key != nil {
-		return nil, fmt.Errorf("%w: the listener accepted without checking the key, so it cannot prove who it is; refusing", ErrAuth)
+		return nil, nil, fmt.Errorf("%w: the listener accepted without checking the key, so it cannot prove who it is; refusing", ErrAuth)
 	}
 	if m.typ == msgRefuse {
-		return nil, &RefusedError{Code: m.code, Reason: m.reason, Hop: int(m.hop)}
+		return nil, nil, &RefusedError{Code: m.code, Reason: m.reason, Hop: int(m.hop)}
 	}
-	return appendFrameBytes(transcript, m.typ, body), nil
+	return appendFrameBytes(transcript, m.typ, body), m.static, nil
 }
 
 // helloBytes is the magic and the hello frame, with a fresh nonce if the
@@ -224,6 +225,10 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	if h.key != nil && !p.InsecurePlaintext && j == nil && !h.routed() && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
 		return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: add %s to the stack (vlink adds it when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
 	}
+	// The encryption layer of a connection's own hello (not a nested
+	// one: its connection proved the identity already) proves the
+	// listener's identity.
+	h.static = l.static != nil && j == nil && keyedLayer(stack.Layers) != ""
 	if h.Target != "" {
 		if err := checkTarget(h.Target); err != nil {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "target %q: %v", h.Target, err))
@@ -240,7 +245,11 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 
 // accept sends the accept for h, which ends h's transcript.
 func accept(c net.Conn, h *Hello) error {
-	b := (&message{typ: msgAccept, proof: h.serverProof}).appendFrame(nil)
+	m := &message{typ: msgAccept, proof: h.serverProof}
+	if h.static {
+		m.static = h.listener.static
+	}
+	b := m.appendFrame(nil)
 	h.transcript = append(h.transcript, b...)
 	_, err := c.Write(b)
 	return err
@@ -274,7 +283,11 @@ func keyedLayer(layers []Layer) string {
 // named one, as the dialer hands its side) and h's transcript.
 func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn, error) {
 	if hf, ok := f.(layer.HandshakeFilter); ok {
-		return hf.ServerHandshake(c, layer.Handshake{Key: h.key, Transcript: h.transcript})
+		hs := layer.Handshake{Key: h.key, Transcript: h.transcript}
+		if h.static {
+			hs.Static = layer.KeyPair{Private: l.cfg.Policy.Identity, Public: l.static}
+		}
+		return hf.ServerHandshake(c, hs)
 	}
 	return f.Server(c)
 }

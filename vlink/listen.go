@@ -89,6 +89,7 @@ type Hello struct {
 	trail       []byte // the forwarding listeners crossed (trailIDSize each)
 	serverProof []byte
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
+	static      bool   // the accept announces the listener's identity
 }
 
 // Conn is a connection accepted by a Listener.
@@ -136,6 +137,7 @@ type Listener struct {
 	targets *selector.Selector
 	hops    *selector.Selector // Policy.Hops; nil: forwards to no node
 	id      [trailIDSize]byte  // this listener in the trail of a route, for loops
+	static  []byte             // the public half of Policy.Identity, nil for none
 	log     *slog.Logger
 
 	ready  chan *Conn
@@ -240,6 +242,9 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 	}
 	l.targets, _ = lc.Policy.targets() // checked by Validate
 	l.hops, _ = lc.Policy.hops()
+	if lc.Policy.Identity != nil {
+		l.static, _ = IdentityPublic(lc.Policy.Identity) // checked by Validate
+	}
 	rand.Read(l.id[:])
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if l.log == nil {

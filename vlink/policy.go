@@ -58,6 +58,15 @@ type Policy struct {
 	// Dialer.InsecurePlaintext). UNSAFE: set it only where the network
 	// itself is trusted.
 	InsecurePlaintext bool
+	// Identity is the listener's static X25519 private key
+	// (IdentitySize bytes, see NewIdentity), nil for none. With it, the
+	// listener announces the public half in the accept of every hello
+	// whose stack holds the encryption layer, and that layer proves the
+	// listener holds the private half (Noise NKpsk0 rather than NNpsk0):
+	// dialers can pin the key on first use and notice when it changes
+	// (Dialer.PeerKey). The pre-shared key alone authenticates a group;
+	// an identity tells one listener of the group from another.
+	Identity []byte
 	// Targets are the forwarding targets a dialer may name, as selector
 	// rules (host glob, IP or CIDR, ports); the action of the first match
 	// decides (Refuse forbids). Nil forbids all forwarding: never an open
@@ -75,6 +84,11 @@ type Policy struct {
 func (p *Policy) Validate() error {
 	if p.Key != nil && len(p.Key) < MinKeySize {
 		return fmt.Errorf("vlink: policy: key is %d bytes, want at least %d", len(p.Key), MinKeySize)
+	}
+	if p.Identity != nil {
+		if _, err := IdentityPublic(p.Identity); err != nil {
+			return fmt.Errorf("vlink: policy: %w", err)
+		}
 	}
 	for _, name := range p.Layers {
 		s := lookup(name)

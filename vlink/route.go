@@ -105,7 +105,7 @@ func (h *Hello) DialNextHop(ctx context.Context, forward layer.ContextDialer) (n
 	if ta, ok := h.RemoteAddr.(*net.TCPAddr); ok && key != nil {
 		m.origin = ta.AddrPort().String()
 	}
-	if _, err := handshakeWithContext(ctx, c, m, key); err != nil {
+	if _, _, err := handshakeWithContext(ctx, c, m, key); err != nil {
 		c.Close()
 		var re *RefusedError
 		if errors.As(err, &re) {
@@ -145,7 +145,7 @@ func (t *fwdTransport) DialContext(ctx context.Context, network, peer string) (n
 		return nil, err
 	}
 	path := append(t.vias[:len(t.vias):len(t.vias)], peer)
-	if _, err := handshakeWithContext(ctx, c, &message{hops: path[1:], node: t.node}, t.key); err != nil {
+	if _, _, err := handshakeWithContext(ctx, c, &message{hops: path[1:], node: t.node}, t.key); err != nil {
 		c.Close()
 		var re *RefusedError
 		if errors.As(err, &re) {

@@ -83,6 +83,7 @@ which sends them to PROGRAM itself.
 
 type execOptions struct {
 	stack, via, keyFile, config string
+	knownNodes                  string
 	dialTimeout                 time.Duration
 	allowBypass                 bool
 	node                        nodeOptions
@@ -96,6 +97,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the gateway that we hold the pre-shared key in `FILE`; needs --stack (default: none)")
 	fs.StringVar(&o.config, "config", "", "route with the vlink config `FILE` instead of --stack (default: VLINK_CONFIG and the other VLINK_ variables)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 30*time.Second, "give up a connection through a stack, handshake included, after `DURATION`")
+	knownNodesVar(fs, &o.knownNodes)
 	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)
@@ -160,6 +162,9 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 		}
 		return code
 	}
+	withPins := *cfg // the agent's dialers check identities against the pins
+	withPins.PeerKey = peerKeyCallback(o.knownNodes, e.log)
+	cfg = &withPins
 	if o.node.set() {
 		node, err := o.node.connect(ctx, e, cfg.Key)
 		if err != nil {

@@ -11,12 +11,13 @@ import (
 
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/knownnodes"
 )
 
 var keyCmd = &cli.Command{
 	Name:     "key",
-	Summary:  "make a pre-shared key, or derive a node's key from the network key",
-	Synopsis: "[--node NAME --key-file NETWORK_KEY] [--out FILE] [flags]",
+	Summary:  "make a pre-shared key or a listener's identity, or derive a node's key from the network key",
+	Synopsis: "[--node NAME --key-file NETWORK_KEY | --identity] [--out FILE] [flags]",
 	About: `
 Without --node, makes a fresh random key (32 random bytes, in base64): the
 key of a vlink serve and its tunnels, or the network key of a vlink relay.
@@ -26,24 +27,44 @@ called NAME. Give each node only its own key: the relay derives the same key
 from the name a node claims, so a node can prove no other node's name. The
 network key can act as any node: it belongs on the relay only.
 
+With --identity, makes a listener's identity instead: an X25519 private key
+(in base64) for vlink serve --identity, and prints its fingerprint (SHA256:...)
+on standard error. Dialers pin that fingerprint the first time they reach the
+listener through an encrypted stack, and refuse it afterwards if the identity
+changes (see --known-nodes of tunnel, socks and exec): compare it with the one
+a dialer prints when it pins, as with a new SSH host key.
 The key goes to standard output, or with --out to a new file of mode 600
 (an existing file is left alone unless --force).
 `,
 	Examples: `
   vlink key --out network.key
   vlink key --node db --key-file network.key --out db.key
+  vlink key --identity --out gw.identity
 `,
 	Flags: withEnv(keyFlags),
 }
 
 func keyFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	var node, keyFile, out string
-	var force bool
+	var force, identity bool
 	fs.StringVar(&node, "node", "", "derive the key of the node called `NAME` (needs --key-file)")
 	fs.StringVar(&keyFile, "key-file", "", "the network key, in `FILE` (mode 600), to derive a node's key from")
 	fs.StringVar(&out, "out", "", "write the key to `FILE`, created with mode 600 (default: standard output)")
 	fs.BoolVar(&force, "force", false, "let --out replace an existing file")
+	fs.BoolVar(&identity, "identity", false, "make a listener's identity (for vlink serve --identity) and print its fingerprint")
 	return func(ctx context.Context, e *env) int {
+		if identity {
+			if node != "" || keyFile != "" {
+				return fail(e, "vlink key", usagef("--identity makes a fresh identity: it takes no --node or --key-file"))
+			}
+			id := vlink.NewIdentity()
+			pub, _ := vlink.IdentityPublic(id)
+			if err := writeKeyOut(e, out, force, base64.StdEncoding.AppendEncode(nil, id)); err != nil {
+				return fail(e, "vlink key", err)
+			}
+			fmt.Fprintf(e.stderr, "vlink key: the identity's fingerprint, which dialers pin: %s\n", knownnodes.Fingerprint(pub))
+			return exitOK
+		}
 		key, err := makeKey(node, keyFile)
 		if err == nil {
 			err = writeKeyOut(e, out, force, key)

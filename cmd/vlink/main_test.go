@@ -567,6 +567,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"serve", "--allow", "10.0.0.0/8:*", "--plain", "allow"}, "--plain allow needs --target"},
 		{[]string{"serve", "--target", "127.0.0.1:1", "--plain", "maybe"}, "want default, allow or refuse"},
 		{[]string{"serve", "--target", "127.0.0.1:1", "--log-level", "verbose"}, "want debug, info, warn or error"},
+		{[]string{"serve", "--target", "127.0.0.1:1", "--identity", "id"}, "--identity needs --key-file"},
+		{[]string{"key", "--identity", "--node", "db"}, "--identity makes a fresh identity"},
 		{[]string{"tunnel"}, "--to HOST:PORT is required"},
 		{[]string{"tunnel", "--to", "127.0.0.1:1", "--via", "127.0.0.1:2"}, "need --stack"},
 		{[]string{"tunnel", "--to", "127.0.0.1:1", "--stack", "zstd:level=99"}, "outside [1, 22]"},

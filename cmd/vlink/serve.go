@@ -16,6 +16,7 @@ import (
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/knownnodes"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -80,6 +81,7 @@ key.
 
 type serveOptions struct {
 	listen, target, keyFile, layers, plain string
+	identityFile                           string
 	listenStack, hopStack                  string
 	allow, limits, hops, proxyProtocol     listFlag
 	handshakeTimeout, dialTimeout, grace   time.Duration
@@ -97,6 +99,7 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.hopStack, "hop-stack", "tcp", "reach next nodes through the factories of `STACK` (ssh:host=bastion, socks5:addr=proxy:1080, ...)")
 	fs.Var(&o.proxyProtocol, "proxy-protocol", "send targets matching `PATTERN` (HOST:PORTS, as --allow) a PROXY protocol v2 header with the connection's origin, as nginx (listen ... proxy_protocol) and haproxy (accept-proxy) take it; only for targets that expect it (repeatable; default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "require VLink dialers to prove they hold the pre-shared key in `FILE` (at least 16 bytes, mode 600; default: no authentication)")
+	fs.StringVar(&o.identityFile, "identity", "", "prove this listener's identity, the X25519 key in `FILE` (mode 600; make one with vlink key --identity), in each encrypted connection, so dialers can pin it on first use and notice if it changes; needs --key-file (default: none, the key alone authenticates the listener)")
 	fs.StringVar(&o.layers, "layers", "", "let dialers ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
 	fs.Var(&o.limits, "limit", "narrow a layer parameter's bounds, written `LAYER.PARAM=MIN-MAX` or LAYER.PARAM=VALUE: the server runs the mirrored layer too, so a high compression level costs it CPU (repeatable; default: the layer's own bounds)")
 	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
@@ -151,6 +154,14 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 			return err
 		}
 	}
+	if o.identityFile != "" {
+		if o.keyFile == "" {
+			return usagef("--identity needs --key-file: the identity is proven inside the encryption, which the key sets up")
+		}
+		if policy.Identity, err = vlink.ReadIdentityFile(o.identityFile); err != nil {
+			return err
+		}
+	}
 
 	s := &server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout, log: e.log, t: newTracker()}
 	if len(o.hops) > 0 {
@@ -199,8 +210,13 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		e.log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
 			"addr", l.Addr().String())
 	}
+	identity := "none"
+	if policy.Identity != nil {
+		pub, _ := vlink.IdentityPublic(policy.Identity)
+		identity = knownnodes.Fingerprint(pub)
+	}
 	e.log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
-		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil)
+		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity)
 	var accepting net.Listener = l
 	if o.node.set() {
 		// Other nodes' connections come through the network: the same

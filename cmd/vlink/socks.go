@@ -55,6 +55,7 @@ authenticate (RFC 1929), and SOCKS4 clients, which cannot, are refused.
 
 type socksOptions struct {
 	listen, stack, via, keyFile, config, user, passwordFile string
+	knownNodes                                              string
 	allowFrom                                               listFlag
 	handshakeTimeout, dialTimeout, grace                    time.Duration
 	insecurePlaintext                                       bool
@@ -78,6 +79,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a client whose SOCKS handshake, destination dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching a destination after `DURATION`")
 	insecurePlaintextVar(fs, &o.insecurePlaintext)
+	knownNodesVar(fs, &o.knownNodes)
 	nodeFlags(fs, &o.node, "so that clients reach other nodes' ports as NODE.vlink.alt:PORT (socks5h or socks4a: the name goes to vlink) through the relay")
 	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
@@ -176,6 +178,7 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
+	srv.Dialer.(*vlink.Dialer).PeerKey = peerKeyCallback(o.knownNodes, e.log)
 	if o.node.set() {
 		d := srv.Dialer.(*vlink.Dialer)
 		node, err := o.node.connect(ctx, e, d.Key)

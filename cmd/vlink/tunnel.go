@@ -59,7 +59,7 @@ server) at info.
 
 type tunnelOptions struct {
 	listen, to, stack, via, keyFile string
-	listenStack                     string
+	listenStack, knownNodes         string
 	dialTimeout, grace              time.Duration
 	insecurePlaintext               bool
 	node                            nodeOptions
@@ -75,6 +75,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	insecurePlaintextVar(fs, &o.insecurePlaintext)
+	knownNodesVar(fs, &o.knownNodes)
 	nodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
 	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
@@ -137,6 +138,7 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
+	d.PeerKey = peerKeyCallback(o.knownNodes, e.log)
 	if o.node.set() {
 		node, err := o.node.connect(ctx, e, d.Key)
 		if err != nil {

@@ -29,8 +29,8 @@ const (
 	// MaxPlain is the most application bytes one record carries. Larger
 	// writes are split.
 	MaxPlain = maxRecord - tagSize
-	// maxHandshake bounds a handshake record: NNpsk0's messages are 48
-	// bytes each, so anything much larger is not ours.
+	// maxHandshake bounds a handshake record: NNpsk0's and NKpsk0's
+	// messages are 48 bytes each, so anything much larger is not ours.
 	maxHandshake = 256
 )
 

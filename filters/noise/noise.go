@@ -8,6 +8,10 @@
 // (mutual authentication). The handshake's prologue is a hash of the
 // VLink hello's transcript, so the authenticated hello and the encrypted
 // channel cannot be split: a hello changed on the way fails the handshake.
+// A listener with an identity (vlink.Policy.Identity), whose accept
+// announced its static key, runs NKpsk0 instead, which also proves it
+// holds that key's private half, so dialers can pin it
+// (vlink.Dialer.PeerKey).
 //
 // After the handshake the stream is a sequence of records (frame.go) of
 // at most [MaxPlain] application bytes, each sealed under the next
@@ -35,7 +39,7 @@ func init() {
 	layer.Register(layer.Spec{
 		Name:    "noise",
 		Kind:    layer.KindFilter,
-		Summary: "encrypt and authenticate (Noise NNpsk0, X25519, ChaCha20-Poly1305) with the pre-shared key",
+		Summary: "encrypt and authenticate (Noise NNpsk0, or NKpsk0 for a listener with an identity; X25519, ChaCha20-Poly1305) with the pre-shared key",
 		New:     func(layer.Args) (any, error) { return Filter{}, nil },
 	})
 }
@@ -85,9 +89,18 @@ func (Filter) ServerHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) 
 //	-> psk, e        the initiator's ephemeral key, sealed with the PSK
 //	<- e, ee         the responder's, and the ephemeral-ephemeral DH
 //
+// When the listener has a static key (vlink.Policy.Identity), which its
+// accept announced and the dialer checked, both use NKpsk0 instead:
+//
+//	<- s             known beforehand: the accept's key
+//	...
+//	-> psk, e, es    also a DH of the initiator's ephemeral and that key
+//	<- e, ee
+//
 // Each message's empty payload is sealed with everything mixed in so far
 // (prologue, PSK, DH), so reading it proves the sender holds the key and
-// saw the same hello.
+// saw the same hello; with NKpsk0, reading the responder's also proves it
+// holds the static key's private half.
 func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error) {
 	opErr := func(err error) error {
 		return &net.OpError{Op: "handshake", Net: "noise", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
@@ -99,14 +112,21 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	if err != nil {
 		return nil, opErr(err)
 	}
-	st, err := flynn.NewHandshakeState(flynn.Config{
+	cfg := flynn.Config{
 		CipherSuite:           suite,
 		Pattern:               flynn.HandshakeNN,
 		Initiator:             initiator,
 		Prologue:              Prologue(hs.Transcript),
 		PresharedKey:          psk,
 		PresharedKeyPlacement: 0,
-	})
+	}
+	switch {
+	case initiator && hs.PeerStatic != nil:
+		cfg.Pattern, cfg.PeerStatic = flynn.HandshakeNK, hs.PeerStatic
+	case !initiator && hs.Static.Private != nil:
+		cfg.Pattern, cfg.StaticKeypair = flynn.HandshakeNK, flynn.DHKey{Private: hs.Static.Private, Public: hs.Static.Public}
+	}
+	st, err := flynn.NewHandshakeState(cfg)
 	if err != nil {
 		return nil, opErr(err)
 	}

@@ -17,6 +17,20 @@ type Handshake struct {
 	// and the proof if the listener asked for the key, then the accept.
 	// Both sides see the same bytes unless someone changed them on the way.
 	Transcript []byte
+	// Static, on the listener's side, is its static X25519 key pair
+	// (vlink.Policy.Identity) when the hello's accept announced the
+	// public half, zero otherwise; PeerStatic, on the dialer's side, is
+	// that public half as the accept carried it (the dialer has checked
+	// it against its pins, vlink.Dialer.PeerKey), nil otherwise. An
+	// encryption layer given either must prove the listener holds the
+	// private half, or fail.
+	Static     KeyPair
+	PeerStatic []byte
+}
+
+// A KeyPair is an X25519 key pair, 32 bytes each half.
+type KeyPair struct {
+	Private, Public []byte
 }
 
 // A HandshakeFilter is a Filter that needs the pre-shared key and the
