@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
@@ -111,4 +112,57 @@ func TestIdentityPinned(t *testing.T) {
 		t.Fatalf("a tunnel to a listener with another identity got %q and a clean end; want an error", got)
 	}
 	tunnel.WaitFor(t, regexp.MustCompile(`announced the key `+regexp.QuoteMeta(fps[1])+`, but `+regexp.QuoteMeta(knownNodes)+`:1 pins `+regexp.QuoteMeta(fps[0])), startTimeout)
+}
+
+// TestExecEncryption runs `vlink exec --stack zstd --via GATEWAY
+// --key-file` to a `vlink serve --key-file` beyond loopback: the
+// program's bytes arrive through zstd+noise, which serve logs; with
+// --insecure-plaintext the agent sends zstd as given, which serve
+// refuses (the program's connect fails), and which a serve told
+// --insecure-plaintext accepts.
+func TestExecEncryption(t *testing.T) {
+	testenv.Programs(t, "socat", "cc") // cc: vlink exec builds its shim
+	host := hostIPv4(t)
+	keyFile := filepath.Join(t.TempDir(), "vlink.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	echoPort := realserver.FreePort(t)
+	echoAddr := net.JoinHostPort(host, strconv.Itoa(echoPort))
+	echo := startProc(t, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", echoPort, host), "EXEC:cat")
+	echo.WaitListening(t, echoPort)
+	for _, tc := range []struct {
+		name       string
+		execFlags  []string
+		serveFlags []string
+		accepted   string // the stack serve logs; "" for a refusal
+	}{
+		{"default", nil, nil, "zstd+noise"},
+		{"plaintext refused", []string{"--insecure-plaintext"}, nil, ""},
+		{"plaintext on both sides", []string{"--insecure-plaintext"}, []string{"--insecure-plaintext"}, "zstd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			serve := startProc(t, vlinkBin, append([]string{"serve", "--listen", net.JoinHostPort(host, "0"), "--allow", echoAddr,
+				"--key-file", keyFile, "--log-level", "debug", "--grace", "1s"}, tc.serveFlags...)...)
+			serve.Name, serve.CleanExit = "vlink serve", true
+			gw := serve.WaitFor(t, listenAddrRE, startTimeout)[1]
+			serve.Ports = append(serve.Ports, realserver.Port(t, gw))
+			args := append([]string{"exec", "--stack", "zstd", "--via", gw, "--key-file", keyFile}, tc.execFlags...)
+			args = append(args, "--", "socat", "-t", "5", "-", "TCP:"+echoAddr)
+			cmd := exec.Command(vlinkBin, args...)
+			cmd.Stdin = strings.NewReader("through vlink exec\n")
+			out, err := cmd.Output()
+			if tc.accepted == "" {
+				if err == nil && len(out) > 0 {
+					t.Fatalf("a plaintext stack beyond loopback was carried: %q", out)
+				}
+				serve.WaitFor(t, regexp.MustCompile(`msg="vlink: refused" .*encrypts what comes from beyond loopback`), startTimeout)
+				return
+			}
+			if err != nil || string(out) != "through vlink exec\n" {
+				t.Fatalf("vlink exec socat: %q, %v", out, err)
+			}
+			serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=`+regexp.QuoteMeta(tc.accepted)+`( |$)`), startTimeout)
+		})
+	}
 }

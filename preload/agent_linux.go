@@ -55,6 +55,10 @@ type AgentConfig struct {
 	// to NODE.vlink.alt:PORT goes there (vlink exec --node). Nil: such
 	// connects fail, and their names never reach the DNS.
 	Network vlink.NodeDialer
+	// InsecurePlaintext keeps the stacks as the rules give them (see
+	// vlink.Dialer.InsecurePlaintext). UNSAFE: only for a network that is
+	// itself trusted.
+	InsecurePlaintext bool
 }
 
 // An Agent answers the shims of one program's processes: it decides each
@@ -66,6 +70,7 @@ type Agent struct {
 	network vlink.NodeDialer
 	fakes   *fakeMap
 	timeout time.Duration
+	plain   bool // AgentConfig.InsecurePlaintext
 	log     *slog.Logger
 	uid     int
 
@@ -121,6 +126,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		network: c.Network,
 		fakes:   newFakeMap(0),
 		timeout: c.DialTimeout,
+		plain:   c.InsecurePlaintext,
 		log:     c.Logger,
 		uid:     os.Getuid(),
 		name:    "@vlink-agent-" + hex.EncodeToString(rnd[:]),
@@ -479,7 +485,7 @@ func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, strin
 	}
 	if d.rule.Action == selector.BestEffort {
 		// The config's route races its ways (vlink.Dialer with no stack).
-		vd := &vlink.Dialer{Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg}
+		vd := &vlink.Dialer{Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg, InsecurePlaintext: a.plain}
 		return func(ctx context.Context, target string) (net.Conn, error) {
 			c, err := vd.DialContext(ctx, "tcp", target)
 			if err != nil {
@@ -501,7 +507,7 @@ func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, strin
 			return nd.DialContext(ctx, "tcp", target)
 		}
 	}
-	vd := &vlink.Dialer{Stack: d.stack, Via: d.rule.Via, Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg}
+	vd := &vlink.Dialer{Stack: d.stack, Via: d.rule.Via, Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg, InsecurePlaintext: a.plain}
 	return func(ctx context.Context, target string) (net.Conn, error) {
 		return vd.DialContext(ctx, "tcp", target)
 	}

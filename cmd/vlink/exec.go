@@ -85,7 +85,7 @@ type execOptions struct {
 	stack, via, keyFile, config string
 	knownNodes                  string
 	dialTimeout                 time.Duration
-	allowBypass                 bool
+	allowBypass, plaintext      bool
 	node                        nodeOptions
 	network                     vlink.NodeDialer // the node's, once connected
 }
@@ -98,6 +98,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&o.config, "config", "", "route with the vlink config `FILE` instead of --stack (default: VLINK_CONFIG and the other VLINK_ variables)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 30*time.Second, "give up a connection through a stack, handshake included, after `DURATION`")
 	knownNodesVar(fs, &o.knownNodes)
+	insecurePlaintextVar(fs, &o.plaintext)
 	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)
