@@ -125,3 +125,52 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+// TestWholeHello: what a parked connection must have sent to be given a
+// slot (see shedder).
+func TestWholeHello(t *testing.T) {
+	hello := append([]byte(magic), (&message{typ: msgHello, stack: "zstd"}).appendFrame(nil)...)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"nothing", nil, false},
+		{"part of the magic", []byte(magic[:3]), false},
+		{"the magic", []byte(magic), false},
+		{"half a hello", hello[:len(hello)-1], false},
+		{"a hello", hello, true},
+		{"a hello and more", append(hello, 1, 2, 3), true},
+		{"a plain client", []byte("GET / HTTP/1.1\r\n"), true},
+		{"one byte off the magic", []byte("\x89VLX"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := wholeHello(tc.b); got != tc.want {
+				t.Errorf("wholeHello(%q) = %v, want %v", tc.b, got, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzWholeHello: wholeHello never panics, and says "not yet" only for
+// the start of a hello: the magic's prefix, or the magic and a frame cut
+// short.
+func FuzzWholeHello(f *testing.F) {
+	f.Add([]byte(magic + "\x01\x01\x00\x04\x01\x00\x01z"))
+	f.Add([]byte(magic + "\x01\x01\xff\xff"))
+	f.Add([]byte("SSH-2.0-"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if wholeHello(b) {
+			return
+		}
+		m := min(len(b), len(magic))
+		if string(b[:m]) != magic[:m] {
+			t.Fatalf("%q is no hello, but waits for more", b)
+		}
+		if len(b) >= len(magic)+headerSize {
+			if n := header(b[len(magic):]).Len(); len(b) >= len(magic)+headerSize+n {
+				t.Fatalf("%q holds a whole frame of %d bytes, but waits for more", b, n)
+			}
+		}
+	})
+}

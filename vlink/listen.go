@@ -259,7 +259,11 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 	if l.cfg.MaxHandshakes <= 0 {
 		l.cfg.MaxHandshakes = DefaultMaxHandshakes
 	}
-	l.shed = newShedder(l.cfg.MaxHandshakes)
+	plainAt := time.Duration(0) // when a parked silent connection may be taken as plain
+	if l.cfg.SniffTimeout > 0 && l.cfg.Policy.plainAllowed() {
+		plainAt = l.cfg.SniffTimeout
+	}
+	l.shed = newShedder(l.cfg.MaxHandshakes, l.cfg.HandshakeTimeout, plainAt, l.startHandshake)
 	l.sem = make(chan struct{}, l.cfg.MaxHandshakes)
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -293,6 +297,7 @@ func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
 func (l *Listener) Close() error {
 	err := net.ErrClosed
 	l.closeOnce.Do(func() {
+		l.shed.close() // first: no parked connection is started after done
 		close(l.done)
 		l.cancel()
 		err = l.inner.Close()
@@ -328,25 +333,37 @@ func (l *Listener) acceptLoop() {
 			l.mu.Lock()
 			l.err = err
 			l.mu.Unlock()
-			l.closeOnce.Do(func() { close(l.done); l.cancel(); l.inner.Close() })
+			l.closeOnce.Do(func() { l.shed.close(); close(l.done); l.cancel(); l.inner.Close() })
 			return
 		}
 		backoff.Reset()
 		// Never wait for a slot: that would let dialers that stay silent
-		// keep everyone out. The shedder makes room instead.
-		if !l.shed.admit(c) {
-			c.Close()
-			l.log.Info("vlink: refused: every handshake slot is held by an authenticated dialer", "remote", c.RemoteAddr().String(), "max", l.cfg.MaxHandshakes)
-			continue
+		// keep everyone out. The shedder makes room, or parks c.
+		if now := time.Now(); l.shed.admit(c, now) {
+			l.startHandshake(c, now)
 		}
-		if !l.track(c) {
-			l.shed.done(c)
-			c.Close()
-			return
-		}
-		l.wg.Add(1)
-		go l.serve(c)
 	}
+}
+
+// startHandshake runs the handshake of c, accepted at the given time and
+// given a slot, in a goroutine of its own; once the listener is closed it
+// frees the slot and closes c instead.
+func (l *Listener) startHandshake(c net.Conn, accepted time.Time) {
+	l.mu.Lock()
+	select {
+	case <-l.done:
+		l.mu.Unlock()
+		l.shed.done(c)
+		c.Close()
+		return
+	default:
+	}
+	// Counted before Close can see the listener empty: Close takes mu
+	// after it closes done.
+	l.wg.Add(1)
+	l.pending[c] = struct{}{}
+	l.mu.Unlock()
+	go l.serve(c, accepted)
 }
 
 // track registers a connection in handshake so Close can interrupt it.
@@ -369,9 +386,9 @@ func (l *Listener) untrack(c net.Conn) {
 }
 
 // serve runs one connection's handshake and hands the result to Accept.
-func (l *Listener) serve(raw net.Conn) {
+func (l *Listener) serve(raw net.Conn, accepted time.Time) {
 	defer l.wg.Done()
-	c, err := l.handshake(raw)
+	c, err := l.handshake(raw, accepted)
 	l.untrack(raw)
 	shed := l.shed.done(raw)
 	if err != nil {
@@ -446,9 +463,8 @@ func (l *Listener) logFailure(remote net.Addr, err error) {
 	}
 }
 
-func (l *Listener) handshake(raw net.Conn) (*Conn, error) {
-	start := time.Now()
-	deadline := start.Add(l.cfg.HandshakeTimeout)
+func (l *Listener) handshake(raw net.Conn, accepted time.Time) (*Conn, error) {
+	deadline := accepted.Add(l.cfg.HandshakeTimeout)
 	isVLink, prefix, err := l.sniff(raw, deadline)
 	if err != nil {
 		return nil, err
