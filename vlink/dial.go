@@ -560,10 +560,11 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		stack := Stack{Layers: seg}.String()
 		if d == nil {
-			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias)}
+			hd := &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias)}
 			if keyedLayer(seg) != "" {
-				d.(*helloDialer).peerKey = r.peerKey
+				hd.peerKey = r.peerKey // the identity is proven by this segment's encryption
 			}
+			d = hd
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""

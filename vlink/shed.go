@@ -40,7 +40,7 @@ type shedder struct {
 	parked  []*slot                // oldest first
 	sweeper *time.Timer            // armed while parked is not empty
 	closed  bool
-	peek    [len(magic) + headerSize + maxBody]byte // for helloQueued
+	peek    [len(magic) + headerSize + maxBody]byte // for helloQueuedLocked
 }
 
 // A slot is one handshake in progress, or one parked connection.
@@ -112,6 +112,7 @@ func (s *shedder) parkLocked(sl *slot) {
 	}
 	if len(s.parked) >= s.maxParked {
 		s.parked[0].c.Close()
+		s.parked[0] = nil
 		s.parked = s.parked[1:]
 	}
 	s.parked = append(s.parked, sl)
