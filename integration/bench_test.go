@@ -107,7 +107,7 @@ func BenchmarkForward(b *testing.B) {
 	}{
 		{"socat", []string{"socat"}, func(b *testing.B) string {
 			port := realserver.FreePort(b)
-			p := startProc(b, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork", port), "TCP:"+sink)
+			p := startProc(b, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork,backlog=128", port), "TCP:"+sink)
 			p.Ports = append(p.Ports, port)
 			p.WaitListening(b, port)
 			return fmt.Sprintf("127.0.0.1:%d", port)

@@ -129,7 +129,7 @@ func TestExecEncryption(t *testing.T) {
 	}
 	echoPort := realserver.FreePort(t)
 	echoAddr := net.JoinHostPort(host, strconv.Itoa(echoPort))
-	echo := startProc(t, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", echoPort, host), "EXEC:cat")
+	echo := startProc(t, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork,backlog=128", echoPort, host), "EXEC:cat")
 	echo.WaitListening(t, echoPort)
 	for _, tc := range []struct {
 		name       string

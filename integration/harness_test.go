@@ -73,7 +73,7 @@ func startHTTPServer(tb testing.TB, dir string) (*proc, string) {
 func startSocatEcho(tb testing.TB) (*proc, string) {
 	tb.Helper()
 	port := realserver.FreePort(tb)
-	p := startProc(tb, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork", port), "EXEC:cat")
+	p := startProc(tb, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork,backlog=128", port), "EXEC:cat")
 	p.Ports = append(p.Ports, port)
 	p.WaitListening(tb, port)
 	return p, fmt.Sprintf("127.0.0.1:%d", port)

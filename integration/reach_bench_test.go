@@ -63,7 +63,7 @@ func BenchmarkReachSetup(b *testing.B) {
 		ip   string
 		port int
 	}{{"127.0.0.1", 7300}, {l.Addr("b").String(), 7301}} {
-		p := labProc(b, l, "b", "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", s.port, s.ip), "EXEC:cat")
+		p := labProc(b, l, "b", "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork,backlog=128", s.port, s.ip), "EXEC:cat")
 		waitLabListening(b, l, p, "b", s.port)
 	}
 	labProc(b, l, "b", vlinkBin, "serve", "--listen", l.Addr("b").String()+":7000", "--target", "127.0.0.1:7300", "--key-file", psk,

@@ -223,7 +223,7 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 func labServers(t *testing.T, l *lab.Lab, host, bind, download string) {
 	t.Helper()
 	for port, action := range map[int]string{7300: "EXEC:cat", 7301: "OPEN:" + download + ",rdonly", 7302: "EXEC:sha256sum"} {
-		p := labProc(t, l, host, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork", port, bind), action)
+		p := labProc(t, l, host, "socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork,backlog=128", port, bind), action)
 		waitLabListening(t, l, p, host, port)
 	}
 }
