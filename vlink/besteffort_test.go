@@ -141,6 +141,32 @@ func TestBestEffort(t *testing.T) {
 			t.Fatalf("second dial's first attempt: %+v", rep.Attempts[0])
 		}
 	})
+	t.Run("overlapping races keep their own stagger", func(t *testing.T) {
+		// One clock serves every race: each must still start its next
+		// way RaceStagger after its own start, not after another's.
+		const n, apart = 3, 150 * time.Millisecond
+		reps := make(chan *vlink.RouteReport, n)
+		for i := range n {
+			d := bestEffort(t, hang, "test-xor") // its own memory
+			go func() {
+				time.Sleep(time.Duration(i) * apart)
+				c, rep, err := d.DialReport(ctx(), "tcp", l.Addr().String())
+				if err == nil {
+					c.Close()
+				}
+				reps <- rep
+			}()
+		}
+		for range n {
+			rep := <-reps
+			if rep.Way != "test-xor" || len(rep.Attempts) != 2 {
+				t.Fatalf("took %q, attempts %+v", rep.Way, rep.Attempts)
+			}
+			if s := rep.Attempts[1].Start; s < vlink.RaceStagger || s > vlink.RaceStagger+apart {
+				t.Errorf("the second way started %v into its dial, want the stagger, %v", s, vlink.RaceStagger)
+			}
+		}
+	})
 	t.Run("a refused way does not wait for the stagger", func(t *testing.T) {
 		d := bestEffort(t, refused, "direct")
 		check(t, d, want{way: "direct", failed: []string{refused}, within: vlink.RaceStagger})
