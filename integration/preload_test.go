@@ -221,31 +221,40 @@ func TestPreloadPrograms(t *testing.T) {
 	})
 
 	t.Run("python", func(t *testing.T) {
-		out := lab.mustExec(t, "python3", "testdata/preload_client.py", FarName, strconv.Itoa(farEcho), strconv.Itoa(farClosed))
-		var r struct {
-			Resolved           string `json:"resolved"`
-			Peer               string `json:"peer"`
-			Blocking           bool   `json:"blocking"`
-			TimeoutSocket      bool   `json:"timeout_socket"`
-			RefusedBlocking    string `json:"refused_blocking"`
-			RefusedNonblocking string `json:"refused_nonblocking"`
-			Asyncio            int    `json:"asyncio"`
-			Fork               int    `json:"fork"`
+		lab.checkPython(t, lab.mustExec(t, "python3", "testdata/preload_client.py", FarName, strconv.Itoa(farEcho), strconv.Itoa(farClosed)))
+	})
+
+	t.Run("python-mux", func(t *testing.T) {
+		// Streams of one mux session send their hellos as early data: a
+		// blocking connect must still return the far side's refusal, and
+		// the program's connects (its forked workers' too: the agent is
+		// one process) share one session, as vlink tunnel's do.
+		before := len(lab.sessions())
+		full := []string{"exec", "--stack", "mux+lz4", "--via", s.gateway(), "--",
+			"python3", "testdata/preload_client.py", FarName, strconv.Itoa(farEcho), strconv.Itoa(farClosed)}
+		out, stderr, err := run(2*time.Minute, nil, vlinkBin, full...)
+		if err != nil {
+			t.Fatalf("vlink exec: %v\n%s\n%s", err, out, stderr)
 		}
-		if err := json.Unmarshal(out, &r); err != nil {
-			t.Fatalf("python output %q: %v", out, err)
+		lab.checkPython(t, out)
+		if got := lab.sessions()[before:]; len(got) != 1 {
+			t.Errorf("the program's connects came over %d TCP connections to the gateway, want 1: %v", len(got), got)
 		}
-		if !netip.MustParsePrefix("198.18.0.0/15").Contains(netip.MustParseAddr(r.Resolved)) || r.Peer != r.Resolved {
-			t.Errorf("resolved %s, getpeername %s: want the same fake address", r.Resolved, r.Peer)
+	})
+
+	t.Run("quiet", func(t *testing.T) {
+		// The program's stderr is its output: a refused connect shows as
+		// the program reports it, with nothing of vlink's besides.
+		url := fmt.Sprintf("http://%s:%d/", FarName, farClosed)
+		// curl connects non-blocking: the refusal reaches it as a reset
+		// on its first read (56), not as the refusal (7), for now.
+		_, stderr, err := lab.exec(t, "curl", "-sS", url)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || (ee.ExitCode() != 7 && ee.ExitCode() != 56) {
+			t.Fatalf("curl %s: %v, want exit status 7 or 56: %s", url, err, stderr)
 		}
-		if !r.Blocking || !r.TimeoutSocket || r.Asyncio != 32 || r.Fork != 8 {
-			t.Errorf("echo: blocking %v, with timeout %v, asyncio %d/32, forked workers %d/8", r.Blocking, r.TimeoutSocket, r.Asyncio, r.Fork)
-		}
-		if r.RefusedBlocking != "ConnectionRefusedError" {
-			t.Errorf("a blocking connect to a closed far port: %s, want ConnectionRefusedError", r.RefusedBlocking)
-		}
-		if r.RefusedNonblocking != "ConnectionResetError" && r.RefusedNonblocking != "ConnectionRefusedError" {
-			t.Errorf("a non-blocking connect to a closed far port: %s", r.RefusedNonblocking)
+		if lines := strings.Split(strings.TrimSpace(stderr), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "curl: (") {
+			t.Errorf("stderr is not curl's line alone:\n%s", stderr)
 		}
 	})
 
@@ -345,7 +354,56 @@ func TestPreloadPrograms(t *testing.T) {
 		if got, _ := fileSum(t, out); got != want {
 			t.Errorf("the background curl saved sha256 %.16s, want %.16s", got, want)
 		}
+		if stderr != "" {
+			t.Errorf("vlink exec wrote to the program's stderr: %s", stderr)
+		}
 	})
+}
+
+// checkPython checks the output of testdata/preload_client.py.
+func (lab *preloadLab) checkPython(t *testing.T, out []byte) {
+	t.Helper()
+	var r struct {
+		Resolved           string `json:"resolved"`
+		Peer               string `json:"peer"`
+		Blocking           bool   `json:"blocking"`
+		TimeoutSocket      bool   `json:"timeout_socket"`
+		RefusedBlocking    string `json:"refused_blocking"`
+		RefusedNonblocking string `json:"refused_nonblocking"`
+		Asyncio            int    `json:"asyncio"`
+		Fork               int    `json:"fork"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("python output %q: %v", out, err)
+	}
+	if !netip.MustParsePrefix("198.18.0.0/15").Contains(netip.MustParseAddr(r.Resolved)) || r.Peer != r.Resolved {
+		t.Errorf("resolved %s, getpeername %s: want the same fake address", r.Resolved, r.Peer)
+	}
+	if !r.Blocking || !r.TimeoutSocket || r.Asyncio != 32 || r.Fork != 8 {
+		t.Errorf("echo: blocking %v, with timeout %v, asyncio %d/32, forked workers %d/8", r.Blocking, r.TimeoutSocket, r.Asyncio, r.Fork)
+	}
+	if r.RefusedBlocking != "ConnectionRefusedError" {
+		t.Errorf("a blocking connect to a closed far port: %s, want ConnectionRefusedError", r.RefusedBlocking)
+	}
+	if r.RefusedNonblocking != "ConnectionResetError" && r.RefusedNonblocking != "ConnectionRefusedError" {
+		t.Errorf("a non-blocking connect to a closed far port: %s", r.RefusedNonblocking)
+	}
+}
+
+// sessions lists the remote addresses of the gateway's mux streams, in
+// the order its log first names them: one per TCP connection they came
+// over. A stream's own hello names the layers above mux: none here, and
+// no other route of the lab sends an empty stack.
+func (lab *preloadLab) sessions() []string {
+	var list []string
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile(`msg="vlink: accepted" remote=(\S+) stack="" `).FindAllStringSubmatch(lab.serve.Output(), -1) {
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			list = append(list, m[1])
+		}
+	}
+	return list
 }
 
 // startSSHD runs OpenSSH's sshd in the site with fresh keys.

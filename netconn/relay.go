@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 )
 
 // relayBufSize is the size of the buffers relays copy through when the
@@ -27,7 +28,11 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // direction fails, Relay aborts both connections (see [Abort]: a TCP
 // connection is reset, so its peer sees a failure rather than an end of
 // stream) and the other direction does not hang; the net.ErrClosed this
-// teardown causes is not reported.
+// teardown causes is not reported. A peer that ended its own stream and
+// then reset the connection rather than read the end of ours (it closed
+// early, as an HTTP client done with its response may) is a normal end:
+// Relay reports no error, and passes the reset on to the other side, as
+// it would reach it over TCP.
 //
 // Relay picks the cheapest copy each direction allows:
 //   - on Linux, from a *net.TCPConn (or stream *net.UnixConn) to a
@@ -53,6 +58,10 @@ func Relay(a, b net.Conn) (aToB, bToA int64, err error) {
 	}()
 	aToB = r.run(b, a)
 	<-done
+	if r.gone && !r.torn {
+		Abort(a)
+		Abort(b)
+	}
 	a.Close()
 	b.Close()
 	return aToB, bToA, r.err
@@ -68,18 +77,35 @@ type relay struct {
 	// after it is Relay's own doing, not the peer's.
 	closed bool
 	torn   bool // both connections closed after a failure
+	// gone: a direction could not pass its end on because the peer had
+	// reset the connection. The other direction says whether that is a
+	// failure (it fails too) or the peer's early close (it ended).
+	gone bool
 }
 
 // run copies src to dst and passes the end of src on to dst's peer.
 func (r *relay) run(dst, src net.Conn) int64 {
 	n, err := copyConn(dst, src)
 	if err == nil {
-		err = r.closeWrite(dst)
+		if err = r.closeWrite(dst); err != nil && resetByPeer(err) {
+			// The reset that made the half-close fail also ends the other
+			// direction's read from dst at once: no teardown needed yet.
+			r.mu.Lock()
+			r.gone = true
+			r.mu.Unlock()
+			return n
+		}
 	}
 	if err != nil {
 		r.fail(err)
 	}
 	return n
+}
+
+// resetByPeer reports whether err is what a write or a half-close gets
+// once the peer has reset the connection.
+func resetByPeer(err error) bool {
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 func (r *relay) closeWrite(c net.Conn) error {

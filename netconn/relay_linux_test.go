@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
@@ -153,5 +155,64 @@ func TestRelayZeroCopy(t *testing.T) {
 				t.Errorf("%d bytes went through user space; want none (zero-copy)", copied)
 			}
 		})
+	}
+}
+
+// TestRelayPeerClosedEarly: a server that sends its whole answer, closes,
+// and resets the connection when more bytes come (the kernel's answer to
+// bytes for a closed socket) ended normally: Relay reports no error
+// (vlink serve logged such connections as failed: "shutdown: transport
+// endpoint is not connected").
+func TestRelayPeerClosedEarly(t *testing.T) {
+	for _, shape := range relayShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			r := startRelay(t, shape.wrapA, shape.wrapB)
+			answer := testnet.RandomBytes(64<<10, 1)
+			if _, err := r.server.Write(answer); err != nil {
+				t.Fatal(err)
+			}
+			r.server.Close()
+			sum, n, err := receive(r.client)
+			if err != nil || n != len(answer) || sum != sha256.Sum256(answer) {
+				t.Fatalf("client received %d bytes, %v", n, err)
+			}
+			// Bytes for the closed server: its kernel resets b.
+			if _, err := r.client.Write([]byte("late")); err != nil {
+				t.Fatal(err)
+			}
+			waitTCPState(t, r.rawB, tcpClose)
+			// The client's end cannot reach the server any more.
+			r.client.(*net.TCPConn).CloseWrite()
+			res := r.wait(t)
+			if res.err != nil || res.aToB != 4 || res.bToA != int64(len(answer)) {
+				t.Errorf("Relay = %d, %d, %v; want 4, %d, no error", res.aToB, res.bToA, res.err, len(answer))
+			}
+		})
+	}
+}
+
+// tcpClose is the kernel's TCP_CLOSE state: the connection is gone.
+const tcpClose = 7
+
+// waitTCPState waits until c's kernel state is state.
+func waitTCPState(t *testing.T, c *net.TCPConn, state uint8) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var info *unix.TCPInfo
+		var ierr error
+		rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		if ierr != nil {
+			t.Fatal(ierr)
+		}
+		if info.State == state {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("TCP state %d after 5s, want %d", info.State, state)
+		}
 	}
 }

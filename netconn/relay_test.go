@@ -63,6 +63,7 @@ type relayResult struct {
 type relayed struct {
 	client, server net.Conn
 	a, b           net.Conn
+	rawB           *net.TCPConn // b before wrapping
 	done           chan relayResult
 }
 
@@ -75,6 +76,7 @@ func startRelay(t testing.TB, wrapA, wrapB wrap) *relayed {
 	r.b, r.server = connect(t, back)
 	front.Close()
 	back.Close()
+	r.rawB = r.b.(*net.TCPConn)
 	r.a, r.b = wrapA(r.a), wrapB(r.b)
 	go func() {
 		var res relayResult

@@ -66,11 +66,14 @@ type AgentConfig struct {
 // relays, and keeps the fake addresses of far-side names. It serves from
 // NewAgent until Close.
 type Agent struct {
-	router  *router
-	network vlink.NodeDialer
+	router *router
+	// stacks dials every routed connect, as one Go program's vlink.Dial:
+	// connects along one path share its multi-link layers (a mux
+	// session), and a best-effort route remembers the way that won.
+	stacks  *vlink.Dialer
+	direct  net.Dialer // far-side names whose rule says direct
 	fakes   *fakeMap
 	timeout time.Duration
-	plain   bool // AgentConfig.InsecurePlaintext
 	log     *slog.Logger
 	uid     int
 
@@ -122,11 +125,19 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 	var rnd [16]byte
 	rand.Read(rnd[:])
 	a := &Agent{
-		router:  r,
-		network: c.Network,
+		router: r,
+		stacks: &vlink.Dialer{
+			Config:            r.cfg,
+			Network:           c.Network,
+			InsecurePlaintext: c.InsecurePlaintext,
+			// A blocking connect returns the far side's answer, as
+			// without the shim: a mux stream's early data must not turn
+			// a refusal into a connection that resets on first use.
+			WaitAccept: true,
+		},
+		direct:  net.Dialer{KeepAlive: -1},
 		fakes:   newFakeMap(0),
 		timeout: c.DialTimeout,
-		plain:   c.InsecurePlaintext,
 		log:     c.Logger,
 		uid:     os.Getuid(),
 		name:    "@vlink-agent-" + hex.EncodeToString(rnd[:]),
@@ -198,6 +209,7 @@ func (a *Agent) Close() error {
 		a.cancel()
 	})
 	a.wg.Wait()
+	a.stacks.Close()
 	return nil
 }
 
@@ -427,7 +439,15 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid uint32, req *connectReq
 			return writeResult(c, result{kind: resultDirect, flags: cache})
 		}
 	}
-	dial := a.dialer(d, req.timeoutMs)
+	timeout := a.timeout
+	if t := time.Duration(req.timeoutMs) * time.Millisecond; t > 0 && t < timeout {
+		timeout = t
+	}
+	dial := func() (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(a.ctx, timeout)
+		defer cancel()
+		return a.dial(ctx, d, target)
+	}
 	switch d.rule.Action {
 	case selector.Stack:
 		attrs = append(attrs, "stack", d.stack.String(), "via", d.rule.Via)
@@ -445,21 +465,21 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid uint32, req *connectReq
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			conn, err := dial(a.ctx, target)
+			conn, err := dial()
 			a.finish(p, conn, err, attrs)
 		}()
 		return nil
 	}
-	conn, err := dial(a.ctx, target)
+	conn, err := dial()
 	if err != nil {
 		a.log.Info("cannot connect", append(attrs, "err", err)...)
 		return writeResult(c, result{kind: resultError, errno: uint16(errnoOf(err))})
 	}
-	if tc, ok := conn.(*net.TCPConn); ok && socketFamily(tc) == req.family {
+	if tc := plainTCP(conn); tc != nil && socketFamily(tc) == req.family {
 		// Plain TCP after the stack's handshake: the program gets the
 		// socket itself, and the agent is out of the data path.
 		err := sendFD(c, appendFrame(nil, msgResult, (&result{kind: resultFD}).append(nil)), tc)
-		tc.Close()
+		conn.Close()
 		a.log.Debug("passed a descriptor", attrs...)
 		return err
 	}
@@ -477,39 +497,32 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid uint32, req *connectReq
 	return nil
 }
 
-// dialer returns the dial function for a decision.
-func (a *Agent) dialer(d decision, timeoutMs uint32) func(context.Context, string) (net.Conn, error) {
-	timeout := a.timeout
-	if t := time.Duration(timeoutMs) * time.Millisecond; t > 0 && t < timeout {
-		timeout = t
-	}
-	if d.rule.Action == selector.BestEffort {
-		// The config's route races its ways (vlink.Dialer with no stack).
-		vd := &vlink.Dialer{Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg, InsecurePlaintext: a.plain}
-		return func(ctx context.Context, target string) (net.Conn, error) {
-			c, err := vd.DialContext(ctx, "tcp", target)
-			if err != nil {
-				return nil, err
-			}
-			a.log.Debug("best effort", "to", target, "way", vlink.PathOf(c))
-			if u, ok := c.(netconn.Unwrapper); ok && vlink.PathOf(c) == selector.TryDirect {
-				if tc, ok := u.UnwrapConn().(*net.TCPConn); ok {
-					return tc, nil // direct: the program gets the socket itself
-				}
-			}
-			return c, nil
-		}
-	}
-	if d.rule.Action != selector.Stack {
+// dial connects to target as decision d says.
+func (a *Agent) dial(ctx context.Context, d decision, target string) (net.Conn, error) {
+	if d.rule.Action == selector.Direct {
 		// A far-side name whose rule says direct: the agent resolves it.
-		nd := &net.Dialer{Timeout: timeout, KeepAlive: -1}
-		return func(ctx context.Context, target string) (net.Conn, error) {
-			return nd.DialContext(ctx, "tcp", target)
-		}
+		return a.direct.DialContext(ctx, "tcp", target)
 	}
-	vd := &vlink.Dialer{Stack: d.stack, Via: d.rule.Via, Key: a.router.cfg.Key, Timeout: timeout, Network: a.network, Config: a.router.cfg, InsecurePlaintext: a.plain}
-	return func(ctx context.Context, target string) (net.Conn, error) {
-		return vd.DialContext(ctx, "tcp", target)
+	c, err := a.stacks.DialContext(ctx, "tcp", target)
+	if err == nil && d.rule.Action == selector.BestEffort {
+		a.log.Debug("best effort", "to", target, "way", vlink.PathOf(c))
+	}
+	return c, err
+}
+
+// plainTCP returns the TCP connection under c if c passes bytes to it
+// unchanged (netconn.Unwrapper: a plain stack after its hello, a
+// best-effort route's direct way), or nil.
+func plainTCP(c net.Conn) *net.TCPConn {
+	for {
+		switch w := c.(type) {
+		case *net.TCPConn:
+			return w
+		case netconn.Unwrapper:
+			c = w.UnwrapConn()
+		default:
+			return nil
+		}
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -106,9 +107,17 @@ func echoServer(t testing.TB, network, addr string) string {
 
 // gateway is a VLink listener standing in for vlink serve: it forwards to
 // the target a dialer names, after mapping the lab's made-up addresses to
-// loopback: 127.0.0.2 and 127.0.0.3 to 127.0.0.1, fd00::1 to ::1, and
+// loopback: 127.0.0.2, .3 and .5 to 127.0.0.1, fd00::1 to ::1, and
 // NAME.far.test and NAME.fdfar.test to 127.0.0.1, except nosuch.*.
 func gateway(t testing.TB) string {
+	t.Helper()
+	addr, _ := countingGateway(t)
+	return addr
+}
+
+// countingGateway is gateway, with a count of the TCP connections it
+// accepted.
+func countingGateway(t testing.TB) (string, *atomic.Int64) {
 	t.Helper()
 	mapTarget := func(target string) (string, error) {
 		host, port, err := net.SplitHostPort(target)
@@ -118,7 +127,7 @@ func gateway(t testing.TB) string {
 		switch {
 		case strings.HasPrefix(host, "nosuch."):
 			return "", fmt.Errorf("no such host %s", host)
-		case host == "127.0.0.2", host == "127.0.0.3", strings.HasSuffix(host, ".far.test"), strings.HasSuffix(host, ".fdfar.test"):
+		case host == "127.0.0.2", host == "127.0.0.3", host == "127.0.0.5", strings.HasSuffix(host, ".far.test"), strings.HasSuffix(host, ".fdfar.test"):
 			host = "127.0.0.1"
 		case host == "fd00::1":
 			host = "::1"
@@ -143,14 +152,33 @@ func gateway(t testing.TB) string {
 			return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
 		},
 	}
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := &countingListener{Listener: inner}
+	l, err := lc.NewListener(counted)
 	if err != nil {
 		t.Fatal(err)
 	}
 	testnet.Serve(t, l, func(c net.Conn) {
 		netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn))
 	})
-	return l.Addr().String()
+	return l.Addr().String(), &counted.n
+}
+
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
 }
 
 // lab is an agent with rules covering every route, and its servers.
@@ -160,6 +188,7 @@ type lab struct {
 	echo4, echo6 string // host:port of the echo servers
 	port4, port6 string
 	gw           string
+	gwConns      *atomic.Int64 // TCP connections the gateway accepted
 	logs         *testnet.Buffer
 }
 
@@ -171,13 +200,14 @@ func newLab(t *testing.T) *lab {
 	lb.echo6 = echoServer(t, "tcp6", "[::1]:0")
 	_, lb.port4, _ = net.SplitHostPort(lb.echo4)
 	_, lb.port6, _ = net.SplitHostPort(lb.echo6)
-	lb.gw = gateway(t)
+	lb.gw, lb.gwConns = countingGateway(t)
 	rules := []selector.Rule{
 		{Host: "127.0.0.2", Stack: "zstd", Via: lb.gw},   // relayed: the stack transforms the bytes
 		{Host: "127.0.0.3", Stack: "tcp", Via: lb.gw},    // a descriptor: plain TCP after the hello
 		{Host: "*.far.test", Stack: "zstd", Via: lb.gw},  // a name only the gateway resolves
 		{Host: "*.fdfar.test", Stack: "tcp", Via: lb.gw}, // the same, as a descriptor
 		{Host: "fd00::/8", Stack: "zstd", Via: lb.gw},
+		{Host: "127.0.0.5", Stack: "mux+lz4", Via: lb.gw}, // streams of one session, with early data
 		{Host: "127.0.0.4", Action: selector.Refuse},
 		{Host: "*.refused.test", Action: selector.Refuse},
 	}
@@ -230,6 +260,7 @@ func (lb *lab) routes() []struct{ name, host, port string } {
 		{"fd", "127.0.0.3", lb.port4},
 		{"name-relay", "echo.far.test", lb.port4},
 		{"name-fd", "echo.fdfar.test", lb.port4},
+		{"mux", "127.0.0.5", lb.port4},
 	}
 }
 
@@ -290,6 +321,10 @@ func TestBlockingErrno(t *testing.T) {
 		// The gateway's dial is refused: its refusal carries no errno.
 		{"relay-refused", "127.0.0.2", closed, "errno=ECONNREFUSED"},
 		{"fd-refused", "127.0.0.3", closed, "errno=ECONNREFUSED"},
+		// A mux stream sends its hello as early data; a blocking connect
+		// still waits for the answer.
+		{"mux-connected", "127.0.0.5", lb.port4, "errno=connected"},
+		{"mux-refused", "127.0.0.5", closed, "errno=ECONNREFUSED"},
 		{"name-unknown-far", "nosuch.far.test", lb.port4, "errno=ECONNREFUSED"},
 		{"rules-refuse", "127.0.0.4", lb.port4, "errno=EPERM"},
 		{"rules-refuse-name", "x.refused.test", lb.port4, "errno=EPERM"},
@@ -353,6 +388,21 @@ func TestThreads(t *testing.T) {
 				t.Errorf("got:\n%s", out)
 			}
 		})
+	}
+}
+
+// The connects of a program through a mux stack are streams of one
+// session, as a Go program's vlink.Dial makes them: one TCP connection
+// to the gateway, not one per connect.
+func TestMuxSessionShared(t *testing.T) {
+	lb := newLab(t)
+	out := lb.mustRun(t, "threads", "127.0.0.5", lb.port4, "20")
+	if !strings.Contains(out, "ok 20 threads") {
+		t.Fatalf("got:\n%s", out)
+	}
+	lb.mustRun(t, "errno", "127.0.0.5", lb.port4) // another process, the same agent
+	if n := lb.gwConns.Load(); n != 1 {
+		t.Errorf("21 connects through mux made %d TCP connections to the gateway, want 1", n)
 	}
 }
 

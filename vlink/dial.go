@@ -71,6 +71,13 @@ type Dialer struct {
 	// authenticated by the pre-shared key alone, as one of the group
 	// that holds it.
 	PeerKey PeerKeyCallback
+	// WaitAccept makes a dial through a layer that sends early data (mux,
+	// see layer.EarlyDataLayer) return only once the listener has accepted
+	// the connection, as every other dial does: a refused or unreachable
+	// target then fails the dial, as it fails net.Dial, at the cost of one
+	// round trip. False (the default) returns as soon as the hello is
+	// sent, and a refusal comes from the first Read.
+	WaitAccept bool
 
 	// cache keeps the multi-link layers built by this Dialer, so dials
 	// along the same path share them; memory what its best-effort dials
@@ -152,6 +159,7 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		if err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 		}
+		r.waitAccept = d.WaitAccept
 		c, err := r.dial(ctx, network, address, &d.cache)
 		if err != nil {
 			return nil, err
@@ -170,6 +178,7 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	}
 	r, err := d.route(address)
 	if err == nil {
+		r.waitAccept = d.WaitAccept
 		r.peerKey = d.PeerKey
 		if r.peerKey == nil && d.Config != nil {
 			r.peerKey = d.Config.PeerKey
@@ -226,6 +235,8 @@ type route struct {
 	best bool
 	ways []way
 	rule selector.Rule
+	// waitAccept: Dialer.WaitAccept.
+	waitAccept bool
 }
 
 // describe says what r does, for a RouteReport.
@@ -588,7 +599,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 					return fail(err)
 				}
 				d = &multiLinkDialer{ml: ml, lower: &lowerDialer{ContextDialer: d, path: path}}
-				if e, ok := ml.(layer.EarlyDataLayer); ok && e.EarlyData() {
+				if e, ok := ml.(layer.EarlyDataLayer); ok && e.EarlyData() && !r.waitAccept {
 					early = true // for the nested hello of the segment above
 				}
 			default:

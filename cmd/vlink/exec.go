@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
@@ -45,7 +47,9 @@ should the far side fail, the program sees a connection reset.
 
 A private agent (inside this process) decides each connect and dials; it
 lives until the program and every process it leaves behind have exited, and
-leaves no socket or file behind. A connect the rules refuse fails with EPERM;
+leaves no socket or file behind. The program's stderr is its own output:
+vlink exec adds only warnings and errors to it. --log-level info or debug
+adds more; --log-file sends vlink's log (info and above) to a file instead. A connect the rules refuse fails with EPERM;
 if the agent is gone, connects it must route fail with ENETUNREACH, never
 silently direct. Names routed through a stack get addresses from 198.18.0.0/15
 and fd76:6c69:6e6b::/96, which the agent maps back to the name. UDP is not
@@ -77,13 +81,15 @@ which sends them to PROGRAM itself.
   # See every decision the agent makes:
   vlink exec --log-level debug --stack lz4 --via 10.0.0.1:7000 -- ssh build.corp
 `,
-	Args:  true,
-	Flags: withEnv(execFlags),
+	Args: true,
+	// The program's stderr is its output: vlink exec adds warnings and
+	// errors only, unless told otherwise.
+	Flags: withEnvAt(slog.LevelWarn, "; with --log-file, info", execFlags),
 }
 
 type execOptions struct {
 	stack, via, keyFile, config string
-	knownNodes                  string
+	knownNodes, logFile         string
 	dialTimeout                 time.Duration
 	allowBypass, plaintext      bool
 	node                        nodeOptions
@@ -99,6 +105,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 30*time.Second, "give up a connection through a stack, handshake included, after `DURATION`")
 	knownNodesVar(fs, &o.knownNodes)
 	insecurePlaintextVar(fs, &o.plaintext)
+	fs.StringVar(&o.logFile, "log-file", "", "append vlink's log to `FILE` instead of writing it to the program's stderr (default: stderr)")
 	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)
@@ -154,6 +161,20 @@ func (o *execOptions) routes() (*vlink.Config, error) {
 func (o *execOptions) run(ctx context.Context, e *env) int {
 	if len(e.args) == 0 {
 		return usageError(e.stderr, "vlink exec", "no program to run: give it after the flags, e.g. vlink exec --stack zstd --via gw:7000 -- curl http://host/")
+	}
+	if o.logFile != "" {
+		f, err := os.OpenFile(o.logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "vlink exec: --log-file: %v\n", err)
+			return exitExecFailed
+		}
+		defer f.Close()
+		level := e.level
+		if !e.levelSet {
+			level = slog.LevelInfo // a file of its own keeps what stderr would not
+		}
+		e.log = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: level}))
+		e.level = level
 	}
 	cfg, err := o.routes()
 	if err != nil {

@@ -34,6 +34,7 @@ type env struct {
 	stdout, stderr io.Writer
 	log            *slog.Logger
 	level          slog.Level
+	levelSet       bool     // --log-level was given
 	args           []string // after the flags, for commands that take them
 }
 
@@ -59,13 +60,19 @@ runs unmodified programs on them.
 
 // withEnv gives a command the --log-level flag and runs it with its env.
 func withEnv(flags func(fs *flag.FlagSet) func(context.Context, *env) int) func(*flag.FlagSet) cli.Runner {
+	return withEnvAt(slog.LevelInfo, "", flags)
+}
+
+// withEnvAt is withEnv with another default level, and what the flag's
+// help says about it (empty: nothing more).
+func withEnvAt(def slog.Level, about string, flags func(fs *flag.FlagSet) func(context.Context, *env) int) func(*flag.FlagSet) cli.Runner {
 	return func(fs *flag.FlagSet) cli.Runner {
-		level := levelFlag{slog.LevelInfo}
-		fs.Var(&level, "log-level", "log at `LEVEL` and above: debug, info, warn or error")
+		level := levelFlag{Level: def}
+		fs.Var(&level, "log-level", "log at `LEVEL` and above: debug, info, warn or error"+about)
 		run := flags(fs)
 		return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
-			return run(ctx, &env{stdout: stdout, stderr: stderr, log: log, level: level.Level, args: args})
+			return run(ctx, &env{stdout: stdout, stderr: stderr, log: log, level: level.Level, levelSet: level.set, args: args})
 		}
 	}
 }
@@ -85,7 +92,10 @@ var (
 func fail(e *env, who string, err error) int { return cli.Fail(e.stderr, who, err) }
 
 // levelFlag is a --log-level value.
-type levelFlag struct{ slog.Level }
+type levelFlag struct {
+	slog.Level
+	set bool
+}
 
 func (l *levelFlag) String() string { return strings.ToLower(l.Level.String()) }
 
@@ -102,6 +112,7 @@ func (l *levelFlag) Set(s string) error {
 	default:
 		return errors.New("want debug, info, warn or error")
 	}
+	l.set = true
 	return nil
 }
 

@@ -234,8 +234,26 @@ func TestTargets(t *testing.T) {
 	}
 	echo(t, c, "still")
 	c.Close()
-	if n := s.count.n.Load(); n != 1 {
-		t.Errorf("%d TCP connections, want 1", n)
+	// WaitAccept: the refusal fails the dial itself, as it fails
+	// net.Dial, and the stream still shares the session.
+	wd := &vlink.Dialer{Stack: vlink.MustParse("mux"), Via: s.l.Addr().String(), WaitAccept: true}
+	defer wd.Close()
+	if c, err := wd.Dial("tcp", "192.0.2.3:22"); !errors.Is(err, vlink.ErrNotAllowed) {
+		if c != nil {
+			c.Close()
+		}
+		t.Errorf("WaitAccept dial to a target the policy refuses: %v, want ErrNotAllowed", err)
+	}
+	for i := range 3 {
+		c, err := wd.Dial("tcp", "192.0.2.1:80")
+		if err != nil {
+			t.Fatalf("WaitAccept dial %d: %v", i, err)
+		}
+		echo(t, c, "accepted first")
+		c.Close()
+	}
+	if n := s.count.n.Load(); n != 2 {
+		t.Errorf("%d TCP connections for two dialers, want 2", n)
 	}
 }
 
