@@ -242,6 +242,76 @@ func TestPreloadPrograms(t *testing.T) {
 		}
 	})
 
+	t.Run("nginx-workers", func(t *testing.T) {
+		// A daemon that drops privileges: nginx's master runs as root and
+		// resolves the upstream; its workers, forked as nobody with their
+		// environment cleared, make the proxied connections through the
+		// stack.
+		testenv.Root(t, "for nginx's workers to switch to nobody")
+		nginx := testenv.Programs(t, "nginx")[0]
+		dir, err := os.MkdirTemp("", "vlink-nginx-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		os.Chmod(dir, 0o755)
+		port := realserver.FreePort(t)
+		conf := fmt.Sprintf(`daemon off;
+user nobody nogroup;
+worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log stderr;
+events { worker_connections 64; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	server {
+		listen 127.0.0.1:%[2]d;
+		location / { proxy_pass http://%[3]s:%[4]d; proxy_buffering off; }
+	}
+}
+`, dir, port, FarName, farHTTP)
+		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := startProc(t, vlinkBin, "exec", "--stack", "zstd", "--via", s.gateway(), "--",
+			nginx, "-e", "stderr", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"))
+		p.Ports = append(p.Ports, port)
+		p.WaitListening(t, port)
+		for i := range 4 { // requests spread over both workers
+			out := filepath.Join(t.TempDir(), "got")
+			_, stderr, err := run(time.Minute, nil, "curl", "-sS", "--fail", "-o", out, fmt.Sprintf("http://127.0.0.1:%d/data.bin", port))
+			if err != nil {
+				t.Fatalf("curl %d through nginx: %v: %s", i, err, stderr)
+			}
+			if got, n := fileSum(t, out); got != want {
+				t.Fatalf("curl %d through nginx saved %d bytes sha256 %.16s, want %.16s", i, n, got, want)
+			}
+		}
+		lab.servedThroughGateway(t, fmt.Sprintf("%s:%d", FarName, farHTTP))
+		if strings.Contains(p.Output(), "refused a shim channel") {
+			t.Errorf("the agent refused one of nginx's processes:\n%s", p.Output())
+		}
+	})
+
+	t.Run("local-address", func(t *testing.T) {
+		// A relayed connection's socket is connected to the agent on
+		// loopback; getsockname must still give the address on the path
+		// to the peer, as without the shim: the host's end of the link.
+		script := "import socket,sys\ns=socket.create_connection((sys.argv[1], int(sys.argv[2])))\nprint(s.getsockname()[0], s.getpeername()[0])"
+		for _, tc := range []struct{ peer, local netip.Addr }{{s.farIP, s.hostIP}, {s.farIP6, s.hostIP6}} {
+			out := strings.Fields(string(lab.mustExec(t, "python3", "-c", script, tc.peer.String(), strconv.Itoa(farEcho))))
+			if len(out) != 2 || out[0] != tc.local.String() || out[1] != tc.peer.String() {
+				t.Errorf("connected to %s: getsockname, getpeername = %v, want %s %s", tc.peer, out, tc.local, tc.peer)
+			}
+		}
+		lab.servedThroughGateway(t, fmt.Sprintf("[%s]:%d", s.farIP6, farEcho))
+	})
+
 	t.Run("quiet", func(t *testing.T) {
 		// The program's stderr is its output: a refused connect shows as
 		// the program reports it, with nothing of vlink's besides.

@@ -3,6 +3,7 @@ package preload
 import (
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -25,6 +26,13 @@ import (
 // EnvAgent names the agent's socket in the program's environment: "@NAME"
 // for an abstract unix socket, which leaves no file behind.
 const EnvAgent = "VLINK_AGENT"
+
+// EnvAgentToken holds the agent's secret in the program's environment (32
+// hex digits). The shim reads it once, when it is loaded, and shows it in
+// the hello of every channel: a process of the program's tree that has
+// since become another user (a daemon's worker) proves with it that it
+// belongs to the program.
+const EnvAgentToken = "VLINK_AGENT_TOKEN"
 
 // Defaults of AgentConfig.
 const (
@@ -75,7 +83,9 @@ type Agent struct {
 	fakes   *fakeMap
 	timeout time.Duration
 	log     *slog.Logger
-	uid     int
+	uid     int // processes of this user are served (see serveChannel)
+	pid     int // and so are those of this process's tree holding token
+	token   [tokenSize]byte
 
 	name   string
 	ln     *net.UnixListener
@@ -140,6 +150,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		timeout: c.DialTimeout,
 		log:     c.Logger,
 		uid:     os.Getuid(),
+		pid:     os.Getpid(),
 		name:    "@vlink-agent-" + hex.EncodeToString(rnd[:]),
 		pending: map[uint64]*pending{},
 		byLocal: map[netip.AddrPort]*pending{},
@@ -153,6 +164,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
+	rand.Read(a.token[:])
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	if a.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: a.name, Net: "unix"}); err != nil {
 		return nil, fmt.Errorf("preload: agent socket: %w", err)
@@ -178,8 +190,12 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 // Name returns the agent's socket name, "@..." for an abstract socket.
 func (a *Agent) Name() string { return a.name }
 
-// Env returns the environment variable that points a shim at this agent.
-func (a *Agent) Env() string { return EnvAgent + "=" + a.name }
+// Env returns the environment variables that point a shim at this agent
+// (EnvAgent) and let the program's processes prove they are its own
+// (EnvAgentToken).
+func (a *Agent) Env() []string {
+	return []string{EnvAgent + "=" + a.name, EnvAgentToken + "=" + hex.EncodeToString(a.token[:])}
+}
 
 // Close stops the agent: it closes its sockets and the shims' channels,
 // aborts every connection it relays (a reset: a program must not take a
@@ -272,10 +288,20 @@ func (a *Agent) serveChannels() {
 
 // serveChannel answers one shim channel's requests, one at a time.
 func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
-	// The socket's name is listed in /proc/net/unix for anyone to see:
-	// only processes of the agent's own user may use it.
-	if uid, err := peerUID(uc); err != nil || uid != a.uid {
-		a.log.Warn("refused a shim channel from another user", "uid", uid, "err", err)
+	// The socket's name is listed in /proc/net/unix for anyone to see.
+	// Served: processes of the agent's own user, who could read the
+	// token anyway, and the program's processes that became another
+	// user: descendants of the agent's process (vlink exec is their
+	// subreaper) whose hello shows the token (checked with the hello).
+	uid, pid, err := peerCred(uc)
+	if err != nil {
+		a.log.Warn("shim channel", "err", err)
+		uc.Close()
+		return
+	}
+	member := uid == a.uid
+	if !member && !descendsFrom(pid, a.pid) {
+		a.log.Warn("refused a shim channel from a process outside the program", "uid", uid, "pid", pid)
 		uc.Close()
 		return
 	}
@@ -295,7 +321,6 @@ func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
 	}()
 	var buf [headerSize + maxBody]byte
 	var out []byte
-	pid := uint32(0)
 	for {
 		t, body, err := readFrame(c, &buf)
 		if err != nil {
@@ -309,10 +334,18 @@ func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
 			a.log.Warn("shim channel", "pid", pid, "err", err)
 			return
 		}
+		if !member {
+			// Another user's process of the program's tree: its hello
+			// must show the token before anything else.
+			if req.typ != msgHello || subtle.ConstantTimeCompare(req.token[:], a.token[:]) != 1 {
+				a.log.Warn("refused a shim channel from another user: no agent token", "uid", uid, "pid", pid)
+				return
+			}
+			member = true
+		}
 		out = out[:0]
 		switch req.typ {
 		case msgHello:
-			pid = req.pid
 			out = a.welcome(out)
 		case msgConnect:
 			if err := a.connect(c, id, pid, &req.connect); err != nil {
@@ -368,7 +401,7 @@ func (a *Agent) welcome(b []byte) []byte {
 	return b
 }
 
-func (a *Agent) resolve(b []byte, pid uint32, req resolveReq) []byte {
+func (a *Agent) resolve(b []byte, pid int, req resolveReq) []byte {
 	reply := nameReply{kind: nameNone}
 	if name, ok := normalizeName(req.name); ok {
 		if a.router.nameRouted(name, req.port) {
@@ -413,7 +446,7 @@ func writeResult(c *chanConn, r result) error {
 
 // connect decides a connect and answers it. A failure to answer is the
 // channel's end.
-func (a *Agent) connect(c *chanConn, channel uint64, pid uint32, req *connectReq) error {
+func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) error {
 	host, fake := req.dest.Addr().String(), false
 	if name, ok := a.fakes.nameOf(req.dest.Addr()); ok {
 		host, fake = name, true

@@ -1,6 +1,7 @@
 package preload
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -234,7 +236,7 @@ func (lb *lab) run(t *testing.T, env []string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, lb.prog, args...)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lb.shim, lb.agent.Env())
+	cmd.Env = append(append(os.Environ(), "LD_PRELOAD="+lb.shim), lb.agent.Env()...)
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -352,7 +354,7 @@ func TestGatewayDown(t *testing.T) {
 	}
 	defer a.Close()
 	cmd := exec.Command(prog, "errno", "192.0.2.1", "80")
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+shim, a.Env())
+	cmd.Env = append(append(os.Environ(), "LD_PRELOAD="+shim), a.Env()...)
 	out, _ := cmd.CombinedOutput()
 	if !strings.Contains(string(out), "errno=ECONNREFUSED") {
 		t.Errorf("want ECONNREFUSED from the gateway's port, got:\n%s", out)
@@ -535,8 +537,10 @@ func TestFailClosed(t *testing.T) {
 }
 
 // A shim channel from another user is refused.
-func TestOtherUserRefused(t *testing.T) {
-	testenv.Root(t, "to run a process as another user")
+// TestProgramTree: the agent serves the program's processes whatever user
+// they become (a daemon's workers), and no other user's.
+func TestProgramTree(t *testing.T) {
+	testenv.Root(t, "to run processes as another user")
 	lb := newLab(t)
 	// Copies the user nobody can read and run.
 	dir, err := os.MkdirTemp("", "vlink-nobody-")
@@ -544,7 +548,7 @@ func TestOtherUserRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o755)
+	os.Chmod(dir, 0o777)
 	prog, shim := filepath.Join(dir, "conntest"), filepath.Join(dir, "shim.so")
 	for _, f := range [][2]string{{lb.prog, prog}, {lb.shim, shim}} {
 		b, err := os.ReadFile(f[0])
@@ -555,13 +559,54 @@ func TestOtherUserRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(prog, "errno", "127.0.0.2", lb.port4)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+shim, lb.agent.Env())
-	cmd.SysProcAttr = nobody()
-	out, err := cmd.CombinedOutput()
-	if !strings.Contains(string(out), "errno=ENETUNREACH") {
-		t.Errorf("another user's program: want ENETUNREACH, got %v:\n%s", err, out)
-	}
+	env := append(append(os.Environ(), "LD_PRELOAD="+shim), lb.agent.Env()...)
+
+	t.Run("daemon worker", func(t *testing.T) {
+		// Started as root, its worker clears its environment and becomes
+		// nobody, then connects through the stack.
+		cmd := exec.Command(prog, "daemon", "65534", "127.0.0.2", lb.port4)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "ok worker as uid 65534") {
+			t.Errorf("a worker that became nobody: %v\n%s", err, out)
+		}
+	})
+	t.Run("no token", func(t *testing.T) {
+		// A child, as another user, that does not hold the token.
+		cmd := exec.Command(prog, "errno", "127.0.0.2", lb.port4)
+		cmd.Env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, EnvAgentToken+"=") })
+		cmd.SysProcAttr = nobody()
+		out, err := cmd.CombinedOutput()
+		if !strings.Contains(string(out), "errno=ENETUNREACH") {
+			t.Errorf("another user's process without the token: want ENETUNREACH, got %v:\n%s", err, out)
+		}
+	})
+	t.Run("outside the tree", func(t *testing.T) {
+		// Another user's process that holds the token but is not the
+		// program's: the shell exits, and its background job is
+		// re-parented away from this process.
+		outFile := filepath.Join(dir, "out")
+		script := fmt.Sprintf("(sleep 0.2; exec %s errno 127.0.0.2 %s) >%s 2>&1 &", prog, lb.port4, outFile)
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.Env = env
+		cmd.SysProcAttr = nobody()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("sh: %v\n%s", err, out)
+		}
+		var out []byte
+		for deadline := time.Now().Add(10 * time.Second); !bytes.Contains(out, []byte("errno=")); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the background job printed %q in 10s", out)
+			}
+			out, _ = os.ReadFile(outFile)
+		}
+		if !bytes.Contains(out, []byte("errno=ENETUNREACH")) {
+			t.Errorf("another user's process outside the program, with the token: want ENETUNREACH, got:\n%s", out)
+		}
+		if !strings.Contains(lb.logs.String(), "refused a shim channel from a process outside the program") {
+			t.Errorf("no refusal in the agent's log:\n%s", lb.logs.String())
+		}
+	})
 }
 
 // closedPort returns a loopback port nothing listens on.

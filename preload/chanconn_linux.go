@@ -1,8 +1,13 @@
 package preload
 
 import (
+	"bytes"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 )
@@ -11,23 +16,66 @@ import (
 // agent, read and written with blocking system calls, over which the agent
 // passes the program the descriptors of the connections it made.
 
-// peerUID returns the uid of the process at the other end of c.
-func peerUID(c *net.UnixConn) (int, error) {
+// peerCred returns the uid and pid of the process at the other end of c,
+// as the kernel recorded them when it connected.
+func peerCred(c *net.UnixConn) (uid, pid int, err error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return -1, err
+		return -1, 0, err
 	}
 	var cred *syscall.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	}); err != nil {
-		return -1, err
+		return -1, 0, err
 	}
 	if cerr != nil {
-		return -1, cerr
+		return -1, 0, cerr
 	}
-	return int(cred.Uid), nil
+	return int(cred.Uid), int(cred.Pid), nil
+}
+
+// maxTreeDepth bounds the walk up a process's ancestors.
+const maxTreeDepth = 1024
+
+// descendsFrom reports whether process pid has ancestor among its
+// ancestors (or is it), by the parent links in /proc. A process whose
+// parent exited has been re-parented to the nearest subreaper (vlink exec
+// is one for its program) or to init.
+func descendsFrom(pid, ancestor int) bool {
+	for range maxTreeDepth {
+		if pid == ancestor {
+			return true
+		}
+		if pid <= 1 {
+			return false
+		}
+		ppid, err := parentOf(pid)
+		if err != nil {
+			return false
+		}
+		pid = ppid
+	}
+	return false
+}
+
+// parentOf reads a process's parent from /proc/PID/stat: the field after
+// the state, which follows the last ')' (the command name may hold any).
+func parentOf(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%d/stat: too short", pid)
+	}
+	return strconv.Atoi(f[1])
 }
 
 // socketFamily returns 4 or 6: the address family of the socket itself.

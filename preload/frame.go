@@ -25,6 +25,8 @@ const (
 	maxName      = 253 // a DNS name without its trailing dot
 
 	addrSize    = 19 // family u8 | port u16 | ip [16]
+	tokenSize   = 16
+	helloSize   = 4 + tokenSize
 	welcomeSize = 34
 	connectSize = addrSize + 6
 	resultSize  = 12
@@ -38,7 +40,7 @@ type msgType uint8
 
 // Message types. Requests come from the shim, replies from the agent.
 const (
-	msgHello    msgType = 1  // shim: pid u32
+	msgHello    msgType = 1  // shim: pid u32 | token [16] (EnvAgentToken)
 	msgWelcome  msgType = 2  // agent: what the shim needs to know once (welcome)
 	msgConnect  msgType = 3  // shim: a connect to decide, and dial unless direct
 	msgResult   msgType = 4  // agent: direct, error, relay, or a descriptor (SCM_RIGHTS)
@@ -312,17 +314,19 @@ func (m *welcome) append(b []byte) []byte {
 	return append(b, byte(m.fake6.Bits()))
 }
 
-func parseHello(b []byte) (pid uint32, err error) {
-	if len(b) != 4 {
-		return 0, badFrame("hello of %d bytes, want 4", len(b))
+func parseHello(b []byte) (pid uint32, token [tokenSize]byte, err error) {
+	if len(b) != helloSize {
+		return 0, token, badFrame("hello of %d bytes, want %d", len(b), helloSize)
 	}
-	return binary.BigEndian.Uint32(b), nil
+	copy(token[:], b[4:])
+	return binary.BigEndian.Uint32(b), token, nil
 }
 
 // request is one decoded request from the shim.
 type request struct {
 	typ     msgType
 	pid     uint32 // msgHello
+	token   [tokenSize]byte
 	connect connectReq
 	attach  attachReq
 	resolve resolveReq
@@ -335,7 +339,7 @@ func parseRequest(t msgType, body []byte) (request, error) {
 	var err error
 	switch t {
 	case msgHello:
-		r.pid, err = parseHello(body)
+		r.pid, r.token, err = parseHello(body)
 	case msgConnect:
 		r.connect, err = parseConnect(body)
 	case msgAttach:
@@ -362,6 +366,7 @@ func appendRequest(b []byte, r *request) []byte {
 	switch r.typ {
 	case msgHello:
 		body = binary.BigEndian.AppendUint32(nil, r.pid)
+		body = append(body, r.token[:]...)
 	case msgConnect:
 		body = r.connect.append(nil)
 	case msgAttach:

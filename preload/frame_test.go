@@ -10,7 +10,7 @@ import (
 
 func sampleRequests() []request {
 	return []request{
-		{typ: msgHello, pid: 4242},
+		{typ: msgHello, pid: 4242, token: [tokenSize]byte{1, 2, 3, 15: 0xff}},
 		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("10.1.2.3:443"), family: 4, mode: modeAsync}},
 		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("[fd00::1]:22"), family: 6, mode: modeSync, timeoutMs: 1500}},
 		{typ: msgAttach, attach: attachReq{token: 1<<40 + 7, local: netip.MustParseAddrPort("127.0.0.1:40000")}},
@@ -62,6 +62,7 @@ func TestFrameErrors(t *testing.T) {
 		{"unknown type", frame(1, 99, nil), ErrBadFrame},
 		{"reply type from shim", frame(1, byte(msgResult), make([]byte, resultSize)), ErrBadFrame},
 		{"hello size", frame(1, 1, []byte{1, 2, 3}), ErrBadFrame},
+		{"hello without a token", frame(1, 1, []byte{0, 0, 0, 1}), ErrBadFrame},
 		{"connect size", frame(1, 3, addr4), ErrBadFrame},
 		{"connect family", frame(1, 3, append(append([]byte{}, addr4...), 5, 1, 0, 0, 0, 0)), ErrBadFrame},
 		{"connect mode", frame(1, 3, append(append([]byte{}, addr4...), 4, 9, 0, 0, 0, 0)), ErrBadFrame},

@@ -47,7 +47,11 @@ should the far side fail, the program sees a connection reset.
 
 A private agent (inside this process) decides each connect and dials; it
 lives until the program and every process it leaves behind have exited, and
-leaves no socket or file behind. The program's stderr is its own output:
+leaves no socket or file behind. It serves the processes of the user who
+ran vlink exec, and the program's own processes that became another user (a
+daemon's workers): descendants of vlink exec that hold the secret it put in
+the program's environment (VLINK_AGENT_TOKEN). It refuses every other
+process on the machine. The program's stderr is its own output:
 vlink exec adds only warnings and errors to it. --log-level info or debug
 adds more; --log-file sends vlink's log (info and above) to a file instead. A connect the rules refuse fails with EPERM;
 if the agent is gone, connects it must route fail with ENETUNREACH, never

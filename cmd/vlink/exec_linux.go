@@ -154,24 +154,29 @@ func waitLeftBehind(done <-chan struct{}, sigs <-chan os.Signal) {
 
 // preloadEnv adds the shim to LD_PRELOAD (first, before any other) and
 // points it at the agent.
-func preloadEnv(environ []string, shim, agentVar string) []string {
-	out := make([]string, 0, len(environ)+2)
+func preloadEnv(environ []string, shim string, agentVars []string) []string {
+	out := make([]string, 0, len(environ)+1+len(agentVars))
 	preloads := shim
-	agentName, _, _ := strings.Cut(agentVar, "=")
+	ours := map[string]bool{}
+	for _, kv := range agentVars {
+		k, _, _ := strings.Cut(kv, "=")
+		ours[k] = true
+	}
 	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "LD_PRELOAD":
+		switch {
+		case k == "LD_PRELOAD":
 			if v != "" {
 				preloads += ":" + v
 			}
 			continue
-		case agentName:
+		case ours[k]:
 			continue
 		}
 		out = append(out, kv)
 	}
-	return append(out, "LD_PRELOAD="+preloads, agentVar)
+	out = append(out, "LD_PRELOAD="+preloads)
+	return append(out, agentVars...)
 }
 
 func exitCode(ps *os.ProcessState) int {

@@ -17,8 +17,9 @@
  *     the rules refuse).
  *
  * Names that only the far side resolves get fake addresses from the agent
- * (getaddrinfo, gethostbyname*, getnameinfo), and getpeername answers the
- * address the program asked for. The agent being unreachable fails closed:
+ * (getaddrinfo, gethostbyname*, getnameinfo), getpeername answers the
+ * address the program asked for, and getsockname a local address on the
+ * path to it. The agent being unreachable fails closed:
  * ENETUNREACH, never a silent direct connect, unless the rules already said
  * direct.
  *
@@ -90,6 +91,8 @@
 #define VL_MAXNAME 253
 #define VL_ADDR 19
 #define VL_WELCOME 34
+#define VL_TOKEN 16
+#define VL_HELLO (4 + VL_TOKEN)
 #define VL_CONNECT (VL_ADDR + 6)
 #define VL_RESULT 12
 #define VL_ATTACH (8 + VL_ADDR)
@@ -122,6 +125,7 @@ static struct {
 	int (*fcntl)(int, int, ...);
 	int (*fcntl64)(int, int, ...);
 	int (*getpeername)(int, struct sockaddr *, socklen_t *);
+	int (*getsockname)(int, struct sockaddr *, socklen_t *);
 	int (*setsockopt)(int, int, int, const void *, socklen_t);
 	int (*getaddrinfo)(const char *, const char *, const struct addrinfo *, struct addrinfo **);
 	struct hostent *(*gethostbyname)(const char *);
@@ -165,6 +169,10 @@ static int sys_getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 {
 	return real.getpeername ? real.getpeername(fd, sa, len) : (int)syscall(SYS_getpeername, fd, sa, len);
 }
+static int sys_getsockname(int fd, struct sockaddr *sa, socklen_t *len)
+{
+	return real.getsockname ? real.getsockname(fd, sa, len) : (int)syscall(SYS_getsockname, fd, sa, len);
+}
 
 /* ---- global state ---- */
 
@@ -174,6 +182,10 @@ static sigset_t g_fork_mask; /* the mask saved across fork by the atfork handler
 
 static struct sockaddr_un g_agent; /* from VLINK_AGENT */
 static socklen_t g_agent_len;      /* 0: not set */
+/* From VLINK_AGENT_TOKEN, read once: it proves to the agent that this
+ * process belongs to the program, whatever user it has become since (a
+ * daemon's workers drop privileges after the environment is gone). */
+static unsigned char g_token[VL_TOKEN];
 static int g_debug, g_nocache, g_fdbase = 3;
 static pid_t g_pid;
 
@@ -672,7 +684,8 @@ static int ch_open(int i)
 	unsigned char b[VL_MAXBODY];
 	size_t n;
 	put32(b, (uint32_t)getpid());
-	if (send_frame(i, M_HELLO, b, 4) < 0 || recv_frame(i, M_WELCOME, b, VL_WELCOME, VL_WELCOME, &n, NULL, 0) < 0)
+	memcpy(b + 4, g_token, VL_TOKEN);
+	if (send_frame(i, M_HELLO, b, VL_HELLO) < 0 || recv_frame(i, M_WELCOME, b, VL_WELCOME, VL_WELCOME, &n, NULL, 0) < 0)
 		goto fail;
 	if (b[16] > 32 || b[33] > 128) {
 		note("agent sent a malformed welcome");
@@ -1090,7 +1103,7 @@ static int relay_connect(int i, int fd, int sockfam, uint64_t token)
 	union vsockaddr la;
 	socklen_t ll = sizeof la;
 	struct vaddr local;
-	if (getsockname(fd, &la.sa, &ll) < 0 || to_vaddr(&la.sa, ll, &local) < 0)
+	if (sys_getsockname(fd, &la.sa, &ll) < 0 || to_vaddr(&la.sa, ll, &local) < 0)
 		return -1;
 	unsigned char b[VL_ATTACH];
 	put64(b, token);
@@ -1588,7 +1601,7 @@ EXPORT int getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 			socklen_t ll = sizeof la;
 			struct vaddr local;
 			int i;
-			if (getsockname(fd, &la.sa, &ll) == 0 && to_vaddr(&la.sa, ll, &local) == 0 &&
+			if (sys_getsockname(fd, &la.sa, &ll) == 0 && to_vaddr(&la.sa, ll, &local) == 0 &&
 			    (i = get_chan()) >= 0) {
 				unsigned char b[VL_MAXBODY];
 				size_t n;
@@ -1609,6 +1622,45 @@ EXPORT int getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 		copy_out(&orig, origlen, sa, len);
 	else
 		copy_out(&peer, pl, sa, len);
+	errno = saved;
+	return 0;
+}
+
+/* getsockname: a relayed connection's socket is connected to the agent on
+ * loopback, and its real local address says so. Without the shim it would
+ * be an address on the path to the peer: answer the one the kernel picks
+ * for the address the program connected to (a connected UDP socket finds
+ * it without sending anything), keeping the socket's own port. With no
+ * route there, the real (loopback) address stays. */
+EXPORT int getsockname(int fd, struct sockaddr *sa, socklen_t *len)
+{
+	int saved = errno;
+	ensure_init();
+	union vsockaddr local;
+	socklen_t ll = sizeof local;
+	if (sa == NULL || len == NULL || t_busy)
+		return sys_getsockname(fd, sa, len);
+	if (sys_getsockname(fd, &local.sa, &ll) < 0)
+		return -1;
+	struct vaddr lv, pv;
+	union vsockaddr peer;
+	socklen_t pl = sizeof peer;
+	if (to_vaddr(&local.sa, ll, &lv) == 0 && is_loopback(&lv) && g_agent_len > 0 &&
+	    getpeername(fd, &peer.sa, &pl) == 0 && to_vaddr(&peer.sa, pl, &pv) == 0 && !is_loopback(&pv)) {
+		int u = socket(local.sa.sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (u >= 0) {
+			union vsockaddr path;
+			socklen_t pathl = sizeof path;
+			struct vaddr route;
+			if (sys_connect(u, &peer.sa, pl) == 0 && sys_getsockname(u, &path.sa, &pathl) == 0 &&
+			    to_vaddr(&path.sa, pathl, &route) == 0) {
+				route.port = lv.port;
+				ll = from_vaddr(&route, local.sa.sa_family, &local);
+			}
+			sys_close(u);
+		}
+	}
+	copy_out(&local, ll, sa, len);
 	errno = saved;
 	return 0;
 }
@@ -2016,6 +2068,15 @@ static void *sym(const char *name)
 	return dlsym(RTLD_NEXT, name);
 }
 
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
 static void init(void)
 {
 	int saved = errno;
@@ -2028,6 +2089,7 @@ static void init(void)
 	real.fcntl = sym("fcntl");
 	real.fcntl64 = sym("fcntl64");
 	real.getpeername = sym("getpeername");
+	real.getsockname = sym("getsockname");
 	real.setsockopt = sym("setsockopt");
 	real.getaddrinfo = sym("getaddrinfo");
 	real.gethostbyname = sym("gethostbyname");
@@ -2053,6 +2115,17 @@ static void init(void)
 		g_agent.sun_family = AF_UNIX;
 		memcpy(g_agent.sun_path, agent, al);
 		g_agent_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + al + 1);
+	}
+	const char *tok = getenv("VLINK_AGENT_TOKEN");
+	if (tok && strlen(tok) == 2 * VL_TOKEN) {
+		for (int k = 0; k < VL_TOKEN; k++) {
+			int hi = hexval(tok[2 * k]), lo = hexval(tok[2 * k + 1]);
+			if (hi < 0 || lo < 0) {
+				memset(g_token, 0, sizeof g_token);
+				break;
+			}
+			g_token[k] = (unsigned char)(hi << 4 | lo);
+		}
 	}
 	const char *d = getenv("VLINK_PRELOAD_DEBUG");
 	g_debug = d && d[0] && strcmp(d, "0") != 0;

@@ -17,6 +17,9 @@
  *   conntest names HOST                getaddrinfo, gethostbyname*, getnameinfo
  *   conntest udp HOST PORT             a datagram to HOST
  *   conntest afmismatch IP PORT        an IPv4 address on an IPv6 socket
+ *   conntest daemon UID HOST PORT      as a daemon: connect, then fork a worker
+ *                                      that clears its environment, becomes
+ *                                      UID and connects
  *   conntest execpeer HOST PORT SELF   getpeername after exec
  *   conntest peerof FD                 (helper of execpeer)
  *   conntest echo HOST PORT            (helper of fork)
@@ -36,6 +39,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -318,6 +322,33 @@ static int connect_echo(const char *host, const char *port, const char *msg)
 	int r = echo(fd, msg);
 	close(fd);
 	return r;
+}
+
+static int t_daemon(const char *uid, const char *host, const char *port)
+{
+	if (connect_echo(host, port, "master") != 0)
+		return 1;
+	printf("ok master\n");
+	pid_t pid = fork();
+	if (pid == 0) {
+		/* As nginx's workers: no environment, another user. */
+		clearenv();
+		uid_t u = (uid_t)atoi(uid);
+		if (setgroups(0, NULL) < 0 || setgid(u) < 0 || setuid(u) < 0) {
+			FAIL("becoming uid %u: %s", u, ename(errno));
+			_exit(1);
+		}
+		int r = connect_echo(host, port, "worker");
+		_exit(r == 0 && !failed ? 0 : 1);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		FAIL("worker: status 0x%x", st);
+		return 1;
+	}
+	printf("ok worker as uid %s\n", uid);
+	return 0;
 }
 
 static int t_fork(const char *host, const char *port, const char *self)
@@ -609,6 +640,8 @@ int main(int argc, char **argv)
 		return t_udp(argv[2], argv[3]);
 	if (!strcmp(t, "afmismatch") && argc == 4)
 		return t_afmismatch(argv[2], argv[3]);
+	if (!strcmp(t, "daemon") && argc == 5)
+		return t_daemon(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "execpeer") && argc == 5)
 		return t_execpeer(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "peerof") && argc == 3)
