@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
@@ -41,8 +42,12 @@ type farSite struct {
 	hostsDir      string // /etc/netns/NS
 }
 
-// FarName resolves only inside the far site.
-const FarName = "far.vlink.test"
+// FarName resolves only inside the far site, FarV4Name too, to its IPv4
+// address only.
+const (
+	FarName   = "far.vlink.test"
+	FarV4Name = "v4.far.vlink.test"
+)
 
 const nsPrefix = "vlpre"
 
@@ -146,8 +151,13 @@ func newFarSite(tb testing.TB) *farSite {
 	if err := os.MkdirAll(s.hostsDir, 0o755); err != nil {
 		tb.Fatal(err)
 	}
-	hosts := fmt.Sprintf("127.0.0.1 localhost\n::1 localhost\n%s %s\n%s %s\n", s.farIP, FarName, s.farIP6, FarName)
+	hosts := fmt.Sprintf("127.0.0.1 localhost\n::1 localhost\n%s %s\n%s %s\n%s %s\n", s.farIP, FarName, s.farIP6, FarName, s.farIP, FarV4Name)
 	if err := os.WriteFile(filepath.Join(s.hostsDir, "hosts"), []byte(hosts), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	// The site's own resolver (runDNS), not the host's, which it cannot
+	// reach: without one, names it does not know fail fast all the same.
+	if err := os.WriteFile(filepath.Join(s.hostsDir, "resolv.conf"), []byte("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	return s
@@ -157,6 +167,14 @@ func (s *farSite) remove() {
 	exec.Command("ip", "netns", "del", s.ns).Run() // takes the veth pair along
 	exec.Command("ip", "link", "del", s.hostIf).Run()
 	os.RemoveAll(s.hostsDir)
+}
+
+// runDNS starts the site's resolver, which answers every name it is
+// asked with NXDOMAIN: the names the site knows are in its hosts file.
+func (s *farSite) runDNS(tb testing.TB) {
+	tb.Helper()
+	p := s.start(tb, "python3", "-u", "testdata/nxdomain.py", "127.0.0.1")
+	p.WaitFor(tb, regexp.MustCompile(`listening`), 30*time.Second)
 }
 
 // start runs a program inside the site, with the harness's cleanup.

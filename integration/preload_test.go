@@ -67,8 +67,9 @@ func newPreloadLab(t *testing.T) *preloadLab {
 	echo := s.start(t, "socat", fmt.Sprintf("TCP6-LISTEN:%d,ipv6only=0,reuseaddr,fork,backlog=128", farEcho), "EXEC:cat")
 	s.waitListening(t, web, farHTTP)
 	s.waitListening(t, echo, farEcho)
+	s.runDNS(t)
 	lab.serve = s.start(t, vlinkBin, "serve", "--listen", s.gateway(), "--log-level", "debug", "--grace", "1s",
-		"--allow", FarName+":*", "--allow", s.farIP.String()+":*", "--allow", "["+s.farIP6.String()+"]:*")
+		"--allow", "*.vlink.test:*", "--allow", s.farIP.String()+":*", "--allow", "["+s.farIP6.String()+"]:*")
 	lab.serve.CleanExit = true
 	s.waitListening(t, lab.serve, s.gatewayPort)
 	return lab
@@ -310,6 +311,24 @@ http {
 			}
 		}
 		lab.servedThroughGateway(t, fmt.Sprintf("[%s]:%d", s.farIP6, farEcho))
+	})
+
+	t.Run("names", func(t *testing.T) {
+		// A name the far side does not know fails to resolve, as without
+		// vlink exec (curl's exit code 6), and one with IPv4 addresses
+		// only gets no IPv6 stand-in.
+		url := fmt.Sprintf("http://nosuch.vlink.test:%d/", farHTTP)
+		_, stderr, err := lab.exec(t, "curl", "-sS", url)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 6 || !strings.Contains(stderr, "Could not resolve host") {
+			t.Errorf("curl %s: %v, want exit status 6 (could not resolve host): %s", url, err, stderr)
+		}
+		script := "import socket,sys\nprint(sorted({a[0].name for a in socket.getaddrinfo(sys.argv[1], int(sys.argv[2]), type=socket.SOCK_STREAM)}))\n" +
+			"s=socket.create_connection((sys.argv[1], int(sys.argv[2])))\ns.sendall(b'v4 only')\ns.shutdown(socket.SHUT_WR)\nprint(s.recv(100).decode())"
+		out := string(lab.mustExec(t, "python3", "-c", script, FarV4Name, strconv.Itoa(farEcho)))
+		if out != "['AF_INET']\nv4 only\n" {
+			t.Errorf("python resolving %s (IPv4 only on the far side) and echoing through it:\n%s", FarV4Name, out)
+		}
 	})
 
 	t.Run("quiet", func(t *testing.T) {

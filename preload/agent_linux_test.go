@@ -110,16 +110,11 @@ func echoServer(t testing.TB, network, addr string) string {
 // gateway is a VLink listener standing in for vlink serve: it forwards to
 // the target a dialer names, after mapping the lab's made-up addresses to
 // loopback: 127.0.0.2, .3 and .5 to 127.0.0.1, fd00::1 to ::1, and
-// NAME.far.test and NAME.fdfar.test to 127.0.0.1, except nosuch.*.
-func gateway(t testing.TB) string {
-	t.Helper()
-	addr, _ := countingGateway(t)
-	return addr
-}
-
-// countingGateway is gateway, with a count of the TCP connections it
-// accepted.
-func countingGateway(t testing.TB) (string, *atomic.Int64) {
+// NAME.far.test and NAME.fdfar.test to 127.0.0.1, except nosuch.*. Its
+// lookups know the same names, all with both address families but
+// v4only.far.test. It returns its address, and counts of the TCP
+// connections it accepted and of the lookups it answered.
+func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 	t.Helper()
 	mapTarget := func(target string) (string, error) {
 		host, port, err := net.SplitHostPort(target)
@@ -138,6 +133,7 @@ func countingGateway(t testing.TB) (string, *atomic.Int64) {
 	}
 	var mu sync.Mutex
 	var targets []string
+	lookups = new(atomic.Int64)
 	lc := vlink.ListenConfig{
 		Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}},
 		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
@@ -153,6 +149,17 @@ func countingGateway(t testing.TB) (string, *atomic.Int64) {
 			}
 			return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
 		},
+		Lookup: func(ctx context.Context, h *vlink.Hello) (vlink.Families, error) {
+			lookups.Add(1)
+			host, _, _ := net.SplitHostPort(h.Target)
+			switch {
+			case strings.HasPrefix(host, "nosuch."):
+				return 0, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+			case host == "v4only.far.test":
+				return vlink.FamilyIPv4, nil
+			}
+			return vlink.FamilyIPv4 | vlink.FamilyIPv6, nil
+		},
 	}
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -166,7 +173,7 @@ func countingGateway(t testing.TB) (string, *atomic.Int64) {
 	testnet.Serve(t, l, func(c net.Conn) {
 		netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn))
 	})
-	return l.Addr().String(), &counted.n
+	return l.Addr().String(), &counted.n, lookups
 }
 
 // countingListener counts the connections it accepts.
@@ -191,6 +198,7 @@ type lab struct {
 	port4, port6 string
 	gw           string
 	gwConns      *atomic.Int64 // TCP connections the gateway accepted
+	gwLookups    *atomic.Int64 // lookups it answered
 	logs         *testnet.Buffer
 }
 
@@ -202,7 +210,7 @@ func newLab(t *testing.T) *lab {
 	lb.echo6 = echoServer(t, "tcp6", "[::1]:0")
 	_, lb.port4, _ = net.SplitHostPort(lb.echo4)
 	_, lb.port6, _ = net.SplitHostPort(lb.echo6)
-	lb.gw, lb.gwConns = countingGateway(t)
+	lb.gw, lb.gwConns, lb.gwLookups = gateway(t)
 	rules := []selector.Rule{
 		{Host: "127.0.0.2", Stack: "zstd", Via: lb.gw},   // relayed: the stack transforms the bytes
 		{Host: "127.0.0.3", Stack: "tcp", Via: lb.gw},    // a descriptor: plain TCP after the hello
@@ -327,7 +335,6 @@ func TestBlockingErrno(t *testing.T) {
 		// still waits for the answer.
 		{"mux-connected", "127.0.0.5", lb.port4, "errno=connected"},
 		{"mux-refused", "127.0.0.5", closed, "errno=ECONNREFUSED"},
-		{"name-unknown-far", "nosuch.far.test", lb.port4, "errno=ECONNREFUSED"},
 		{"rules-refuse", "127.0.0.4", lb.port4, "errno=EPERM"},
 		{"rules-refuse-name", "x.refused.test", lb.port4, "errno=EPERM"},
 	} {
@@ -476,6 +483,54 @@ func TestNames(t *testing.T) {
 	out = lb.mustRun(t, "names", "localhost")
 	if !strings.Contains(out, "getaddrinfo=127.0.0.1") && !strings.Contains(out, "getaddrinfo=::1") {
 		t.Errorf("localhost: got:\n%s", out)
+	}
+}
+
+// Names the far side resolves are asked about: one it does not know
+// fails to resolve, as it would without the shim, and one with IPv4
+// addresses only gets no IPv6 stand-in.
+func TestNamesFarSide(t *testing.T) {
+	lb := newLab(t)
+	out, err := lb.run(t, nil, "errno", "nosuch.far.test", lb.port4)
+	if err == nil || !strings.Contains(out, "getaddrinfo(nosuch.far.test, "+lb.port4+"): Name or service not known") {
+		t.Errorf("a name the far side does not know: %v\n%s", err, out)
+	}
+	out = lb.mustRun(t, "names", "v4only.far.test")
+	if !regexp.MustCompile(`getaddrinfo=198\.1[89]\.`).MatchString(out) {
+		t.Errorf("v4only.far.test: no IPv4 stand-in in:\n%s", out)
+	}
+	if strings.Contains(out, "getaddrinfo6=") || strings.Contains(out, "gethostbyname2=") {
+		t.Errorf("v4only.far.test: an IPv6 stand-in for a name with IPv4 addresses only:\n%s", out)
+	}
+	lb.mustRun(t, "errno", "v4only.far.test", lb.port4) // and it connects
+	// The answers are cached: asking again costs the gateway nothing.
+	before := lb.gwLookups.Load()
+	if before == 0 {
+		t.Fatal("the gateway was never asked")
+	}
+	for _, name := range []string{"nosuch.far.test", "v4only.far.test"} {
+		lb.run(t, nil, "errno", name, lb.port4)
+	}
+	if n := lb.gwLookups.Load(); n != before {
+		t.Errorf("names asked about again cost %d more lookups, want 0", n-before)
+	}
+
+	// With stand-ins, the old way: any routed name gets both families at
+	// once, and a name nobody knows fails at connect.
+	cfg, err := vlink.NewConfig([]selector.Rule{{Host: "*.far.test", Stack: "zstd", Via: lb.gw}}, selector.Rule{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAgent(AgentConfig{Config: cfg, StandIns: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	cmd := exec.Command(lb.prog, "errno", "nosuch.far.test", lb.port4)
+	cmd.Env = append(append(os.Environ(), "LD_PRELOAD="+lb.shim), a.Env()...)
+	b, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(b), "errno=ECONNREFUSED") {
+		t.Errorf("stand-ins: a name nobody knows should fail at connect, got:\n%s", b)
 	}
 }
 

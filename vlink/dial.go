@@ -237,6 +237,9 @@ type route struct {
 	rule selector.Rule
 	// waitAccept: Dialer.WaitAccept.
 	waitAccept bool
+	// lookup: the top hello asks whether the target's host resolves,
+	// and no connection follows (Dialer.LookupHost).
+	lookup bool
 }
 
 // describe says what r does, for a RouteReport.
@@ -571,7 +574,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		stack := Stack{Layers: seg}.String()
 		if d == nil {
-			hd := &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias)}
+			hd := &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0}
 			if keyedLayer(seg) != "" {
 				hd.peerKey = r.peerKey // the identity is proven by this segment's encryption
 			}
@@ -579,9 +582,12 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
-			d = &nestedHelloDialer{next: d, stack: stack, target: segTarget, key: r.key, early: early}
+			d = &nestedHelloDialer{next: d, stack: stack, target: segTarget, key: r.key, early: early, lookup: r.lookup && i == 0}
 		}
 		early = false
+		if r.lookup && i == 0 {
+			break // the listener answers the top hello and builds nothing above it
+		}
 		for j := len(seg) - 1; j >= 0; j-- {
 			spec, v, err := seg[j].build()
 			if err != nil {
@@ -718,6 +724,7 @@ type helloDialer struct {
 	// peerKey, set when the segment is encrypted, checks the static key
 	// the listener announces.
 	peerKey PeerKeyCallback
+	lookup  bool // the hello is a lookup: see Dialer.LookupHost
 }
 
 func (d *helloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -734,32 +741,42 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if v, ok := c.(Vouched); ok {
 		node, key = "", v.VouchedKey() // the relay vouched for both ends
 	}
-	transcript, static, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node}, key)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup}, key)
 	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
 		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
 	}
-	if err == nil && d.peerKey != nil {
+	var static []byte
+	if err == nil {
+		static = acc.static
+	}
+	if err == nil && d.peerKey != nil && !d.lookup {
+		// A lookup's answer is proven by the key alone: the listener
+		// proves its identity in the encryption layer, which no
+		// lookup reaches.
 		err = d.peerKey(d.peer, static)
 	}
 	if err != nil {
 		c.Close()
 		return nil, layer.Handshake{}, &net.OpError{Op: "dial", Net: "vlink", Source: c.LocalAddr(), Addr: addr{network, d.peer}, Err: err}
 	}
+	if d.lookup {
+		return &lookupAnswer{Conn: c, family: acc.family}, layer.Handshake{}, nil
+	}
 	return c, layer.Handshake{Key: key, Transcript: transcript, PeerStatic: static}, nil
 }
 
 // handshakeWithContext runs the dialer's side of a hello on c, within the
 // context's deadline (or DefaultHandshakeTimeout) and interrupted by its
-// cancellation, and returns its transcript and the static key the
-// listener announced (see clientHandshake).
-func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key []byte) (transcript, static []byte, err error) {
+// cancellation, and returns its transcript and the listener's accept
+// (see clientHandshake).
+func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key []byte) (transcript []byte, acc *message, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
 	stop := netconn.InterruptOnDone(ctx, c)
-	transcript, static, herr := clientHandshake(c, hello, key)
+	transcript, acc, herr := clientHandshake(c, hello, key)
 	if !stop() && ctx.Err() != nil {
 		return nil, nil, fmt.Errorf("handshake: %w", ctx.Err())
 	}
@@ -774,5 +791,5 @@ func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key [
 		}
 		return nil, nil, fmt.Errorf("handshake: %w", herr)
 	}
-	return transcript, static, c.SetDeadline(time.Time{})
+	return transcript, acc, c.SetDeadline(time.Time{})
 }

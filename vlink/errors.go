@@ -57,6 +57,7 @@ const (
 	CodeBusy         RefuseCode = 9  // the listener is overloaded or shutting down
 	CodeRejected     RefuseCode = 10 // the application rejected the connection
 	CodeLoop         RefuseCode = 11 // the connection already crossed this node, or too many
+	CodeNoSuchHost   RefuseCode = 12 // a lookup's host does not resolve (Dialer.LookupHost)
 )
 
 var codeText = map[RefuseCode]string{
@@ -71,6 +72,7 @@ var codeText = map[RefuseCode]string{
 	CodeBusy:         "busy",
 	CodeRejected:     "rejected",
 	CodeLoop:         "forwarding loop",
+	CodeNoSuchHost:   "no such host",
 }
 
 func (c RefuseCode) String() string {

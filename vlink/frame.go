@@ -91,14 +91,16 @@ const (
 	tagTrail  fieldTag = 10 // the forwarding listeners crossed so far, trailIDSize bytes each
 	tagHop    fieldTag = 11 // in a refusal: how many nodes beyond the sender refused, u8
 	tagStatic fieldTag = 12 // in an accept: the listener's static X25519 public key (Policy.Identity)
+	tagLookup fieldTag = 13 // in a hello: only say whether the target's host resolves (one byte, 1)
+	tagFamily fieldTag = 14 // in the accept of a lookup: the host's address families (Families, one byte)
 )
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
-	msgAccept:    {tagProof, tagStatic},
+	msgAccept:    {tagProof, tagStatic, tagFamily},
 	msgRefuse:    {tagCode, tagReason, tagHop},
 }
 
@@ -124,6 +126,8 @@ type message struct {
 	trail  []byte   // trailIDSize bytes per listener crossed
 	hop    uint8    // in a refusal, see RefusedError.Hop
 	static []byte   // in an accept: the listener's static public key
+	lookup bool     // in a hello: a lookup (Dialer.LookupHost)
+	family Families // in the accept of a lookup
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -163,6 +167,12 @@ func (m *message) appendFrame(b []byte) []byte {
 	str(tagReason, m.reason)
 	if m.hop != 0 {
 		field(tagHop, []byte{m.hop})
+	}
+	if m.lookup {
+		field(tagLookup, []byte{1})
+	}
+	if m.family != 0 {
+		field(tagFamily, []byte{byte(m.family)})
 	}
 	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
 	return b
@@ -232,6 +242,18 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			m.proof, err = fixed(v, proofSize, "proof")
 		case tagStatic:
 			m.static, err = fixed(v, IdentitySize, "static key")
+		case tagLookup:
+			if len(v) != 1 || v[0] != 1 {
+				err = errors.New("lookup must be the byte 1")
+			}
+			m.lookup = true
+		case tagFamily:
+			if len(v) != 1 || v[0] == 0 || Families(v[0])&^(FamilyIPv4|FamilyIPv6) != 0 {
+				err = errors.New("families must be one byte of known, non-zero bits")
+			}
+			if len(v) == 1 {
+				m.family = Families(v[0])
+			}
 		case tagCode:
 			if len(v) != 1 || v[0] == 0 {
 				err = errors.New("refusal code must be one non-zero byte")

@@ -21,6 +21,8 @@ func TestFrameRoundTrip(t *testing.T) {
 		{typ: msgRefuse, code: CodeParam, reason: "zstd level 22 is outside [1, 9]\nsecond line"},
 		{typ: msgHello, hops: []string{"gw2.example:7000", "[fd00::1]:7000"}, trail: bytes.Repeat([]byte{9}, 2*trailIDSize), origin: "192.0.2.1:5555"},
 		{typ: msgRefuse, code: CodeLoop, reason: "round", hop: 3},
+		{typ: msgHello, stack: "zstd", target: "db.internal:0", lookup: true},
+		{typ: msgAccept, proof: bytes.Repeat([]byte{4}, proofSize), family: FamilyIPv4},
 	}
 	for _, m := range msgs {
 		t.Run(m.typ.String(), func(t *testing.T) {
@@ -31,7 +33,8 @@ func TestFrameRoundTrip(t *testing.T) {
 			}
 			if got.stack != m.stack || got.target != m.target || got.node != m.node || !bytes.Equal(got.nonce, m.nonce) ||
 				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason ||
-				strings.Join(got.hops, ",") != strings.Join(m.hops, ",") || got.origin != m.origin || !bytes.Equal(got.trail, m.trail) || got.hop != m.hop {
+				strings.Join(got.hops, ",") != strings.Join(m.hops, ",") || got.origin != m.origin || !bytes.Equal(got.trail, m.trail) || got.hop != m.hop ||
+				got.lookup != m.lookup || got.family != m.family {
 				t.Fatalf("got %+v, want %+v", got, m)
 			}
 		})
@@ -81,6 +84,8 @@ func TestFrameErrors(t *testing.T) {
 		{"ragged trail", hello(field(tagTrail, make([]byte, trailIDSize+1))), ErrBadHello, "trail is 9 bytes"},
 		{"long trail", hello(field(tagTrail, make([]byte, (MaxHops+1)*trailIDSize))), ErrBadHello, "trail is 72 bytes"},
 		{"static key in a hello", hello(field(tagStatic, make([]byte, IdentitySize))), ErrBadHello, "unexpected field 12"},
+		{"lookup not 1", hello(field(tagLookup, []byte{2})), ErrBadHello, "lookup must be"},
+		{"family in a hello", hello(field(tagFamily, []byte{1})), ErrBadHello, "unexpected field 14"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,6 +108,8 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgHello, hops: []string{"a:1", "[::1]:2"}, trail: make([]byte, trailIDSize), origin: "[::1]:9"}).appendFrame(nil))
 	f.Add((&message{typ: msgRefuse, code: CodeLoop, hop: 2}).appendFrame(nil))
 	f.Add((&message{typ: msgAccept, static: make([]byte, IdentitySize)}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:0", lookup: true}).appendFrame(nil))
+	f.Add((&message{typ: msgAccept, family: FamilyIPv4 | FamilyIPv6, proof: make([]byte, proofSize)}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -120,7 +127,8 @@ func FuzzReadFrame(f *testing.F) {
 			t.Fatalf("re-encoded frame does not decode: %v", err)
 		}
 		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason ||
-			strings.Join(again.hops, ",") != strings.Join(m.hops, ",") || again.origin != m.origin || !bytes.Equal(again.trail, m.trail) || again.hop != m.hop {
+			strings.Join(again.hops, ",") != strings.Join(m.hops, ",") || again.origin != m.origin || !bytes.Equal(again.trail, m.trail) || again.hop != m.hop ||
+			again.lookup != m.lookup || again.family != m.family {
 			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
 		}
 	})

@@ -17,10 +17,12 @@ import (
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
-// Labels keep a dialer's proof from ever being valid as a listener's.
+// Labels keep a dialer's proof from ever being valid as a listener's,
+// and a lookup's answer from passing for a connection's accept.
 const (
 	labelClient = "vlink-v1 client proof\x00"
 	labelServer = "vlink-v1 server proof\x00"
+	labelLookup = "vlink-v1 lookup answer\x00"
 )
 
 // proof binds the key to this hello and this challenge.
@@ -35,9 +37,9 @@ func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
 // clientHandshake sends hello on c and waits for the listener's answer.
 // A hello that names a node proves that node's key (NodeKey). It returns
 // the transcript: every handshake byte sent and received, in order (see
-// layer.Handshake), and the static key the accept announced, if any. The
-// caller sets c's deadline.
-func clientHandshake(c net.Conn, hello *message, key []byte) (transcript, static []byte, err error) {
+// layer.Handshake), and the accept (with the static key it announced, if
+// any). The caller sets c's deadline.
+func clientHandshake(c net.Conn, hello *message, key []byte) (transcript []byte, acc *message, err error) {
 	buf := helloBytes(hello, key)
 	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
@@ -65,7 +67,11 @@ func clientHandshake(c net.Conn, hello *message, key []byte) (transcript, static
 		if m, body, err = readFrame(c, msgAccept, msgRefuse); err != nil {
 			return nil, nil, answerError(err)
 		}
-		if m.typ == msgAccept && !hmac.Equal(m.proof, proof(key, labelServer, helloBody, serverNonce)) {
+		want := proof(key, labelServer, helloBody, serverNonce)
+		if hello.lookup {
+			want = lookupProof(key, helloBody, serverNonce, m.family)
+		}
+		if m.typ == msgAccept && !hmac.Equal(m.proof, want) {
 			return nil, nil, fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
 		}
 	} else if m.typ == msgAccept && key != nil {
@@ -74,7 +80,10 @@ func clientHandshake(c net.Conn, hello *message, key []byte) (transcript, static
 	if m.typ == msgRefuse {
 		return nil, nil, &RefusedError{Code: m.code, Reason: m.reason, Hop: int(m.hop)}
 	}
-	return appendFrameBytes(transcript, m.typ, body), m.static, nil
+	if hello.lookup && m.family == 0 {
+		return nil, nil, fmt.Errorf("%w: the accept of a lookup names no address family", ErrBadHello)
+	}
+	return appendFrameBytes(transcript, m.typ, body), m, nil
 }
 
 // helloBytes is the magic and the hello frame, with a fresh nonce if the
@@ -131,7 +140,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		}
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
-	h := &Hello{Target: m.target, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	h := &Hello{Target: m.target, Lookup: m.lookup, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
 	h.transcript = appendFrameBytes([]byte(magic), msgHello, helloBody)
 	// A connection from another node of a vlink network comes with the
 	// key the relay gave both ends for it, and the dialer's name: the
@@ -204,6 +213,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 			h.Node = vouched.VouchedPeer()
 		}
 		h.serverProof = proof(h.key, labelServer, helloBody, nonce)
+		h.helloBody, h.nonce = helloBody, nonce
 		h.transcript = appendFrameBytes(append(h.transcript, challenge...), msgAuth, authBody)
 	}
 	if rerr := l.checkRoute(m, h, j != nil || via != nil); rerr != nil {
@@ -230,7 +240,14 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	// listener's identity.
 	h.static = l.static != nil && j == nil && keyedLayer(stack.Layers) != ""
 	if h.Target != "" {
-		if err := checkTarget(h.Target); err != nil {
+		target := h.Target
+		if h.Lookup {
+			// A lookup may not know the port yet: 0 stands for any.
+			if host, port, err := net.SplitHostPort(target); err == nil && port == "0" {
+				target = net.JoinHostPort(host, "1")
+			}
+		}
+		if err := checkTarget(target); err != nil {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "target %q: %v", h.Target, err))
 		}
 		if l.targets == nil {

@@ -51,6 +51,14 @@ type ListenConfig struct {
 	// vlink serve uses it to reach the forwarding target first, so an
 	// unreachable target is reported to the dialer.
 	Admit func(ctx context.Context, h *Hello) (any, error)
+	// Lookup answers the hellos that ask whether a target's host
+	// resolves (Hello.Lookup, sent by Dialer.LookupHost), once the
+	// policy has allowed the target: the host's address families, or an
+	// error. An error that is a *net.DNSError with IsNotFound is sent as
+	// CodeNoSuchHost, which the dialer reports as the resolver would. Nil
+	// refuses lookups (CodeRejected); LookupFamilies is the usual answer
+	// of a listener that dials the targets it forwards to.
+	Lookup func(ctx context.Context, h *Hello) (Families, error)
 	// Logger receives one record per refused or failed handshake, at
 	// level Info, and per accepted connection at Debug. Nil: no logs.
 	Logger *slog.Logger
@@ -82,12 +90,18 @@ type Hello struct {
 	Hops []string
 	// Forwarded is how many nodes the connection crossed to get here.
 	Forwarded int
+	// Lookup marks a hello that only asks whether Target's host resolves
+	// (Dialer.LookupHost): the listener answers with ListenConfig.Lookup
+	// and connects nothing.
+	Lookup bool
 
 	key         []byte // the key proven: Policy.Key, or Node's key derived from it
 	listener    *Listener
 	route       bool   // the hello goes on to Hops, or ends a route here
 	trail       []byte // the forwarding listeners crossed (trailIDSize each)
 	serverProof []byte
+	helloBody   []byte // with nonce, for a lookup's proof (lookupProof)
+	nonce       []byte
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 	static      bool   // the accept announces the listener's identity
 }
@@ -542,6 +556,13 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 				}
 			}
 		}
+	}
+	if h.Lookup {
+		if ml != nil {
+			release()
+			return nil, sendRefusal(raw, refuse(CodeMalformed, "a lookup's hello is the top one; it names no multi-link layer"))
+		}
+		return nil, l.answerLookup(raw, h, deadline)
 	}
 	var admitted any
 	if l.cfg.Admit != nil && ml == nil {

@@ -71,6 +71,7 @@ type nestedHelloDialer struct {
 	target string
 	key    []byte // for the filters of the segment; the hello carries none
 	early  bool   // send the hello and go on: see layer.EarlyDataLayer
+	lookup bool   // the hello is a lookup: see Dialer.LookupHost
 }
 
 func (d *nestedHelloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -83,7 +84,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 	if err != nil {
 		return nil, hs, err
 	}
-	if d.early {
+	if d.early && !d.lookup {
 		if dl, ok := ctx.Deadline(); ok {
 			c.SetWriteDeadline(dl)
 		}
@@ -95,10 +96,13 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		}
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	transcript, _, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target}, nil)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup}, nil)
 	if err != nil {
 		c.Close()
 		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+	}
+	if d.lookup {
+		return &lookupAnswer{Conn: c, family: acc.family}, hs, nil
 	}
 	return c, layer.Handshake{Key: d.key, Transcript: transcript}, nil
 }

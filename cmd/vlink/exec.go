@@ -56,7 +56,10 @@ vlink exec adds only warnings and errors to it. --log-level info or debug
 adds more; --log-file sends vlink's log (info and above) to a file instead. A connect the rules refuse fails with EPERM;
 if the agent is gone, connects it must route fail with ENETUNREACH, never
 silently direct. Names routed through a stack get addresses from 198.18.0.0/15
-and fd76:6c69:6e6b::/96, which the agent maps back to the name. UDP is not
+and fd76:6c69:6e6b::/96, which the agent maps back to the name, after asking
+the gateway whether the name exists and with which address families (one
+round trip per name, cached; a name it does not know fails to resolve, as
+without the shim). --stand-ins skips the question. UDP is not
 carried: datagrams go out as without the shim, except to those addresses.
 
 The shim is C, built once with the system's C compiler (cc) into the user's
@@ -96,6 +99,7 @@ type execOptions struct {
 	knownNodes, logFile         string
 	dialTimeout                 time.Duration
 	allowBypass, plaintext      bool
+	standIns                    bool
 	node                        nodeOptions
 	network                     vlink.NodeDialer // the node's, once connected
 }
@@ -110,6 +114,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	knownNodesVar(fs, &o.knownNodes)
 	insecurePlaintextVar(fs, &o.plaintext)
 	fs.StringVar(&o.logFile, "log-file", "", "append vlink's log to `FILE` instead of writing it to the program's stderr (default: stderr)")
+	fs.BoolVar(&o.standIns, "stand-ins", false, "answer names the far side resolves with stand-in addresses at once, without asking it whether they exist: a round trip less per new name, but a name nobody knows then fails at connect, not at resolution")
 	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)

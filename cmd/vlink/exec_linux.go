@@ -33,7 +33,7 @@ func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config)
 	if err != nil {
 		return exitExecFailed, err
 	}
-	agent, err := preload.NewAgent(preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log, Network: o.network, InsecurePlaintext: o.plaintext})
+	agent, err := preload.NewAgent(preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log, Network: o.network, InsecurePlaintext: o.plaintext, StandIns: o.standIns})
 	if err != nil {
 		return exitExecFailed, err
 	}

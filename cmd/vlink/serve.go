@@ -200,6 +200,7 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		Policy:           policy,
 		HandshakeTimeout: o.handshakeTimeout,
 		Admit:            s.admit,
+		Lookup:           s.lookup,
 		Logger:           e.log,
 	}
 	l, err := lc.Listen(ctx, "tcp", o.listen)
@@ -423,6 +424,21 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: "sending the PROXY header: " + err.Error()}
 	}
 	return s.track(c)
+}
+
+// lookup answers a dialer that asks whether a target it may reach
+// resolves here (vlink exec's programs resolving a name the gateway
+// knows): the resolver this server dials with, so the answer is what a
+// connection would find.
+func (s *server) lookup(ctx context.Context, h *vlink.Hello) (vlink.Families, error) {
+	if len(h.Hops) > 0 {
+		return 0, errors.New("lookups are answered where routes end")
+	}
+	host, _, err := net.SplitHostPort(h.Target)
+	if err != nil {
+		return 0, err
+	}
+	return vlink.LookupFamilies(ctx, nil, host)
 }
 
 // admitHop carries a routed connection on to the next node, before the

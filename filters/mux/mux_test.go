@@ -257,6 +257,41 @@ func TestTargets(t *testing.T) {
 	}
 }
 
+// TestLookup: a lookup through mux is a stream of the session, answered
+// by the nested hello's listener, and leaves the session working.
+func TestLookup(t *testing.T) {
+	s := newServer(t, vlink.ListenConfig{
+		Policy: vlink.Policy{Targets: []selector.Rule{{Host: "*.test", Action: selector.Direct}}},
+		Lookup: func(ctx context.Context, h *vlink.Hello) (vlink.Families, error) {
+			if h.Target == "v6.test:0" {
+				return vlink.FamilyIPv6, nil
+			}
+			return 0, &net.DNSError{Err: "no such host", Name: h.Target, IsNotFound: true}
+		},
+	})
+	d := &vlink.Dialer{Stack: vlink.MustParse("mux"), Via: s.l.Addr().String()}
+	defer d.Close()
+	ctx := context.Background()
+	for range 2 {
+		if f, err := d.LookupHost(ctx, "v6.test:0"); err != nil || f != vlink.FamilyIPv6 {
+			t.Fatalf("LookupHost(v6.test) = %v, %v", f, err)
+		}
+		var dnsErr *net.DNSError
+		if _, err := d.LookupHost(ctx, "nosuch.test:0"); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+			t.Fatalf("LookupHost(nosuch.test) = %v, want not found", err)
+		}
+	}
+	c, err := d.Dial("tcp", "v6.test:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, c, "after lookups")
+	c.Close()
+	if n := s.count.n.Load(); n != 1 {
+		t.Errorf("%d TCP connections for 4 lookups and a dial, want 1", n)
+	}
+}
+
 // TestListenerClose: closing the listener refuses new streams but leaves
 // the accepted ones working.
 func TestListenerClose(t *testing.T) {

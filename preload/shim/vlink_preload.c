@@ -106,6 +106,7 @@ enum {
 enum { MODE_ASYNC = 1, MODE_SYNC = 2 };
 enum { R_DIRECT = 1, R_ERROR = 2, R_RELAY = 3, R_FD = 4 };
 enum { N_LOCAL = 1, N_FAKE = 2, N_NONE = 3 };
+#define K_NODATA 100 /* not on the wire: N_FAKE without the family asked for */
 #define RESULT_CACHE 1
 #define WELCOME_IPS_DIRECT 1
 #define WELCOME_IP_TABLE 2
@@ -1797,6 +1798,24 @@ static int ask_name(const char *name, uint16_t port, struct namereply *nr)
 	return nr->kind;
 }
 
+/* has_fam: the agent hands out no stand-in (all zeros) for a family the
+ * far side says the name lacks. */
+static int has_fam(const struct namereply *nr, int af)
+{
+	const unsigned char *a = af == AF_INET6 ? nr->v6 : nr->v4;
+	size_t n = af == AF_INET6 ? 16 : 4;
+	for (size_t k = 0; k < n; k++)
+		if (a[k])
+			return 1;
+	return 0;
+}
+
+#ifdef EAI_NODATA
+#define VL_EAI_NODATA EAI_NODATA
+#else
+#define VL_EAI_NODATA EAI_NONAME
+#endif
+
 static uint16_t service_port(const char *service)
 {
 	if (service == NULL)
@@ -1852,8 +1871,18 @@ EXPORT int getaddrinfo(const char *node, const char *service, const struct addri
 		int f = k == 0 ? AF_INET : AF_INET6;
 		if (fam != AF_UNSPEC && fam != f)
 			continue;
-		char lit[INET6_ADDRSTRLEN];
-		inet_ntop(f, f == AF_INET6 ? (void *)nr.v6 : (void *)nr.v4, lit, sizeof lit);
+		char lit[INET6_ADDRSTRLEN + 8];
+		if (has_fam(&nr, f)) {
+			inet_ntop(f, f == AF_INET6 ? (void *)nr.v6 : (void *)nr.v4, lit, sizeof lit);
+		} else if (f == AF_INET6 && fam == AF_INET6 && (h.ai_flags & AI_V4MAPPED) && has_fam(&nr, AF_INET)) {
+			/* Only IPv4 on the far side: mapped, as the resolver would. */
+			char v4[INET_ADDRSTRLEN];
+			inet_ntop(AF_INET, nr.v4, v4, sizeof v4);
+			snprintf(lit, sizeof lit, "::ffff:%s", v4);
+		} else {
+			r = VL_EAI_NODATA; /* the name exists, without this family */
+			continue;
+		}
 		h.ai_family = f;
 		int e = real.getaddrinfo(lit, service, &h, &lists[n]);
 		if (e == 0)
@@ -1927,6 +1956,8 @@ static int host_kind(const char *name, int af, struct namereply *nr)
 	int k = ask_name(name, 0, nr);
 	t_busy = was;
 	errno = saved;
+	if (k == N_FAKE && !has_fam(nr, af))
+		return K_NODATA;
 	return k;
 }
 
@@ -1942,6 +1973,9 @@ EXPORT struct hostent *gethostbyname2(const char *name, int af)
 		return NULL;
 	case N_NONE:
 		h_errno = HOST_NOT_FOUND;
+		return NULL;
+	case K_NODATA:
+		h_errno = NO_DATA;
 		return NULL;
 	case N_FAKE:
 		if (hostent_fill(&t_host.h, t_host.buf, sizeof t_host.buf, name, af, &nr) == 0)
@@ -1966,7 +2000,7 @@ EXPORT struct hostent *gethostbyname(const char *name)
 	}
 	if (k == N_FAKE && hostent_fill(&t_host.h, t_host.buf, sizeof t_host.buf, name, AF_INET, &nr) == 0)
 		return &t_host.h;
-	h_errno = k == N_NONE ? HOST_NOT_FOUND : k == N_FAKE ? NO_RECOVERY : TRY_AGAIN;
+	h_errno = k == N_NONE ? HOST_NOT_FOUND : k == K_NODATA ? NO_DATA : k == N_FAKE ? NO_RECOVERY : TRY_AGAIN;
 	return NULL;
 }
 
@@ -1977,6 +2011,9 @@ static int host_r(const char *name, int af, struct hostent *ret, char *buf, size
 	switch (kind) {
 	case N_NONE:
 		*h_errnop = HOST_NOT_FOUND;
+		return 0;
+	case K_NODATA:
+		*h_errnop = NO_DATA;
 		return 0;
 	case N_FAKE: {
 		int e = hostent_fill(ret, buf, buflen, name, af, nr);
