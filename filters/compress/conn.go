@@ -47,6 +47,9 @@ type conn struct {
 	rungs    []rung     // auto's ladder; nil for a fixed layer
 	vectored bool       // c writes a net.Buffers with one writev
 	closed   atomic.Bool
+	// peerEnded: the peer's end frame was read. What it sends after (the
+	// end of the layer below) is read before closing: see drainClose.
+	peerEnded atomic.Bool
 
 	rmu     sync.Mutex // guards the read side (read.go)
 	hdr     header     // the current frame's header
@@ -145,6 +148,13 @@ func (c *conn) sendEnd() error {
 // its end frame to a peer that does not read.
 const closeLinger = 10 * time.Second
 
+// After the peer's end frame, a close reads what still comes from the
+// connection below for up to endDrain, and at most maxEndDrain bytes.
+const (
+	endDrain    = time.Second
+	maxEndDrain = 64 << 10
+)
+
 // Close closes the connection as a socket's close does: unless the
 // writing side was shut down already, the end frame is still sent, in the
 // background for up to closeLinger, so the peer reads what was written
@@ -165,6 +175,10 @@ func (c *conn) Close() error {
 		}
 		c.dropTail()
 		c.wmu.Unlock()
+		if c.peerEnded.Load() {
+			go func() { c.closeBelow(c.drainClose()) }()
+			return nil
+		}
 	}
 	return c.closeBelow(c.c.Close())
 }
@@ -176,7 +190,29 @@ func (c *conn) linger() {
 	c.c.SetWriteDeadline(time.Now().Add(closeLinger))
 	c.sendEnd()
 	c.dropTail()
+	if c.peerEnded.Load() {
+		c.closeBelow(c.drainClose())
+		return
+	}
 	c.closeBelow(c.c.Close())
+}
+
+// drainClose closes the connection below once it has read what the peer
+// sent after its end frame: the end of the layer below (noise's end
+// record), which its CloseWrite sends a moment later. A socket closed
+// with bytes unread is reset by the kernel, which throws away what it had
+// not sent yet: the peer would lose the end of what we wrote.
+func (c *conn) drainClose() error {
+	c.c.SetReadDeadline(time.Now().Add(endDrain))
+	var buf [512]byte
+	for n := 0; n < maxEndDrain; {
+		k, err := c.c.Read(buf[:])
+		n += k
+		if err != nil {
+			break
+		}
+	}
+	return c.c.Close()
 }
 
 // Abort closes the connection without its end frame and aborts the one

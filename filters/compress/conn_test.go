@@ -641,3 +641,76 @@ func TestNoAllocs(t *testing.T) {
 		})
 	}
 }
+
+// trailerConn stands for a layer below compression that has an end of
+// its own (noise's end record): its CloseWrite sends a few more bytes, a
+// moment after the end frame, before the TCP end.
+type trailerConn struct{ *net.TCPConn }
+
+func (c trailerConn) CloseWrite() error {
+	time.Sleep(20 * time.Millisecond)
+	if _, err := c.TCPConn.Write([]byte("end of the layer below")); err != nil {
+		return err
+	}
+	return c.TCPConn.CloseWrite()
+}
+
+// TestCloseAfterPeerEnd: a side that read the peer's end frame, answered
+// and closed must not leave the bytes of the layer below's own end
+// unread: closing a socket with unread bytes makes the kernel reset the
+// connection and throw away what it had not sent yet, so the peer got a
+// reset in the middle of the answer (TestEncryptedBeyondLoopback, one CI
+// run in many: zstd over noise).
+func TestCloseAfterPeerEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		closeWrite bool // as a relay ends: CloseWrite, then Close
+	}{{"close", false}, {"closewrite", true}} {
+		for _, name := range codecNames {
+			t.Run(tc.name+"/"+name, func(t *testing.T) { closeAfterPeerEnd(t, name, tc.closeWrite) })
+		}
+	}
+}
+
+func closeAfterPeerEnd(t *testing.T, name string, closeWrite bool) {
+	a, b := testnet.TCPPair(t)
+	// Small buffers: the answer is still on its way when the
+	// server closes.
+	a.SetReadBuffer(16 << 10)
+	b.SetWriteBuffer(64 << 10)
+	f := mustNew(t, name, defaultLevel(name))
+	c, _ := f.Client(trailerConn{a})
+	s, _ := f.Server(b)
+	if _, err := c.Write([]byte("question")); err != nil {
+		t.Fatal(err)
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- c.(closeWriter).CloseWrite() }()
+	if q, err := io.ReadAll(s); err != nil || string(q) != "question" {
+		t.Fatalf("server read %q, %v", q, err)
+	}
+	answer := testnet.RandomBytes(4<<20, 7)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Write(answer)
+		if closeWrite && err == nil {
+			err = s.(closeWriter).CloseWrite()
+		}
+		if cerr := s.Close(); err == nil {
+			err = cerr
+		}
+		done <- err
+	}()
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the trailer is in the server's socket, unread
+	got, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(got, answer) {
+		t.Errorf("client read %d of %d bytes of the answer: %v", len(got), len(answer), err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("server: %v", err)
+	}
+	c.Close()
+}

@@ -240,6 +240,7 @@ func (c *conn) nextFrame(wait bool) (ready bool, err error) {
 		switch c.hdr.Type() {
 		case frameEnd:
 			c.rerr = io.EOF // anything after it is ignored
+			c.peerEnded.Store(true)
 			c.releaseRead()
 			return true, nil
 		case frameRaw:

@@ -20,6 +20,10 @@
  *   conntest daemon UID HOST PORT      as a daemon: connect, then fork a worker
  *                                      that clears its environment, becomes
  *                                      UID and connects
+ *   conntest connbench HOST PORT N     N blocking connects, one after the other,
+ *                                      each echoing a byte: prints the median
+ *                                      and 90th percentile of the connect and
+ *                                      of the connect with the echo, in µs
  *   conntest execpeer HOST PORT SELF   getpeername after exec
  *   conntest peerof FD                 (helper of execpeer)
  *   conntest echo HOST PORT            (helper of fork)
@@ -351,6 +355,55 @@ static int t_daemon(const char *uid, const char *host, const char *port)
 	return 0;
 }
 
+static double now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int t_connbench(const char *host, const char *port, int n)
+{
+	if (n < 1 || n > 100000)
+		return 2;
+	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
+	if (!ai)
+		return 1;
+	double *conn = calloc((size_t)n, sizeof *conn), *echo = calloc((size_t)n, sizeof *echo);
+	for (int i = 0; i < n; i++) {
+		double t0 = now_us();
+		int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+			FAIL("connect %d: %s", i, ename(errno));
+			return 1;
+		}
+		double t1 = now_us();
+		char c = 'x';
+		if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1) {
+			FAIL("echo %d: %s", i, ename(errno));
+			return 1;
+		}
+		double t2 = now_us();
+		close(fd);
+		conn[i] = t1 - t0;
+		echo[i] = t2 - t0;
+	}
+	qsort(conn, (size_t)n, sizeof *conn, cmp_double);
+	qsort(echo, (size_t)n, sizeof *echo, cmp_double);
+	printf("connect_us=%.1f connect_p90_us=%.1f echo_us=%.1f echo_p90_us=%.1f\n", conn[n / 2], conn[n * 9 / 10],
+	       echo[n / 2], echo[n * 9 / 10]);
+	free(conn);
+	free(echo);
+	freeaddrinfo(ai);
+	return 0;
+}
+
 static int t_fork(const char *host, const char *port, const char *self)
 {
 	if (connect_echo(host, port, "parent before fork") == 0)
@@ -640,6 +693,8 @@ int main(int argc, char **argv)
 		return t_udp(argv[2], argv[3]);
 	if (!strcmp(t, "afmismatch") && argc == 4)
 		return t_afmismatch(argv[2], argv[3]);
+	if (!strcmp(t, "connbench") && argc == 5)
+		return t_connbench(argv[2], argv[3], atoi(argv[4]));
 	if (!strcmp(t, "daemon") && argc == 5)
 		return t_daemon(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "execpeer") && argc == 5)
