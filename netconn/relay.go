@@ -31,8 +31,9 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // teardown causes is not reported. A peer that ended its own stream and
 // then reset the connection rather than read the end of ours (it closed
 // early, as an HTTP client done with its response may) is a normal end:
-// Relay reports no error, and passes the reset on to the other side, as
-// it would reach it over TCP.
+// Relay reports no error and closes both sides as after any end. It does
+// not pass the reset on: an abort would throw away what the other side's
+// socket has not sent yet of a stream that ended whole.
 //
 // Relay picks the cheapest copy each direction allows:
 //   - on Linux, from a *net.TCPConn (or stream *net.UnixConn) to a
@@ -58,10 +59,6 @@ func Relay(a, b net.Conn) (aToB, bToA int64, err error) {
 	}()
 	aToB = r.run(b, a)
 	<-done
-	if r.gone && !r.torn {
-		Abort(a)
-		Abort(b)
-	}
 	a.Close()
 	b.Close()
 	return aToB, bToA, r.err
@@ -77,10 +74,6 @@ type relay struct {
 	// after it is Relay's own doing, not the peer's.
 	closed bool
 	torn   bool // both connections closed after a failure
-	// gone: a direction could not pass its end on because the peer had
-	// reset the connection. The other direction says whether that is a
-	// failure (it fails too) or the peer's early close (it ended).
-	gone bool
 }
 
 // run copies src to dst and passes the end of src on to dst's peer.
@@ -88,11 +81,9 @@ func (r *relay) run(dst, src net.Conn) int64 {
 	n, err := copyConn(dst, src)
 	if err == nil {
 		if err = r.closeWrite(dst); err != nil && resetByPeer(err) {
-			// The reset that made the half-close fail also ends the other
-			// direction's read from dst at once: no teardown needed yet.
-			r.mu.Lock()
-			r.gone = true
-			r.mu.Unlock()
+			// The peer reset after its own end, or before it: the other
+			// direction's read from dst ends at once, cleanly or with
+			// the reset, and says which. No teardown here.
 			return n
 		}
 	}
