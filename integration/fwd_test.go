@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -132,27 +130,9 @@ func TestFwdProxyProtocol(t *testing.T) {
 	nginx := testenv.Programs(t, "nginx", "curl")[0]
 	dir := t.TempDir()
 	port := realserver.FreePort(t)
-	conf := fmt.Sprintf(`daemon off;
-master_process off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log stderr;
-events { worker_connections 64; }
-http {
-	access_log off;
-	client_body_temp_path %[1]s/body;
-	proxy_temp_path %[1]s/proxy;
-	fastcgi_temp_path %[1]s/fastcgi;
-	server {
-		listen 127.0.0.1:%[2]d proxy_protocol;
-		location / { return 200 "$proxy_protocol_addr:$proxy_protocol_port\n"; }
-	}
-}
-`, dir, port)
-	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := startProc(t, nginx, "-e", "stderr", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"))
+	conf := writeNginxConf(t, dir, "master_process off;\nworker_processes 1;", fmt.Sprintf(`		listen 127.0.0.1:%d proxy_protocol;
+		location / { return 200 "$proxy_protocol_addr:$proxy_protocol_port\n"; }`, port))
+	p := startProc(t, nginx, "-e", "stderr", "-p", dir, "-c", conf)
 	p.Ports = append(p.Ports, port)
 	p.WaitListening(t, port)
 	web := fmt.Sprintf("127.0.0.1:%d", port)

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"syscall"
@@ -207,4 +208,34 @@ func waitClosed(c net.Conn, limit time.Duration) (n int64, took time.Duration, e
 		err = nil
 	}
 	return n, took, err
+}
+
+// writeNginxConf writes dir/nginx.conf, an nginx configuration that runs
+// in the foreground, logs errors to stderr and keeps its files in dir:
+// main holds the main context's lines, server one server block. It
+// returns the file's path.
+func writeNginxConf(tb testing.TB, dir, main, server string) string {
+	tb.Helper()
+	conf := fmt.Sprintf(`daemon off;
+%[2]s
+pid %[1]s/nginx.pid;
+error_log stderr;
+events { worker_connections 64; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	server {
+%[3]s
+	}
+}
+`, dir, main, server)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return path
 }

@@ -257,30 +257,10 @@ func TestPreloadPrograms(t *testing.T) {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		os.Chmod(dir, 0o755)
 		port := realserver.FreePort(t)
-		conf := fmt.Sprintf(`daemon off;
-user nobody nogroup;
-worker_processes 2;
-pid %[1]s/nginx.pid;
-error_log stderr;
-events { worker_connections 64; }
-http {
-	access_log off;
-	client_body_temp_path %[1]s/body;
-	proxy_temp_path %[1]s/proxy;
-	fastcgi_temp_path %[1]s/fastcgi;
-	uwsgi_temp_path %[1]s/uwsgi;
-	scgi_temp_path %[1]s/scgi;
-	server {
-		listen 127.0.0.1:%[2]d;
-		location / { proxy_pass http://%[3]s:%[4]d; proxy_buffering off; }
-	}
-}
-`, dir, port, FarName, farHTTP)
-		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		conf := writeNginxConf(t, dir, "user nobody nogroup;\nworker_processes 2;", fmt.Sprintf(
+			"\t\tlisten 127.0.0.1:%d;\n\t\tlocation / { proxy_pass http://%s:%d; proxy_buffering off; }", port, FarName, farHTTP))
 		p := startProc(t, vlinkBin, "exec", "--stack", "zstd", "--via", s.gateway(), "--",
-			nginx, "-e", "stderr", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"))
+			nginx, "-e", "stderr", "-p", dir, "-c", conf)
 		p.Ports = append(p.Ports, port)
 		p.WaitListening(t, port)
 		for i := range 4 { // requests spread over both workers
