@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/vlink-dev/vlink/filters/noise"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/knownnodes"
 	"github.com/vlink-dev/vlink/vlink/layer"
@@ -26,18 +27,7 @@ func identityListener(t *testing.T, addr string, identity []byte) *vlink.Listene
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testnet.Serve(t, l, func(c net.Conn) { io.Copy(c, c) })
 	return l
 }
 
