@@ -79,18 +79,12 @@ for rep in $(seq "$REPS"); do
     t0=0 s0=0
     [ -z "${tunnel[$path]:-}" ] || t0=$(cpu_ticks "${tunnel[$path]}")
     [ -z "${serve[$path]:-}" ] || s0=$(cpu_ticks "${serve[$path]}")
-    perfs=()
     if [ -n "$PERF" ] && [ "$rep" = 1 ]; then
-      mkdir -p "$PERF"
-      for role in tunnel serve; do
-        declare -n pidof=$role
-        [ -z "${pidof[$path]:-}" ] && continue
-        perf record -q -g -p "${pidof[$path]}" -o "$PERF/$path-$role.data" -- sleep "$DURATION" 2>/dev/null &
-        perfs+=($!)
-      done
+      [ -z "${tunnel[$path]:-}" ] || perf_record "$PERF/$path-tunnel.data" "${tunnel[$path]}" "$DURATION"
+      [ -z "${serve[$path]:-}" ] || perf_record "$PERF/$path-serve.data" "${serve[$path]}" "$DURATION"
     fi
     iperf3 -c 127.0.0.1 -p "${port[$path]}" -t "$DURATION" --json >"$work/$path-$rep.json" || true
-    [ ${#perfs[@]} -eq 0 ] || wait "${perfs[@]}" || true
+    perf_wait
     t1=0 s1=0
     [ -z "${tunnel[$path]:-}" ] || t1=$(cpu_ticks "${tunnel[$path]}")
     [ -z "${serve[$path]:-}" ] || s1=$(cpu_ticks "${serve[$path]}")

@@ -15,6 +15,9 @@
 #   wait_listen PORT     wait until something listens on 127.0.0.1:PORT
 #   cpu_ticks PID...     user+system clock ticks of the processes
 #   cpu_ticks_all PID    the same, with the children it has reaped
+#   perf_record FILE PID SECONDS  start `perf record -g` of PID for SECONDS
+#                        into FILE in the background; its pid is appended
+#                        to perfs (wait for them with perf_wait)
 #   lab HOST CMD...      run CMD in a lab host (vlink-lab exec)
 #   lab_start HOST CMD...  start CMD in the background there, print its pid
 #   lab_wait_port HOST PORT  wait until something listens on PORT there
@@ -109,6 +112,18 @@ cpu_ticks() {
 
 cpu_ticks_all() {
   awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"
+}
+
+perfs=()
+perf_record() {
+  mkdir -p "$(dirname "$1")"
+  perf record -q -g -p "$2" -o "$1" -- sleep "$3" 2>/dev/null &
+  perfs+=($!)
+}
+
+perf_wait() {
+  [ ${#perfs[@]} -eq 0 ] || wait "${perfs[@]}" || true
+  perfs=()
 }
 
 lab() { "$VLINK_LAB" exec "$@"; }

@@ -17,7 +17,9 @@
 #
 # Environment: DURATION (iperf3 -t, default 5), REPS (default 3), CONNS
 # (default 100), VLINK (a vlink binary; default: built from this checkout),
-# PORT_BASE (default 31400; uses PORT_BASE+1..+16, which must be free).
+# PORT_BASE (default 31400; uses PORT_BASE+1..+16, which must be free),
+# PERF (a folder: record `perf record -g` of each path's client process,
+# vlink tunnel or ssh -L, during its first round into PERF/PATH.data).
 # Needs root (sshd).
 
 DURATION=${DURATION:-5}
@@ -27,6 +29,7 @@ PORT_BASE=${PORT_BASE:-31400}
 . "$(dirname "$0")/lib.sh"
 need iperf3 socat python3 ssh ssh-keygen sshd danted
 need_root sshd
+[ -z "${PERF:-}" ] || need perf
 build_vlink
 
 need_ports 16
@@ -145,7 +148,11 @@ for rep in $(seq "$REPS"); do
     path=${paths[$(( (i + rep) % n ))]}
     before=0
     [ -n "${client[$path]:-}" ] && before=$(cpu_ticks "${client[$path]}")
+    if [ -n "${PERF:-}" ] && [ "$rep" = 1 ] && [ -n "${client[$path]:-}" ]; then
+      perf_record "$PERF/$path.data" "${client[$path]}" "$DURATION"
+    fi
     iperf3 -c 127.0.0.1 -p "${port[$path]}" -t "$DURATION" --json >"$work/$path-$rep.json" || true
+    perf_wait
     ticks=0
     [ -n "${client[$path]:-}" ] && ticks=$(( $(cpu_ticks "${client[$path]}") - before ))
     echo "$ticks" >"$work/$path-$rep.cpu"
