@@ -87,6 +87,7 @@ type conn struct {
 var (
 	_ net.Conn            = (*conn)(nil)
 	_ netconn.CloseWriter = (*conn)(nil)
+	_ io.ReaderFrom       = (*conn)(nil)
 )
 
 func newConn(ch channel, laddr, raddr net.Addr, lost func() error, done func()) *conn {
@@ -301,36 +302,86 @@ func (c *conn) Write(p []byte) (int, error) {
 	defer c.wmu.Unlock()
 	n := 0
 	for {
-		select {
-		case <-c.closed:
-			return n, c.opErr("write", net.ErrClosed)
-		case <-c.wdone:
-			return n, c.opErr("write", c.werr)
-		default:
-		}
-		if c.wantShut {
-			return n, c.opErr("write", errShutdown)
-		}
-		if c.wdl.Exceeded() {
-			return n, c.opErr("write", os.ErrDeadlineExceeded)
-		}
-		if len(p) == 0 {
-			return n, nil
-		}
-		select {
-		case c.wtokens <- struct{}{}:
-		case <-c.closed:
-			return n, c.opErr("write", net.ErrClosed)
-		case <-c.wdone:
-			return n, c.opErr("write", c.werr)
-		case <-c.wdl.Done():
-			return n, c.opErr("write", os.ErrDeadlineExceeded)
+		if err := c.writeSlot(len(p) == 0); err != nil || len(p) == 0 {
+			return n, err
 		}
 		buf := writeBufs.Get().(*[writeChunk]byte)
 		m := copy(buf[:], p)
 		c.wq <- wchunk{buf, m} // never blocks: a token is held for each chunk, wq holds two
 		n += m
 		p = p[m:]
+	}
+}
+
+// ReadFrom reads r straight into write-behind chunks, sparing Write's
+// copy. netconn.Relay calls it with an *io.LimitedReader of the bytes
+// queued on a socket, which a read returns without blocking: a chunk
+// then takes all of them, up to writeChunk, where a relay's Write would
+// hand over 32 KiB at a time, so the writer wakes less often too. Other
+// readers go through Write: a chunk is held while Read blocks, and an
+// idle relay must hold no write buffer. (A program that passes an
+// io.LimitedReader over a source that blocks holds one chunk meanwhile.)
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if _, ok := r.(*io.LimitedReader); !ok {
+		return io.Copy(writerOnly{c}, r)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var n int64
+	for {
+		if err := c.writeSlot(false); err != nil {
+			return n, err
+		}
+		buf := writeBufs.Get().(*[writeChunk]byte)
+		m, err := r.Read(buf[:])
+		if m > 0 {
+			c.wq <- wchunk{buf, m}
+			n += int64(m)
+		} else {
+			writeBufs.Put(buf)
+			<-c.wtokens
+		}
+		switch {
+		case err == io.EOF:
+			return n, nil
+		case err != nil:
+			return n, err
+		}
+	}
+}
+
+// writerOnly hides conn's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
+
+// writeSlot waits until the writer can take one more chunk and takes its
+// token, or returns why nothing more can be written. With check it only
+// reports whether a write could proceed, and takes nothing.
+func (c *conn) writeSlot(check bool) error {
+	select {
+	case <-c.closed:
+		return c.opErr("write", net.ErrClosed)
+	case <-c.wdone:
+		return c.opErr("write", c.werr)
+	default:
+	}
+	if c.wantShut {
+		return c.opErr("write", errShutdown)
+	}
+	if c.wdl.Exceeded() {
+		return c.opErr("write", os.ErrDeadlineExceeded)
+	}
+	if check {
+		return nil
+	}
+	select {
+	case c.wtokens <- struct{}{}:
+		return nil
+	case <-c.closed:
+		return c.opErr("write", net.ErrClosed)
+	case <-c.wdone:
+		return c.opErr("write", c.werr)
+	case <-c.wdl.Done():
+		return c.opErr("write", os.ErrDeadlineExceeded)
 	}
 }
 

@@ -3,7 +3,9 @@
 package ssh_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -733,5 +736,70 @@ func TestConcurrentFirstDials(t *testing.T) {
 	wg.Wait()
 	if n := logins(s); n != 1 {
 		t.Fatalf("8 concurrent first dials made %d logins, want 1", n)
+	}
+}
+
+// TestReadFrom sends data into a tunnel the ways a program or a relay
+// does: netconn.Relay from a TCP socket (the tunnel's own path, which
+// hands the channel the bytes queued on the socket), io.Copy from an
+// io.LimitedReader, and io.Copy from a plain reader. The far end checks
+// every byte by SHA-256 and sends back its digest.
+func TestReadFrom(t *testing.T) {
+	closeAll(t)
+	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
+	sink := testnet.Listen(t, func(c net.Conn) {
+		h := sha256.New()
+		io.Copy(h, c)
+		c.Write(h.Sum(nil))
+		c.Close()
+	})
+	data := testnet.RandomBytes(8<<20+5, 9)
+	want := sha256.Sum256(data)
+	// copyIn sends data with io.Copy, half-closes and reads the answer.
+	copyIn := func(c net.Conn, src io.Reader) ([]byte, error) {
+		if _, err := io.Copy(c, src); err != nil {
+			return nil, err
+		}
+		if err := netconn.CloseWrite(c); err != nil {
+			return nil, err
+		}
+		return io.ReadAll(c)
+	}
+	for _, tc := range []struct {
+		name string
+		send func(c net.Conn) ([]byte, error)
+	}{
+		{"relay", func(c net.Conn) ([]byte, error) {
+			a, b := testnet.TCPPair(t)
+			defer a.Close()
+			go netconn.Relay(b, c)
+			if _, err := a.Write(data); err != nil {
+				return nil, err
+			}
+			a.CloseWrite()
+			return io.ReadAll(a)
+		}},
+		{"limited", func(c net.Conn) ([]byte, error) {
+			return copyIn(c, io.LimitReader(bytes.NewReader(data), int64(len(data))))
+		}},
+		{"reader", func(c net.Conn) ([]byte, error) {
+			return copyIn(c, struct{ io.Reader }{bytes.NewReader(data)})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := dial(t, layer(s), sink)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			sum, err := tc.send(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(sum, want[:]) {
+				t.Fatalf("the far end got other bytes (sha256 %x, want %x)", sum, want)
+			}
+		})
 	}
 }
