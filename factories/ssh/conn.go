@@ -302,7 +302,10 @@ func (c *conn) Write(p []byte) (int, error) {
 	defer c.wmu.Unlock()
 	n := 0
 	for {
-		if err := c.writeSlot(len(p) == 0); err != nil || len(p) == 0 {
+		if len(p) == 0 {
+			return n, c.writable()
+		}
+		if err := c.writeSlot(); err != nil {
 			return n, err
 		}
 		buf := writeBufs.Get().(*[writeChunk]byte)
@@ -329,7 +332,7 @@ func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 	defer c.wmu.Unlock()
 	var n int64
 	for {
-		if err := c.writeSlot(false); err != nil {
+		if err := c.writeSlot(); err != nil {
 			return n, err
 		}
 		buf := writeBufs.Get().(*[writeChunk]byte)
@@ -353,10 +356,8 @@ func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 // writerOnly hides conn's ReadFrom from io.Copy.
 type writerOnly struct{ io.Writer }
 
-// writeSlot waits until the writer can take one more chunk and takes its
-// token, or returns why nothing more can be written. With check it only
-// reports whether a write could proceed, and takes nothing.
-func (c *conn) writeSlot(check bool) error {
+// writable returns why nothing more can be written, or nil.
+func (c *conn) writable() error {
 	select {
 	case <-c.closed:
 		return c.opErr("write", net.ErrClosed)
@@ -370,8 +371,14 @@ func (c *conn) writeSlot(check bool) error {
 	if c.wdl.Exceeded() {
 		return c.opErr("write", os.ErrDeadlineExceeded)
 	}
-	if check {
-		return nil
+	return nil
+}
+
+// writeSlot waits until the writer can take one more chunk and takes its
+// token, or returns why nothing more can be written.
+func (c *conn) writeSlot() error {
+	if err := c.writable(); err != nil {
+		return err
 	}
 	select {
 	case c.wtokens <- struct{}{}:
