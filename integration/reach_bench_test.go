@@ -99,7 +99,7 @@ func BenchmarkReachSetup(b *testing.B) {
 			}
 			c.SetDeadline(start.Add(20 * time.Second))
 			got := make([]byte, 1)
-			if _, err := c.Write(one); err == nil {
+			if _, err = c.Write(one); err == nil {
 				_, err = io.ReadFull(c, got)
 			}
 			if err != nil || got[0] != one[0] {

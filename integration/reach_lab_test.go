@@ -168,7 +168,7 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	// The relay dies while a connection carries data.
 	killed := relayKilled(t, cell.path, dialB(7300), relay)
 
-	relay = startRelay()
+	startRelay() // stopped by the test's cleanup
 	restarted := time.Now()
 	waitCount(t, serve, registered, 2, 15*time.Second)
 	waitCount(t, socksProc, registered, 2, 15*time.Second)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 )
@@ -373,11 +372,6 @@ func checkSysctls(m map[string]string) error {
 }
 
 func isControl(r rune) bool { return r < 0x20 && r != '\t' || r == 0x7f }
-
-// hostIndex returns the index of the named host, or -1.
-func (t *Topology) hostIndex(name string) int {
-	return slices.IndexFunc(t.Hosts, func(h Host) bool { return h.Name == name })
-}
 
 // linkAddrs returns the addresses of A and B on link i: 10.77.i.1 and
 // 10.77.i.2. Labs are separate namespaces, so every lab uses the same
