@@ -1,7 +1,12 @@
 // Command vlink is the single binary of the vlink project: it serves VLink
 // stacks on a port and forwards what it accepts (serve), carries local TCP
-// connections through a stack (tunnel), measures every stack on loopback
-// against raw TCP (bench), and lists what it knows (layers, version).
+// connections through a stack (tunnel), or standard input and output
+// (connect, an ssh ProxyCommand), runs a SOCKS server whose connections
+// follow stacks (socks), runs unmodified programs with their connections
+// on stacks (exec), runs a vlink network's rendezvous (relay), explains
+// which way a destination takes (route), makes keys (key), measures every
+// stack on loopback against raw TCP (bench), and lists what it knows
+// (layers, version).
 //
 // Run "vlink --help" or "vlink COMMAND --help" for the usage; USAGE.txt
 // beside this file holds all of it.
@@ -13,6 +18,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -31,6 +37,7 @@ func main() { program.Main() }
 
 // env is what a command runs with.
 type env struct {
+	stdin          io.Reader // os.Stdin; a command that reads it says so
 	stdout, stderr io.Writer
 	log            *slog.Logger
 	level          slog.Level
@@ -54,7 +61,7 @@ runs unmodified programs on them.
   1  runtime failure
   2  usage error
 `,
-	Commands: []*cli.Command{serveCmd, tunnelCmd, socksCmd, relayCmd, execCmd, routeCmd, keyCmd, benchCmd, layersCmd, versionCmd},
+	Commands: []*cli.Command{serveCmd, tunnelCmd, connectCmd, socksCmd, relayCmd, execCmd, routeCmd, keyCmd, benchCmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
 }
 
@@ -72,7 +79,7 @@ func withEnvAt(def slog.Level, about string, flags func(fs *flag.FlagSet) func(c
 		run := flags(fs)
 		return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
-			return run(ctx, &env{stdout: stdout, stderr: stderr, log: log, level: level.Level, levelSet: level.set, args: args})
+			return run(ctx, &env{stdin: os.Stdin, stdout: stdout, stderr: stderr, log: log, level: level.Level, levelSet: level.set, args: args})
 		}
 	}
 }

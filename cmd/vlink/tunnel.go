@@ -58,15 +58,26 @@ server) at info.
 }
 
 type tunnelOptions struct {
-	listen, to, stack, via, keyFile string
-	listenStack, knownNodes         string
-	dialTimeout, grace              time.Duration
-	insecurePlaintext               bool
-	node                            nodeOptions
+	dialOptions
+	listen, listenStack string
+	grace               time.Duration
+}
+
+// dialOptions are what the commands reaching one destination through a
+// stack (tunnel, connect) share: the destination, the stack and how to
+// trust and reach the far side.
+type dialOptions struct {
+	to                  string
+	toName              string // what the user calls to in messages: "--to", "HOST:PORT"
+	stack, via, keyFile string
+	knownNodes          string
+	dialTimeout         time.Duration
+	insecurePlaintext   bool
+	node                nodeOptions
 }
 
 func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
-	o := &tunnelOptions{}
+	o := &tunnelOptions{dialOptions: dialOptions{toName: "--to"}}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
 	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
 	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd or lz4+tcp (default: the user's configuration decides)")
@@ -88,18 +99,15 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 }
 
 // dialer builds the Dialer the flags describe.
-func (o *tunnelOptions) dialer() (*vlink.Dialer, error) {
-	if o.to == "" {
-		return nil, usagef("--to HOST:PORT is required: where connections go")
-	}
+func (o *dialOptions) dialer() (*vlink.Dialer, error) {
 	if err := checkHostPort(o.to); err != nil {
-		return nil, usagef("--to %v", err)
+		return nil, usagef("%s %v", o.toName, err)
 	}
-	if o.dialTimeout <= 0 || o.grace < 0 {
-		return nil, usagef("--dial-timeout and --grace want positive durations")
+	if o.dialTimeout <= 0 {
+		return nil, usagef("--dial-timeout wants a positive duration")
 	}
 	if _, _, isNode := vlink.SplitNodeAddr(o.to); isNode && !o.node.set() {
-		return nil, usagef("--to %s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", o.to)
+		return nil, usagef("%s %s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", o.toName, o.to)
 	}
 	d := &vlink.Dialer{Timeout: o.dialTimeout, InsecurePlaintext: o.insecurePlaintext}
 	if o.stack == "" {
@@ -134,22 +142,19 @@ func (o *tunnelOptions) dialer() (*vlink.Dialer, error) {
 }
 
 func (o *tunnelOptions) run(ctx context.Context, e *env) error {
-	d, err := o.dialer()
-	if err != nil {
-		return err
+	if o.to == "" {
+		return usagef("--to HOST:PORT is required: where connections go")
 	}
-	d.PeerKey = peerKeyCallback(o.knownNodes, e.log)
-	if o.node.set() {
-		node, err := o.node.connect(ctx, e, d.Key)
-		if err != nil {
-			return err
-		}
-		defer node.Close()
-		d.Network = node
+	if o.grace < 0 {
+		return usagef("--grace wants a duration of 0 or more")
 	}
 	// What multi-link layers share (a mux session) lives as long as the
 	// tunnel: every connection it accepts rides on it.
-	defer d.Close()
+	d, closeDialer, err := o.open(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer closeDialer()
 	l, err := listenOn(ctx, o.listenStack, o.listen)
 	if err != nil {
 		return err
@@ -167,6 +172,29 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
 		t.spawn(func() { o.handle(e, t, d, c) })
 	})
+}
+
+// open builds the Dialer the flags describe, with the pin check and,
+// when the flags make the command a node, the node's network. The
+// returned func closes both.
+func (o *dialOptions) open(ctx context.Context, e *env) (*vlink.Dialer, func(), error) {
+	d, err := o.dialer()
+	if err != nil {
+		return nil, nil, err
+	}
+	d.PeerKey = peerKeyCallback(o.knownNodes, e.log)
+	if !o.node.set() {
+		return d, func() { d.Close() }, nil
+	}
+	node, err := o.node.connect(ctx, e, d.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	d.Network = node
+	return d, func() {
+		d.Close()
+		node.Close()
+	}, nil
 }
 
 // handle carries one local connection to --to.
