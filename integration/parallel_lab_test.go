@@ -214,6 +214,10 @@ func substreamPort(t *testing.T, l *lab.Lab, addr string) int {
 	return 0
 }
 
+// isReset reports whether err is what a socket's user gets once the
+// peer reset the connection: on a read, on a write, or on the half-close
+// after them (ENOTCONN: a reset socket is no longer connected, where one
+// that got a FIN still is).
 func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ENOTCONN)
 }
