@@ -76,6 +76,28 @@ type AgentConfig struct {
 	// hands out stand-ins of the families the name has; when the far
 	// side cannot answer, the stand-ins come anyway.
 	StandIns bool
+	// Observe, if set, is told how each of the program's connects was
+	// answered, once it is. It must not block: it is meant for metrics.
+	Observe func(ConnectOutcome)
+}
+
+// A ConnectOutcome is how the agent answered a program's connect.
+type ConnectOutcome uint8
+
+const (
+	ConnectRouted  ConnectOutcome = iota // carried through a stack
+	ConnectDirect                        // left to the program, as the rules say
+	ConnectRefused                       // refused by the rules (EPERM)
+	ConnectFailed                        // routed, and the stack did not reach the destination
+)
+
+var connectOutcomes = [...]string{"routed", "direct", "refused", "failed"}
+
+func (o ConnectOutcome) String() string {
+	if int(o) < len(connectOutcomes) {
+		return connectOutcomes[o]
+	}
+	return "outcome " + strconv.Itoa(int(o))
 }
 
 // An Agent answers the shims of one program's processes: it decides each
@@ -94,8 +116,9 @@ type Agent struct {
 	lookups lookupCache
 	timeout time.Duration
 	log     *slog.Logger
-	uid     int // processes of this user are served (see serveChannel)
-	pid     int // and so are those of this process's tree holding token
+	observe func(ConnectOutcome) // nil: none
+	uid     int                  // processes of this user are served (see serveChannel)
+	pid     int                  // and so are those of this process's tree holding token
 	token   [tokenSize]byte
 
 	name   string
@@ -161,6 +184,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		ask:     !c.StandIns,
 		timeout: c.DialTimeout,
 		log:     c.Logger,
+		observe: c.Observe,
 		uid:     os.Getuid(),
 		pid:     os.Getpid(),
 		name:    "@vlink-agent-" + hex.EncodeToString(rnd[:]),
@@ -512,6 +536,7 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	d, err := a.router.decide(target)
 	attrs := []any{"pid", pid, "to", target}
 	if err != nil {
+		a.observed(ConnectFailed)
 		a.log.Info("cannot route", append(attrs, "err", err)...)
 		return writeResult(c, result{kind: resultError, errno: uint16(syscall.EINVAL)})
 	}
@@ -521,10 +546,12 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	}
 	switch d.rule.Action {
 	case selector.Refuse:
+		a.observed(ConnectRefused)
 		a.log.Info("refused by the rules", attrs...)
 		return writeResult(c, result{kind: resultError, flags: cache, errno: uint16(syscall.EPERM)})
 	case selector.Direct:
 		if !fake {
+			a.observed(ConnectDirect)
 			a.log.Debug("direct", attrs...)
 			return writeResult(c, result{kind: resultDirect, flags: cache})
 		}
@@ -562,9 +589,11 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	}
 	conn, err := dial()
 	if err != nil {
+		a.observed(ConnectFailed)
 		a.log.Info("cannot connect", append(attrs, "err", err)...)
 		return writeResult(c, result{kind: resultError, errno: uint16(errnoOf(err))})
 	}
+	a.observed(ConnectRouted)
 	if tc := plainTCP(conn); tc != nil && socketFamily(tc) == req.family {
 		// Plain TCP after the stack's handshake: the program gets the
 		// socket itself, and the agent is out of the data path.
@@ -689,6 +718,13 @@ func (a *Agent) serveRelays(l *net.TCPListener) {
 	}
 }
 
+// observed tells AgentConfig.Observe how a connect was answered.
+func (a *Agent) observed(o ConnectOutcome) {
+	if a.observe != nil {
+		a.observe(o)
+	}
+}
+
 // finish joins a dial's outcome with the program's relay connection and
 // relays until both ends are done.
 func (a *Agent) finish(p *pending, conn net.Conn, err error, attrs []any) {
@@ -709,6 +745,7 @@ func (a *Agent) finish(p *pending, conn net.Conn, err error, attrs []any) {
 	timer.Stop()
 	a.dropPending(p)
 	if err != nil {
+		a.observed(ConnectFailed)
 		a.log.Info("cannot connect", append(attrs, "err", err)...)
 		if prog != nil {
 			// The program's connect returned EINPROGRESS long ago: the
@@ -720,6 +757,7 @@ func (a *Agent) finish(p *pending, conn net.Conn, err error, attrs []any) {
 		}
 		return
 	}
+	a.observed(ConnectRouted)
 	if prog == nil {
 		conn.Close()
 		a.log.Info("the program's relay connection never came", attrs...)

@@ -40,6 +40,14 @@ var (
 	// pre-shared key (an encryption layer such as noise) and no key is
 	// configured. It is layer.ErrKeyRequired.
 	ErrKeyRequired = layer.ErrKeyRequired
+	// ErrPlainRefused is matched by a listener's handshake error for a
+	// connection that sent no hello where its policy refuses plain
+	// connections (see ListenConfig.Observe).
+	ErrPlainRefused = errors.New("plain connection refused by policy")
+	// ErrShed is the handshake error a listener reports for a connection
+	// it closed in the middle of its handshake to make room for others
+	// (see ListenConfig.MaxHandshakes and ListenConfig.Observe).
+	ErrShed = errors.New("closed mid-handshake to make room for another")
 )
 
 // RefuseCode says why a listener refused a connection.

@@ -62,6 +62,14 @@ type ListenConfig struct {
 	// Logger receives one record per refused or failed handshake, at
 	// level Info, and per accepted connection at Debug. Nil: no logs.
 	Logger *slog.Logger
+	// Observe, if set, is told how each handshake ended, as it ends: c is
+	// the accepted connection (nil on failure, and for a connection a
+	// multi-link layer took over as a member of its session), took how
+	// long the handshake ran (Admit included), err why it failed: a
+	// *RefusedError when refused, ErrPlainRefused, ErrShed, or the
+	// failure (a deadline, a malformed hello). It runs on the handshake's
+	// goroutine, so it must not block: it is meant for metrics.
+	Observe func(c *Conn, took time.Duration, err error)
 }
 
 // Hello is what a VLink dialer asked for, as accepted by the listener.
@@ -408,13 +416,24 @@ func (l *Listener) serve(raw net.Conn, accepted time.Time) {
 	if err != nil {
 		raw.Close()
 		if shed {
+			err = ErrShed
 			l.log.Debug("vlink: shed to make room for another handshake", "remote", raw.RemoteAddr().String())
 		} else {
 			l.logFailure(raw.RemoteAddr(), err)
 		}
-		return
 	}
-	l.queue(c)
+	l.observe(c, accepted, err)
+	if err == nil {
+		l.queue(c)
+	}
+}
+
+// observe tells ListenConfig.Observe how a handshake begun at start
+// ended.
+func (l *Listener) observe(c *Conn, start time.Time, err error) {
+	if l.cfg.Observe != nil {
+		l.cfg.Observe(c, time.Since(start), err)
+	}
 }
 
 // queue hands a connection to Accept, or closes it if the listener closes
@@ -438,6 +457,7 @@ func (l *Listener) queue(c *Conn) {
 // with a hello: a dialer always sends one there.
 func (l *Listener) serveNested(c net.Conn, j *junction) {
 	defer l.wg.Done()
+	start := time.Now()
 	var conn *Conn
 	err := func() error {
 		defer func() { <-l.sem }() // taken by Deliver
@@ -463,9 +483,11 @@ func (l *Listener) serveNested(c net.Conn, j *junction) {
 	if err != nil {
 		c.Close()
 		l.logFailure(j.remote, err)
-		return
 	}
-	l.queue(conn)
+	l.observe(conn, start, err)
+	if err == nil {
+		l.queue(conn)
+	}
 }
 
 func (l *Listener) logFailure(remote net.Addr, err error) {
@@ -488,7 +510,7 @@ func (l *Listener) handshake(raw net.Conn, accepted time.Time) (*Conn, error) {
 			return nil, errors.New("a connection from another node of the network sent no hello")
 		}
 		if !l.cfg.Policy.plainAllowed() {
-			return nil, errors.New("plain connection refused by policy")
+			return nil, ErrPlainRefused
 		}
 		if err := raw.SetDeadline(time.Time{}); err != nil {
 			return nil, err

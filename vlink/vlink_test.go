@@ -143,7 +143,13 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := listen(t, vlink.ListenConfig{Policy: tt.policy})
+			observed := make(chan error, 2)
+			l := listen(t, vlink.ListenConfig{Policy: tt.policy, Observe: func(c *vlink.Conn, took time.Duration, err error) {
+				if (c == nil) == (err == nil) || took <= 0 {
+					t.Errorf("Observe(%v, %v, %v): want a connection or an error, and the time taken", c, took, err)
+				}
+				observed <- err
+			}})
 			d := vlink.Dialer{Stack: vlink.MustParse(tt.stack), Key: tt.key}
 			target := l.Addr().String()
 			if tt.via {
@@ -177,12 +183,19 @@ func TestRefusals(t *testing.T) {
 			}
 			testnet.RoundTrip(t, c, 1000)
 			c.Close()
+			if err := <-observed; !errors.As(err, &re) || re.Code != tt.code {
+				t.Errorf("Observe was told %v of the refused handshake, want a refusal %v", err, tt.code)
+			}
+			if err := <-observed; err != nil {
+				t.Errorf("Observe was told %v of the accepted handshake", err)
+			}
 		})
 	}
 }
 
 func TestAuthentication(t *testing.T) {
-	l := listen(t, vlink.ListenConfig{Policy: vlink.Policy{Key: key}})
+	observed := make(chan error, 2)
+	l := listen(t, vlink.ListenConfig{Policy: vlink.Policy{Key: key}, Observe: func(_ *vlink.Conn, _ time.Duration, err error) { observed <- err }})
 	d := vlink.Dialer{Stack: vlink.MustParse("test-xor"), Key: key}
 	c, err := d.Dial("tcp", l.Addr().String())
 	if err != nil {
@@ -199,6 +212,12 @@ func TestAuthentication(t *testing.T) {
 	defer pc.Close()
 	pc.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
 	wantClosed(t, pc, "a plain client against a keyed listener")
+	if err := <-observed; err != nil {
+		t.Errorf("Observe was told %v of the keyed handshake", err)
+	}
+	if err := <-observed; !errors.Is(err, vlink.ErrPlainRefused) {
+		t.Errorf("Observe was told %v of the plain client, want ErrPlainRefused", err)
+	}
 
 	// A dialer with a key refuses a listener that cannot prove it.
 	open := listen(t, vlink.ListenConfig{})

@@ -102,6 +102,8 @@ type execOptions struct {
 	standIns                    bool
 	node                        nodeOptions
 	network                     vlink.NodeDialer // the node's, once connected
+	metrics                     string
+	m                           *metrics // once serving
 }
 
 func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -118,6 +120,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.BoolVar(&o.allowBypass, "allow-bypass", false, "run a static, Go or set-user-ID program even though its connections bypass vlink")
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)
+	metricsVar(fs, &o.metrics)
 	return func(ctx context.Context, e *env) int {
 		return o.run(ctx, e)
 	}
@@ -210,6 +213,16 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 	} else if cfg.Selector() == nil {
 		e.log.Warn("no --stack, --config or vlink configuration: every connection goes direct")
 	}
+	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
+	if err != nil {
+		code := fail(e, "vlink exec", err)
+		if code == exitFailure {
+			code = exitExecFailed
+		}
+		return code
+	}
+	defer stopMetrics()
+	o.m = m
 	code, err := execProgram(ctx, e, o, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "vlink exec: %v\n", err)

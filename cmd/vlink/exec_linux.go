@@ -33,7 +33,9 @@ func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config)
 	if err != nil {
 		return exitExecFailed, err
 	}
-	agent, err := preload.NewAgent(preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log, Network: o.network, InsecurePlaintext: o.plaintext, StandIns: o.standIns})
+	agent, err := preload.NewAgent(preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log, Network: o.network,
+		InsecurePlaintext: o.plaintext, StandIns: o.standIns,
+		Observe: func(c preload.ConnectOutcome) { o.m.connected(c.String()) }})
 	if err != nil {
 		return exitExecFailed, err
 	}

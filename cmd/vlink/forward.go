@@ -15,6 +15,7 @@ import (
 // let them finish for a grace period and then cut them.
 type tracker struct {
 	wg sync.WaitGroup // one per connection handler
+	m  *metrics       // nil: none
 
 	// ctx is cancelled when the connections are cut, to abort the dials
 	// still in progress.
@@ -27,8 +28,8 @@ type tracker struct {
 	cut    bool
 }
 
-func newTracker() *tracker {
-	t := &tracker{conns: map[net.Conn]struct{}{}}
+func newTracker(m *metrics) *tracker {
+	t := &tracker{conns: map[net.Conn]struct{}{}, m: m}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t
 }
@@ -149,22 +150,24 @@ func (t *tracker) active() int {
 	return t.relays
 }
 
-// relay joins the client's connection a and the target's b until both
-// directions end, and logs the outcome: at debug when all went well, at
-// info when the relay failed.
-func (t *tracker) relay(log *slog.Logger, a, b net.Conn, attrs ...any) {
-	t.relayIdle(log, 0, a, b, attrs...)
+// relay joins the client's connection a and the target's b, carried
+// through stack (the metrics' label), until both directions end, and
+// logs the outcome: at debug when all went well, at info when the relay
+// failed.
+func (t *tracker) relay(log *slog.Logger, stack string, a, b net.Conn, attrs ...any) {
+	t.relayIdle(log, 0, stack, a, b, attrs...)
 }
 
 // relayIdle is relay resetting both connections once a's carried no byte
 // for idle (0: never).
-func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, a, b net.Conn, attrs ...any) {
+func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, stack string, a, b net.Conn, attrs ...any) {
 	if !t.add(a, b) {
 		return
 	}
 	t.mu.Lock()
 	t.relays++
 	t.mu.Unlock()
+	t.m.relayStarted(stack)
 	start := time.Now()
 	w := netconn.WatchIdle(idle, a, a, b)
 	up, down, err := netconn.Relay(a, b)
@@ -178,15 +181,16 @@ func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, a, b net.Conn,
 	t.mu.Unlock()
 	switch {
 	case cut:
+		t.m.relayEnded(stack, outcomeCut, up, down)
 		log.Debug("connection cut at shutdown", attrs...)
-		return
 	case idled:
+		t.m.relayEnded(stack, outcomeIdle, up, down)
 		log.Info("connection reset: idle", append(attrs, "idle_timeout", idle)...)
-		return
-	}
-	if err != nil {
+	case err != nil:
+		t.m.relayEnded(stack, outcomeFailed, up, down)
 		log.Info("connection failed", append(attrs, "err", err)...)
-		return
+	default:
+		t.m.relayEnded(stack, outcomeOK, up, down)
+		log.Debug("connection closed", attrs...)
 	}
-	log.Debug("connection closed", attrs...)
 }

@@ -88,6 +88,7 @@ type serveOptions struct {
 	idleTimeout                            time.Duration
 	insecurePlaintext                      bool
 	node                                   nodeOptions
+	metrics                                string
 }
 
 func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -110,6 +111,7 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
 	nodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
 	graceVar(fs, &o.grace)
+	metricsVar(fs, &o.metrics)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
 			return fail(e, "vlink serve", err)
@@ -163,7 +165,12 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		}
 	}
 
-	s := &server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout, log: e.log, t: newTracker()}
+	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	s := &server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout, log: e.log, t: newTracker(m)}
 	if len(o.hops) > 0 {
 		hs, err := vlink.Parse(o.hopStack)
 		if err != nil {
@@ -202,6 +209,7 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		Admit:            s.admit,
 		Lookup:           s.lookup,
 		Logger:           e.log,
+		Observe:          m.handshook,
 	}
 	l, err := lc.Listen(ctx, "tcp", o.listen)
 	if err != nil {
@@ -520,9 +528,10 @@ func (s *server) handle(c *vlink.Conn) {
 			return
 		}
 		s.log.Debug("forwarding", attrs...)
-		s.t.relayIdle(s.log, s.idleTimeout, c, tc, attrs...)
+		s.t.relayIdle(s.log, s.idleTimeout, "plain", c, tc, attrs...)
 		return
 	}
+	stack := stackLabel(h.Stack)
 	to := h.Target
 	if to == "" {
 		to = s.target
@@ -532,6 +541,7 @@ func (s *server) handle(c *vlink.Conn) {
 		// Nothing is mirrored or targeted here: the bytes go on to the
 		// next node. Every node of a route logs where the connection
 		// came from, as the nodes before it vouched for it.
+		stack = "route" // the layers run end to end, unread here
 		attrs = []any{"origin", h.RemoteAddr.String(), "from", c.RemoteAddr().String(), "forwarded", h.Forwarded,
 			"next", h.Hops[0], "then", strings.Join(h.Hops[1:], ","), "authenticated", h.Authenticated}
 		s.log.Info("forwarding a routed connection to the next node", attrs...)
@@ -549,5 +559,5 @@ func (s *server) handle(c *vlink.Conn) {
 	}
 	tc := a.Conn // unwrapped, so that relaying TCP to TCP takes the zero-copy path
 	s.log.Debug("forwarding", attrs...)
-	s.t.relay(s.log, c, tc, attrs...)
+	s.t.relay(s.log, stack, c, tc, attrs...)
 }

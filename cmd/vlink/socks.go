@@ -60,6 +60,8 @@ type socksOptions struct {
 	handshakeTimeout, dialTimeout, grace                    time.Duration
 	insecurePlaintext                                       bool
 	node                                                    nodeOptions
+	metrics                                                 string
+	label                                                   string // the metrics' stack label, set by run
 }
 
 // maxSOCKSHandshakes bounds the handshakes in progress, and so what slow
@@ -83,6 +85,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	nodeFlags(fs, &o.node, "so that clients reach other nodes' ports as NODE.vlink.alt:PORT (socks5h or socks4a: the name goes to vlink) through the relay")
 	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
+	metricsVar(fs, &o.metrics)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
 			return fail(e, "vlink socks", err)
@@ -202,10 +205,18 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	}
 	e.log.Info("listening", "addr", l.Addr().String(), "route", route, "allow_from", strings.Join(allowed, ","), "auth", srv.User != "")
 
-	t := newTracker()
+	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	defer stopMetrics()
+	o.label = o.stackLabel()
+	t := newTracker(m)
 	sem := make(chan struct{}, maxSOCKSHandshakes)
 	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
 		if !clientAllowed(c.RemoteAddr(), allow) {
+			m.refused("client_not_allowed")
 			e.log.Info("refused client: not loopback and not in --allow-from", "remote", c.RemoteAddr().String())
 			c.Close()
 			return
@@ -213,12 +224,22 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 		select {
 		case sem <- struct{}{}:
 		default:
+			m.refused("busy")
 			e.log.Warn("too many SOCKS handshakes in progress: client closed", "remote", c.RemoteAddr().String(), "max", maxSOCKSHandshakes)
 			c.Close()
 			return
 		}
 		t.spawn(func() { o.handle(e, t, srv, sem, c) })
 	})
+}
+
+// stackLabel is the metrics' label of the connections: the stack's
+// layers, or "config" when the configuration decides per destination.
+func (o *socksOptions) stackLabel() string {
+	if s, err := vlink.Parse(o.stack); err == nil && o.stack != "" {
+		return stackLabel(s)
+	}
+	return "config"
 }
 
 // clientAllowed: loopback clients always, others if a prefix holds them.
@@ -246,26 +267,34 @@ func (o *socksOptions) handle(e *env, t *tracker, srv *socks.Server, sem chan st
 		<-sem
 		return
 	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.ctx, o.handshakeTimeout)
 	out, req, err := srv.Handshake(ctx, c)
 	cancel()
 	<-sem
 	t.remove(c)
 	attrs := []any{"remote", c.RemoteAddr().String(), "socks", req.Version.String(), "dest", req.Dest}
+	stack := o.label
 	if err != nil {
 		c.Close()
 		switch {
 		case errors.Is(err, context.Canceled):
-		case errors.Is(err, socks.ErrClientAuth), errors.Is(err, socks.ErrBadRequest):
+		case errors.Is(err, socks.ErrClientAuth):
+			t.m.refused("socks_auth")
+			e.log.Info("client refused", append(attrs, "err", err)...)
+		case errors.Is(err, socks.ErrBadRequest):
+			t.m.refused("socks_bad_request")
 			e.log.Info("client refused", append(attrs, "err", err)...)
 		default:
+			t.m.dialed(stack, 0, err)
 			e.log.Info("cannot reach destination", append(attrs, "err", err)...)
 		}
 		return
 	}
+	t.m.handshakeDone(time.Since(start))
 	if way := vlink.PathOf(out); way != "" {
 		attrs = append(attrs, "way", way)
 	}
 	e.log.Debug("connection", attrs...)
-	t.relay(e.log, c, out, attrs...)
+	t.relay(e.log, stack, c, out, attrs...)
 }

@@ -61,6 +61,7 @@ type tunnelOptions struct {
 	dialOptions
 	listen, listenStack string
 	grace               time.Duration
+	metrics             string
 }
 
 // dialOptions are what the commands reaching one destination through a
@@ -90,6 +91,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	nodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
 	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
+	metricsVar(fs, &o.metrics)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
 			return fail(e, "vlink tunnel", err)
@@ -166,11 +168,21 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 			stack += " " + d.Config.Source
 		}
 	}
+	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	defer stopMetrics()
 	e.log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
 
-	t := newTracker()
+	label := "config"
+	if o.stack != "" {
+		label = stackLabel(d.Stack)
+	}
+	t := newTracker(m)
 	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
-		t.spawn(func() { o.handle(e, t, d, c) })
+		t.spawn(func() { o.handle(e, t, d, label, c) })
 	})
 }
 
@@ -197,11 +209,14 @@ func (o *dialOptions) open(ctx context.Context, e *env) (*vlink.Dialer, func(), 
 	}, nil
 }
 
-// handle carries one local connection to --to.
-func (o *tunnelOptions) handle(e *env, t *tracker, d *vlink.Dialer, c net.Conn) {
+// handle carries one local connection to --to through d, whose stack
+// the metrics call stack.
+func (o *tunnelOptions) handle(e *env, t *tracker, d *vlink.Dialer, stack string, c net.Conn) {
 	attrs := []any{"remote", c.RemoteAddr().String(), "to", o.to}
 	e.log.Debug("connection", attrs...)
+	start := time.Now()
 	rc, err := d.DialContext(t.ctx, "tcp", o.to)
+	t.m.dialed(stack, time.Since(start), err)
 	if err != nil {
 		// A reset: the client must not read a clean, empty stream.
 		netconn.Abort(c)
@@ -214,7 +229,7 @@ func (o *tunnelOptions) handle(e *env, t *tracker, d *vlink.Dialer, c net.Conn) 
 		attrs = append(attrs, "way", way)
 		e.log.Debug("connected", attrs...)
 	}
-	t.relay(e.log, c, rc, attrs...)
+	t.relay(e.log, stack, c, rc, attrs...)
 }
 
 // listenOn listens on addr, on this host or, given a stack, through its

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// scrape fetches url's metrics in the text format: value by series, the
+// series written as the exposition writes it (name{label="v",...}).
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
+		t.Fatalf("GET %s: %s, %s", url, resp.Status, resp.Header.Get("Content-Type"))
+	}
+	series := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("%s: bad line %q", url, line)
+		}
+		series[line[:i]] = v
+	}
+	return series
+}
+
+// waitMetrics scrapes url until every series in want has its value.
+func waitMetrics(t *testing.T, who, url string, want map[string]float64) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := scrape(t, url)
+		var wrong []string
+		for k, v := range want {
+			if got[k] != v {
+				wrong = append(wrong, fmt.Sprintf("%s = %v, want %v", k, got[k], v))
+			}
+		}
+		if len(wrong) == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's metrics:\n%s", who, strings.Join(wrong, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMetrics carries connections through tunnel and serve, both with
+// --metrics, has serve refuse a dialer with the wrong key and the tunnel
+// fail to reach a stopped server, and checks what a Prometheus scrape
+// of each reports.
+func TestMetrics(t *testing.T) {
+	const upSize, downSize, conns = 300<<10 + 1, 200<<10 + 3, 3
+	be := newBackend(t)
+	key := writeKey(t)
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--target", be.addr(), "--key-file", key, "--metrics", "127.0.0.1:0")
+	srvMetrics := srv.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
+	gw := srv.addr(t)
+	tun := start(t, "tunnel", "--listen", "127.0.0.1:0", "--to", gw, "--stack", "zstd:level=3", "--key-file", key,
+		"--known-nodes", "none", "--metrics", "127.0.0.1:0")
+	tunMetrics := tun.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
+	tunAddr := tun.addr(t)
+
+	up, down := testnet.RandomBytes(upSize, 1), testnet.RandomBytes(downSize, 2)
+	for range conns {
+		be.handlers <- func(c net.Conn) {
+			h := sha256.New()
+			if n, err := io.Copy(h, c); err != nil || n != upSize || [32]byte(h.Sum(nil)) != sha256.Sum256(up) {
+				t.Errorf("backend: %d bytes, %v", n, err)
+			}
+			c.Write(down)
+		}
+		c, err := net.Dial("tcp", tunAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write(up)
+		netconn.CloseWrite(c)
+		if got, err := io.ReadAll(c); err != nil || len(got) != downSize {
+			t.Fatalf("client: %d bytes, %v", len(got), err)
+		}
+		c.Close()
+	}
+	// A dialer with the wrong key, and a plain client, both refused.
+	bad := vlink.Dialer{Stack: vlink.MustParse("zstd"), Key: []byte("not the key, 16 bytes or more")}
+	if c, err := bad.Dial("tcp", gw); err == nil {
+		c.Close()
+		t.Fatal("serve accepted the wrong key")
+	}
+	if c, err := net.Dial("tcp", gw); err == nil {
+		c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+
+	got := waitMetrics(t, "serve", srvMetrics, map[string]float64{
+		`vlink_connections_total{outcome="ok",stack="zstd"}`:   conns,
+		`vlink_connections_open{stack="zstd"}`:                 0,
+		`vlink_bytes_total{direction="up",stack="zstd"}`:       conns * upSize,
+		`vlink_bytes_total{direction="down",stack="zstd"}`:     conns * downSize,
+		`vlink_refusals_total{reason="authentication_failed"}`: 1,
+		`vlink_refusals_total{reason="plain_refused"}`:         1,
+		`vlink_handshake_duration_seconds_count`:               conns,
+	})
+	if _, ok := got[`go_goroutines`]; !ok {
+		t.Errorf("serve's metrics have no Go runtime metrics")
+	}
+	waitMetrics(t, "tunnel", tunMetrics, map[string]float64{
+		`vlink_connections_total{outcome="ok",stack="zstd+tcp"}`: conns,
+		`vlink_bytes_total{direction="up",stack="zstd+tcp"}`:     conns * upSize,
+		`vlink_bytes_total{direction="down",stack="zstd+tcp"}`:   conns * downSize,
+		`vlink_dial_duration_seconds_count{stack="zstd+tcp"}`:    conns,
+	})
+
+	// With serve gone, the tunnel's dials fail.
+	srv.stop(t)
+	if c, err := net.Dial("tcp", tunAddr); err == nil {
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+	waitMetrics(t, "tunnel", tunMetrics, map[string]float64{
+		`vlink_connections_total{outcome="unreachable",stack="zstd+tcp"}`: 1,
+	})
+	// The metrics listener goes with its command.
+	tun.stop(t)
+	if _, err := http.Get(tunMetrics); err == nil {
+		t.Errorf("the tunnel's metrics are still served after it stopped")
+	}
+}
+
+func TestMetricsStackLabelBounded(t *testing.T) {
+	m := newMetrics()
+	for i := range maxStackLabels + 5 {
+		m.relayStarted(fmt.Sprintf("s%d", i))
+	}
+	m.relayStarted("s0")
+	if got := testutil.ToFloat64(m.open.WithLabelValues("other")); got != 5 {
+		t.Errorf("stacks past the first %d: %v connections labelled other, want 5", maxStackLabels, got)
+	}
+	if got := testutil.ToFloat64(m.open.WithLabelValues("s0")); got != 2 {
+		t.Errorf("a stack seen before keeps its label: %v connections labelled s0, want 2", got)
+	}
+}

@@ -1,0 +1,55 @@
+//go:build linux
+
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
+)
+
+// TestExecMetrics runs curl under vlink exec --metrics with a rule that
+// routes two ports through a gateway, one of them closed there; the
+// program scrapes the metrics itself and must find its connects counted
+// by how the agent answered them.
+func TestExecMetrics(t *testing.T) {
+	testenv.Programs(t, "sh", "curl", "python3", "cc") // cc: vlink exec builds its shim
+	web, _ := webFile(t, 1<<20)
+	_, webPort := splitPort(t, web)
+	closed := realserver.FreePort(t)
+	_, gw := startVLink(t, "serve", "--allow", fmt.Sprintf("127.0.0.1:%s,%d", webPort, closed))
+	config := filepath.Join(t.TempDir(), "config.toml")
+	os.WriteFile(config, []byte(fmt.Sprintf(`
+[[route]]
+host = "127.0.0.1"
+ports = "%s,%d"
+stack = "zstd"
+via = "%s"
+`, webPort, closed, gw)), 0o644)
+	metrics := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	script := fmt.Sprintf(`curl -sS --fail -o /dev/null http://%s/data.bin || exit 1
+curl -s -o /dev/null http://127.0.0.1:%d/ && exit 2
+curl -sS --fail http://%s/metrics`, web, closed, metrics)
+	out, stderr, err := run(time.Minute, nil, vlinkBin, "exec", "--config", config, "--metrics", metrics, "--", "sh", "-c", script)
+	if err != nil {
+		t.Fatalf("vlink exec: %v; stderr:\n%s", err, stderr)
+	}
+	for outcome, want := range map[string]int{"routed": 1, "failed": 1} {
+		re := regexp.MustCompile(`(?m)^vlink_exec_connects_total\{outcome="` + outcome + `"\} (\d+)$`)
+		m := re.FindStringSubmatch(string(out))
+		if m == nil {
+			t.Errorf("no %s connects in the metrics:\n%s", outcome, out)
+			continue
+		}
+		if n, _ := strconv.Atoi(m[1]); n != want {
+			t.Errorf("%s connects: %d, want %d", outcome, n, want)
+		}
+	}
+}
