@@ -51,16 +51,18 @@ leaves no socket or file behind. It serves the processes of the user who
 ran vlink exec, and the program's own processes that became another user (a
 daemon's workers): descendants of vlink exec that hold the secret it put in
 the program's environment (VLINK_AGENT_TOKEN). It refuses every other
-process on the machine. The program's stderr is its own output:
-vlink exec adds only warnings and errors to it. --log-level info or debug
-adds more; --log-file sends vlink's log (info and above) to a file instead. A connect the rules refuse fails with EPERM;
-if the agent is gone, connects it must route fail with ENETUNREACH, never
-silently direct. Names routed through a stack get addresses from 198.18.0.0/15
-and fd76:6c69:6e6b::/96, which the agent maps back to the name, after asking
+process on the machine. The program's stderr is its own output: vlink
+exec adds only warnings and errors to it. --log-level info or debug adds
+more; --log-file sends vlink's log (info and above) to a file instead.
+
+A connect the rules refuse fails with EPERM; if the agent is gone,
+connects it must route fail with ENETUNREACH, never silently direct.
+Names routed through a stack get addresses from 198.18.0.0/15 and
+fd76:6c69:6e6b::/96, which the agent maps back to the name, after asking
 the gateway whether the name exists and with which address families (one
 round trip per name, cached; a name it does not know fails to resolve, as
-without the shim). --stand-ins skips the question. UDP is not
-carried: datagrams go out as without the shim, except to those addresses.
+without the shim). --stand-ins skips the question. UDP is not carried:
+datagrams go out as without the shim, except to those addresses.
 
 The shim is C, built once with the system's C compiler (cc) into the user's
 cache directory; VLINK_PRELOAD names a prebuilt one instead. Statically
@@ -69,11 +71,17 @@ preload shim: vlink exec says so and refuses to run them, unless
 --allow-bypass (their connections then go direct). Only PROGRAM (or the
 interpreter of a script) is checked, not what it runs later.
 
-Exit status: PROGRAM's; 128+N if a signal N killed it; 125 if vlink exec
-itself failed, 126 if PROGRAM cannot be run, 127 if it is not found, 2 for a
-bad command line. SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed on to
-PROGRAM; so are SIGINT and SIGQUIT, unless they came from the terminal,
-which sends them to PROGRAM itself.
+SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed on to PROGRAM; so are
+SIGINT and SIGQUIT, unless they came from the terminal, which sends them
+to PROGRAM itself.
+`,
+	ExitCodes: `Exit codes:
+  N    PROGRAM's own exit status (0 also for --help)
+  128+N  PROGRAM was killed by signal N
+  125  vlink exec itself failed (no shim, an unusable configuration...)
+  126  PROGRAM cannot be run (not executable, static, Go or set-user-ID)
+  127  PROGRAM was not found
+  2    usage error
 `,
 	Examples: `
   # With "vlink serve --listen 0.0.0.0:7000 --allow '*:*' --key-file k"
@@ -104,6 +112,7 @@ type execOptions struct {
 	network                     vlink.NodeDialer // the node's, once connected
 	metrics                     string
 	m                           *metrics // once serving
+	buildShim                   string
 }
 
 func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -121,6 +130,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)
 	metricsVar(fs, &o.metrics)
+	fs.StringVar(&o.buildShim, "build-shim", "", "compile the shim into `FILE` and exit, running no program: for a machine where vlink exec cannot compile it (no cc), copy FILE there and set VLINK_PRELOAD=FILE (same architecture and C library)")
 	return func(ctx context.Context, e *env) int {
 		return o.run(ctx, e)
 	}
@@ -171,6 +181,17 @@ func (o *execOptions) routes() (*vlink.Config, error) {
 }
 
 func (o *execOptions) run(ctx context.Context, e *env) int {
+	if o.buildShim != "" {
+		if len(e.args) > 0 {
+			return usageError(e.stderr, "vlink exec", "--build-shim builds the shim and runs no program")
+		}
+		if err := buildShimTo(o.buildShim); err != nil {
+			fmt.Fprintf(e.stderr, "vlink exec: %v\n", err)
+			return exitExecFailed
+		}
+		fmt.Fprintf(e.stdout, "%s\n", o.buildShim)
+		return exitOK
+	}
 	if len(e.args) == 0 {
 		return usageError(e.stderr, "vlink exec", "no program to run: give it after the flags, e.g. vlink exec --stack zstd --via gw:7000 -- curl http://host/")
 	}

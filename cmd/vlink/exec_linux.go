@@ -21,6 +21,28 @@ import (
 	"github.com/vlink-dev/vlink/vlink"
 )
 
+// buildShimTo compiles the shim into file (mode 755, replaced whole).
+func buildShimTo(file string) error {
+	dir, err := os.MkdirTemp("", "vlink-shim-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	so, err := preload.BuildShim(dir)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(so)
+	if err != nil {
+		return err
+	}
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
 // execProgram runs the program with the shim and a private agent, and
 // returns its exit code once it and every process it left behind are gone.
 func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config) (int, error) {

@@ -14,3 +14,8 @@ func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config)
 	return exitExecFailed, errors.New("vlink exec is Linux-only: the preload shim and its agent need Linux " +
 		"(use vlink tunnel to carry a program's connections elsewhere)")
 }
+
+// buildShimTo: the preload shim is Linux-only.
+func buildShimTo(file string) error {
+	return errors.New("vlink exec is Linux-only: there is no shim to build here")
+}

@@ -18,10 +18,23 @@ var layersCmd = &cli.Command{
 	Summary:  "list the registered layers and their parameters",
 	Synopsis: "[flags]",
 	About: `
-Lists every layer this binary knows, by name: its kind (factory: makes the
-byte stream, at the bottom of a stack; filter: transforms it, mirrored by
-the peer), what it does, and its parameters with their type, default and
-bounds. Stacks name layers and set parameters as in zstd:level=3+tcp.
+Lists every layer this binary knows, by name: its kind, what it does, and
+its parameters with their type, default and bounds. Stacks name layers and
+set parameters as in zstd:level=3+tcp. The kinds, from the top of a stack
+down:
+
+  - filter: transforms the byte stream (compression, encryption); the
+    peer mirrors it;
+  - multi-link: builds one stream out of several connections of the
+    layers below (parallel), or many streams over one (mux); the peer
+    mirrors it;
+  - route: reaches the peer through another node, which forwards the
+    stream unread (fwd); not mirrored;
+  - factory: makes the byte stream to the next hop, at the bottom (tcp,
+    ssh, socks5, and reverse, splice and relay to the nodes of a vlink
+    network); "terminal" ones reach the network themselves and end a
+    stack, where ssh or socks5 reach their server through the layers
+    below them (tcp when none is written).
 `,
 	Examples: `
   vlink layers

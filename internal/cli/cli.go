@@ -42,6 +42,10 @@ type Command struct {
 	// Args says the command takes arguments after its flags; without it,
 	// an argument is a usage error.
 	Args bool
+	// ExitCodes replaces the program's closing paragraph in this
+	// command's --help, for a command whose exit codes differ (one that
+	// passes on another program's status). Empty: the program's.
+	ExitCodes string
 }
 
 // A Program is a binary made of subcommands.
@@ -187,7 +191,11 @@ func (p *Program) commandUsage(w io.Writer, c *Command, fs *flag.FlagSet) {
 		fmt.Fprint(w, "\nExamples:\n")
 		fmt.Fprint(w, strings.TrimLeft(c.Examples, "\n"))
 	}
-	fmt.Fprint(w, "\n"+p.ExitCodes)
+	exitCodes := p.ExitCodes
+	if c.ExitCodes != "" {
+		exitCodes = c.ExitCodes
+	}
+	fmt.Fprint(w, "\n"+exitCodes)
 }
 
 // Wrap fills text into lines of at most width columns, each starting with

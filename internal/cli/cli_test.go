@@ -30,7 +30,7 @@ func testProgram() *Program {
 			{Name: "ok", Summary: "succeeds", Synopsis: "[--n N]", About: "Prints n x.\n", Flags: run(nil)},
 			{Name: "args", Summary: "takes arguments", Flags: run(nil), Args: true},
 			{Name: "usage", Summary: "fails with a usage error", Flags: run(Usagef("want %d", 3))},
-			{Name: "exit", Summary: "passes a status on", Flags: run(&ExitError{Code: 7})},
+			{Name: "exit", Summary: "passes a status on", Flags: run(&ExitError{Code: 7}), ExitCodes: "Exit codes: its program's\n"},
 			{Name: "broken", Summary: "fails", Flags: run(errors.New("disk on fire"))},
 		},
 		Aliases: map[string]string{"--ok": "ok"},
@@ -85,6 +85,12 @@ func TestCommandHelp(t *testing.T) {
 	want := "Usage: prog ok [--n N]\n\nPrints n x.\n\nFlags:\n  --n MANY\n      how MANY\n  -h, --help\n      print this help and exit\n\nExit codes: 0 1 2\n"
 	if got := stdout.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	// A command with exit codes of its own says them instead.
+	stdout.Reset()
+	testProgram().Run(context.Background(), []string{"exit", "-h"}, &stdout, io.Discard)
+	if got := stdout.String(); !strings.HasSuffix(got, "\nExit codes: its program's\n") || strings.Contains(got, "0 1 2") {
+		t.Errorf("exit -h ends:\n%s\nwant its own exit codes only", got)
 	}
 }
 
