@@ -4,6 +4,7 @@ package integration
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -99,6 +100,10 @@ func TestTunnelThroughProxies(t *testing.T) {
 		{"socks4a-ssh-D", "socks4a:addr=" + dynamic},
 		{"http-tinyproxy", fmt.Sprintf("http:addr=%s,user=bob,password-file=%s", tiny, tinyPW)},
 		{"ssh-over-socks5", sshLayer(fwd, "share=false") + fmt.Sprintf("+socks5:addr=%s,user=%s,password-file=%s", dante.Addr, dante.User, dantePW)},
+		// Proxy URLs as users paste them, passwords and all.
+		{"socks5h-url-dante", (&url.URL{Scheme: "socks5h", User: url.UserPassword(dante.User, dante.Password), Host: dante.Addr}).String()},
+		{"http-url-tinyproxy", (&url.URL{Scheme: "http", User: url.UserPassword("bob", "tinypw"), Host: tiny}).String()},
+		{"socks4a-url-ssh-D", "socks4a://" + dynamic},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tun, addr := startVLink(t, "tunnel", "--to", "localhost:"+port, "--stack", tc.stack)
@@ -106,6 +111,9 @@ func TestTunnelThroughProxies(t *testing.T) {
 			curlGet(t, want, "http://"+addr+"/data.bin")
 			if s := tun.Output(); strings.Contains(s, dante.Password) || strings.Contains(s, "tinypw") {
 				t.Fatalf("vlink logged a password:\n%s", s)
+			}
+			if strings.Contains(tc.stack, "://") && strings.Contains(tc.stack, "@") && !strings.Contains(tun.Output(), "holds a password") {
+				t.Errorf("no warning about the password on the command line:\n%s", tun.Output())
 			}
 		})
 	}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/vlink-dev/vlink/internal/secret"
 )
 
 // ErrBadRule is matched by every error about a rule's contents.
@@ -109,7 +111,7 @@ func (r *Rule) format(b *strings.Builder) {
 	b.WriteString(r.Action.String())
 	if r.Stack != "" {
 		b.WriteString(" stack=")
-		b.WriteString(quote(r.Stack))
+		b.WriteString(quote(secret.RedactStack(r.Stack))) // rules are logged
 	}
 	if r.Via != "" {
 		b.WriteString(" via=")
@@ -117,7 +119,11 @@ func (r *Rule) format(b *strings.Builder) {
 	}
 	if len(r.Try) > 0 {
 		b.WriteString(" try=")
-		b.WriteString(quote(strings.Join(r.Try, " | ")))
+		ways := make([]string, len(r.Try))
+		for i, w := range r.Try {
+			ways[i] = secret.RedactStack(w)
+		}
+		b.WriteString(quote(strings.Join(ways, " | ")))
 	}
 }
 

@@ -51,12 +51,15 @@ type Config struct {
 	// only and exclude narrow best-effort routes' ways (EnvPathsOnly,
 	// EnvPathsExclude).
 	only, exclude []string
+	// proxyFromEnv: WithProxyFromEnvironment found a proxy and took it.
+	proxyFromEnv bool
 }
 
 // configFile is the TOML form of a config file:
 //
 //	key_file = "vlink.key"          # relative to the file's folder
 //	node = "alice"                  # this node's name; key_file holds its node key
+//	proxy_from_environment = true   # unmatched destinations: ALL_PROXY, but NO_PROXY's
 //
 //	[default]                       # when no route matches; absent: direct
 //	stack = "zstd"
@@ -76,10 +79,12 @@ type Config struct {
 //	host = "db.corp.example"         # best effort: race these ways, best first
 //	try = ["direct", "ssh:host=bastion.corp.example", "socks5:addr=proxy.corp.example:1080"]
 type configFile struct {
-	KeyFile string      `toml:"key_file"`
-	Node    string      `toml:"node"`
-	Default *fileRoute  `toml:"default"`
-	Routes  []fileRoute `toml:"route"`
+	KeyFile string `toml:"key_file"`
+	Node    string `toml:"node"`
+	// ProxyFromEnvironment: see Config.WithProxyFromEnvironment.
+	ProxyFromEnvironment bool        `toml:"proxy_from_environment"`
+	Default              *fileRoute  `toml:"default"`
+	Routes               []fileRoute `toml:"route"`
 }
 
 type fileRoute struct {
@@ -154,7 +159,7 @@ func LoadConfig(path string) (*Config, error) {
 			if err != nil {
 				return r, fmt.Errorf("vlink: config %s: %s: %w", path, what, err)
 			}
-			r.Stack = s.String()
+			r.Stack = s.text() // parsed again when the route is taken
 		}
 		return r, nil
 	}
@@ -191,6 +196,9 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	c.Source = path
 	c.Node = f.Node
+	if f.ProxyFromEnvironment {
+		return c.WithProxyFromEnvironment()
+	}
 	return c, nil
 }
 
@@ -275,6 +283,15 @@ func ConfigFromEnv() (*Config, error) {
 		return nil, fmt.Errorf("vlink: %s is set without %s", EnvVia, EnvStack)
 	}
 	c.pathsFromEnv()
+	if v := os.Getenv(EnvProxyFromEnvironment); v != "" && !c.proxyFromEnv {
+		switch strings.ToLower(v) {
+		case "1", "true", "yes":
+			return c.WithProxyFromEnvironment()
+		case "0", "false", "no":
+		default:
+			return nil, fmt.Errorf("vlink: %s=%s: want 1 or 0", EnvProxyFromEnvironment, v)
+		}
+	}
 	return c, nil
 }
 

@@ -54,6 +54,9 @@ func (l *lowerDialer) Path() string { return l.path }
 func pathOf(network, peer string, below Stack, key []byte) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s %s", network, peer, below)
+	if sec := below.secrets(); sec != "" {
+		fmt.Fprintf(&b, " secrets=%s", sec) // String shows them alike
+	}
 	if key != nil {
 		sum := sha256.Sum256(key)
 		fmt.Fprintf(&b, " key=%x", sum[:8])

@@ -1,9 +1,13 @@
 package vlink
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
+	"net/url"
 	"sort"
 	"strings"
 
@@ -15,11 +19,15 @@ import (
 // the wire. Its text form is
 //
 //	stack = layer *( "+" layer )
-//	layer = name [ ":" param *( "," param ) ]
+//	layer = name [ ":" param *( "," param ) ] | proxy-url
 //	param = key [ "=" value ]
+//	proxy-url = scheme "://" [ user [ ":" password ] "@" ] host [ ":" port ]
 //
 // for example "zstd:level=3+tcp:nodelay=false". A parameter without a value
-// is a true bool. Values may hold any byte; '%', '+', ',' and bytes outside
+// is a true bool. A proxy URL, as curl takes it (socks5, socks5h, socks4,
+// socks4a or http; percent-encoded, so a '+' in a password is %2B), is the
+// layer that speaks it: "zstd+socks5h://alice@proxy:1080" is
+// "zstd+socks5:addr=proxy:1080,user=alice,resolve=remote". Values may hold any byte; '%', '+', ',' and bytes outside
 // printable ASCII are written %XX. If the last layer is not a terminal
 // factory, "tcp" is implied below it, so "zstd" means "zstd+tcp" and ""
 // means plain "tcp". None of the grammar's characters need quoting in a
@@ -58,7 +66,7 @@ type StackError struct {
 
 func (e *StackError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "vlink: stack %q", redactStack(e.Stack))
+	fmt.Fprintf(&b, "vlink: stack %q", secret.RedactStack(e.Stack))
 	if e.Index > 0 {
 		fmt.Fprintf(&b, ": layer %d", e.Index)
 		if e.Layer != "" {
@@ -70,27 +78,6 @@ func (e *StackError) Error() string {
 }
 
 func (e *StackError) Unwrap() error { return e.Err }
-
-// redactStack replaces the value of every parameter whose name says it
-// may be a secret (secret.Name) by "REDACTED", in a stack's text form as
-// given, well-formed or not: errors print the stack.
-func redactStack(text string) string {
-	layers := strings.Split(text, "+")
-	for i, l := range layers {
-		name, params, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		kvs := strings.Split(params, ",")
-		for j, kv := range kvs {
-			if k, _, ok := strings.Cut(kv, "="); ok && secret.Name(k) {
-				kvs[j] = k + "=REDACTED"
-			}
-		}
-		layers[i] = name + ":" + strings.Join(kvs, ",")
-	}
-	return strings.Join(layers, "+")
-}
 
 // Parse parses and validates a stack's text form against the registry.
 func Parse(text string) (Stack, error) {
@@ -124,6 +111,9 @@ func MustParse(text string) Stack {
 }
 
 func parseLayer(part string) (Layer, error) {
+	if strings.Contains(part, "://") {
+		return parseProxyURL(part)
+	}
 	name, params, hasParams := strings.Cut(part, ":")
 	l := Layer{Name: name}
 	if name == "" {
@@ -155,6 +145,69 @@ func parseLayer(part string) (Layer, error) {
 			return l, fmt.Errorf("%w: parameter %s: %v", ErrSyntax, k, err)
 		}
 		l.Params[k] = uv
+	}
+	return l, nil
+}
+
+// proxySchemes maps the schemes of proxy URLs onto the layers that
+// speak them, with the parameters each scheme implies: curl's meanings,
+// socks5h and socks4a resolving names at the proxy.
+var proxySchemes = map[string]Layer{
+	"socks5":  {Name: "socks5", Params: map[string]string{"resolve": "local"}},
+	"socks5h": {Name: "socks5", Params: map[string]string{"resolve": "remote"}},
+	"socks4":  {Name: "socks4"},
+	"socks4a": {Name: "socks4a"},
+	"http":    {Name: "http"},
+}
+
+// defaultProxyPort is the port of a SOCKS proxy URL that names none, as
+// curl has it. An http URL must name its port: proxies listen on 3128,
+// 8080 or 80 as often as not.
+const defaultProxyPort = "1080"
+
+// parseProxyURL reads a layer written as a proxy URL, the form curl,
+// ALL_PROXY and proxychains users paste: scheme://[user[:password]@]host[:port],
+// the scheme one of proxySchemes'. Errors never quote the URL: it may
+// hold a password.
+func parseProxyURL(text string) (Layer, error) {
+	scheme, _, _ := strings.Cut(text, "://")
+	scheme = strings.ToLower(scheme)
+	proto, ok := proxySchemes[scheme]
+	if !ok {
+		return Layer{}, fmt.Errorf("%w: proxy URL scheme %q: want socks5, socks5h, socks4, socks4a or http", ErrSyntax, scheme)
+	}
+	l := Layer{Name: proto.Name, Params: map[string]string{}}
+	u, err := url.Parse(text)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL
+		}
+		return l, fmt.Errorf("%w: proxy URL: %v", ErrSyntax, err)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return l, fmt.Errorf("%w: a proxy URL is scheme://[user[:password]@]host[:port], with no path, query or fragment", ErrSyntax)
+	}
+	host, port := u.Hostname(), u.Port()
+	if host == "" {
+		return l, fmt.Errorf("%w: proxy URL without a host", ErrSyntax)
+	}
+	if port == "" {
+		if scheme == "http" {
+			return l, fmt.Errorf("%w: an http proxy URL needs its port (http://%s:3128, say)", ErrSyntax, host)
+		}
+		port = defaultProxyPort
+	}
+	maps.Copy(l.Params, proto.Params)
+	l.Params["addr"] = net.JoinHostPort(host, port)
+	if u.User != nil {
+		l.Params["user"] = u.User.Username()
+		if pw, ok := u.User.Password(); ok {
+			if proto.Name == "socks4" || proto.Name == "socks4a" {
+				return l, fmt.Errorf("%w: SOCKS4 has no passwords: give only a user id (%s://user@%s)", ErrSyntax, scheme, u.Host)
+			}
+			l.Params["password"] = pw
+		}
 	}
 	return l, nil
 }
@@ -207,25 +260,33 @@ func (s *Stack) validate(text string) error {
 }
 
 // String returns the stack's canonical text form: parameters sorted by
-// name, values escaped. Parse(s.String()) gives back an equal stack.
-func (s Stack) String() string {
+// name, values escaped, secrets (a password from a proxy URL) shown as
+// REDACTED, so that it can be logged. Parse(s.String()) gives back an
+// equal stack, but for the secrets.
+func (s Stack) String() string { return s.format(true) }
+
+// text is the canonical text form with the secrets in it, for the text
+// to be parsed again, never shown.
+func (s Stack) text() string { return s.format(false) }
+
+func (s Stack) format(redact bool) string {
 	var b strings.Builder
 	for i, l := range s.Layers {
 		if i > 0 {
 			b.WriteByte('+')
 		}
-		l.format(&b)
+		l.format(&b, redact)
 	}
 	return b.String()
 }
 
 func (l Layer) String() string {
 	var b strings.Builder
-	l.format(&b)
+	l.format(&b, true)
 	return b.String()
 }
 
-func (l Layer) format(b *strings.Builder) {
+func (l Layer) format(b *strings.Builder, redact bool) {
 	b.WriteString(l.Name)
 	keys := make([]string, 0, len(l.Params))
 	for k := range l.Params {
@@ -240,8 +301,40 @@ func (l Layer) format(b *strings.Builder) {
 		}
 		b.WriteString(k)
 		b.WriteByte('=')
+		if redact && l.secret(k) {
+			b.WriteString("REDACTED")
+			continue
+		}
 		escape(b, l.Params[k])
 	}
+}
+
+// secret reports whether l's parameter k holds a secret.
+func (l Layer) secret(k string) bool {
+	if spec := lookup(l.Name); spec != nil {
+		p, ok := spec.Param(k)
+		return ok && p.Secret
+	}
+	return secret.Name(k)
+}
+
+// secrets hashes the values of l's secret parameters: what tells two
+// stacks apart that String shows alike. Empty without secrets.
+func (s Stack) secrets() string {
+	var all []string
+	for i, l := range s.Layers {
+		for k, v := range l.Params {
+			if l.secret(k) {
+				all = append(all, fmt.Sprintf("%d.%s=%q", i, k, v))
+			}
+		}
+	}
+	if len(all) == 0 {
+		return ""
+	}
+	sort.Strings(all)
+	sum := sha256.Sum256([]byte(strings.Join(all, ";")))
+	return fmt.Sprintf("%x", sum[:8])
 }
 
 // IsPlain reports whether the stack has nothing for a peer to mirror and
@@ -311,7 +404,7 @@ func FromConfig(layers []LayerConfig) (Stack, error) {
 			case bool, int, int64, uint64, float64:
 				l.Params[k] = fmt.Sprint(v)
 			default:
-				return Stack{}, &StackError{Stack: fmt.Sprint(layers), Index: i + 1, Layer: lc.Layer,
+				return Stack{}, &StackError{Stack: "(structured)", Index: i + 1, Layer: lc.Layer,
 					Err: fmt.Errorf("%w: parameter %s: unsupported value type %T", ErrBadParam, k, v)}
 			}
 		}

@@ -159,7 +159,8 @@ func TestMirroredSplit(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"", "tcp", "test-xor:key=7", "test-filter:name=a%2Cb,flag+test-proxy:addr=x:1+tcp", "a+:b", "x:y=%"} {
+	for _, s := range []string{"", "tcp", "test-xor:key=7", "test-filter:name=a%2Cb,flag+test-proxy:addr=x:1+tcp", "a+:b", "x:y=%",
+		"socks5h://a:b@h:1", "test-xor+http://u:p%2B@[::1]:3128/", "socks4://u:p@h", "SOCKS5://h"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {

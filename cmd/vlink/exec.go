@@ -209,6 +209,7 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 		e.log = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: level}))
 		e.level = level
 	}
+	warnPassword(e, "--stack", o.stack)
 	cfg, err := o.routes()
 	if err != nil {
 		code := fail(e, "vlink exec", err)

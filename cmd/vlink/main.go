@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/secret"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
 )
 
@@ -137,6 +138,16 @@ func (l *listFlag) Set(s string) error {
 // encryption.
 func insecurePlaintextVar(fs *flag.FlagSet, p *bool) {
 	fs.BoolVar(p, "insecure-plaintext", false, "UNSAFE: keep the stack as given; by default, with a key, a stack with layers sent beyond loopback gets the noise encryption layer at its bottom. Only for a network you trust")
+}
+
+// warnPassword warns when the stack a flag gives holds a password (a
+// proxy URL's): other users of the machine read command lines in the
+// process list, and shells keep them in their history.
+func warnPassword(e *env, flag, stack string) {
+	if shown := secret.RedactStack(stack); shown != stack {
+		e.log.Warn(flag+" holds a password, which other users of this machine can read in the process list (and your shell keeps in its history): give the layer password-file=FILE (mode 600) or password-env=VAR instead",
+			"stack", shown)
+	}
 }
 
 // graceVar defines the servers' shutdown grace period flag.

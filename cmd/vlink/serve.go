@@ -13,6 +13,7 @@ import (
 
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/proxyproto"
+	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
@@ -177,7 +178,7 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 			return usagef("--hop-stack: %v", err)
 		}
 		if !hs.IsPlain() {
-			return usagef("--hop-stack %s: give factories only; the layers a dialer asks for run end to end, not between nodes", o.hopStack)
+			return usagef("--hop-stack %s: give factories only; the layers a dialer asks for run end to end, not between nodes", secret.RedactStack(o.hopStack))
 		}
 		s.hop = &vlink.Dialer{Stack: hs, Timeout: o.dialTimeout}
 	} else if o.hopStack != "tcp" {
@@ -196,6 +197,8 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 			return usagef("--proxy-protocol: %v", err)
 		}
 	}
+	warnPassword(e, "--hop-stack", o.hopStack)
+	warnPassword(e, "--listen-stack", o.listenStack)
 	var listenStack vlink.Stack
 	if o.listenStack != "" {
 		if listenStack, err = vlink.Parse(o.listenStack); err != nil {

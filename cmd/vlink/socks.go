@@ -124,7 +124,7 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 			return nil, nil, "", usagef("--stack: %v", err)
 		}
 		if !s.IsPlain() && o.via == "" && !o.node.set() {
-			return nil, nil, "", usagef("--stack %s has layers a VLink peer must mirror: add --via GATEWAY (a SOCKS destination is a plain server), or --node to reach the nodes of a vlink network, which do", o.stack)
+			return nil, nil, "", usagef("--stack %s has layers a VLink peer must mirror: add --via GATEWAY (a SOCKS destination is a plain server), or --node to reach the nodes of a vlink network, which do", secret.RedactStack(o.stack))
 		}
 		if o.via != "" {
 			if s, d.Via, err = viaChain(s, o.via); err != nil {
@@ -167,7 +167,7 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 	case o.user == "" && o.passwordFile != "":
 		return nil, nil, "", usagef("--password-file needs --user")
 	case o.user != "":
-		pw, err := secret.Password(o.passwordFile, "")
+		pw, err := secret.Password("", o.passwordFile, "")
 		if err != nil {
 			return nil, nil, "", err
 		}
@@ -181,6 +181,7 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
+	warnPassword(e, "--stack", o.stack)
 	srv.Dialer.(*vlink.Dialer).PeerKey = peerKeyCallback(o.knownNodes, e.log)
 	if o.node.set() {
 		d := srv.Dialer.(*vlink.Dialer)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -81,7 +82,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	o := &tunnelOptions{dialOptions: dialOptions{toName: "--to"}}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
 	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
-	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd or lz4+tcp (default: the user's configuration decides)")
+	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd, lz4+tcp or zstd+socks5h://proxy:1080 (default: the user's configuration decides)")
 	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which forwards to --to; or through a chain of nodes, HOST:PORT,HOST:PORT,...: the first is reached first and forwards to the next (vlink serve --hop), the last is the gateway. Needs --stack (default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
@@ -161,7 +162,8 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	stack := o.stack
+	warnPassword(e, "--listen-stack", o.listenStack)
+	stack := secret.RedactStack(o.stack)
 	if stack == "" {
 		stack = "from the configuration"
 		if d.Config.Source != "" {
@@ -194,6 +196,7 @@ func (o *dialOptions) open(ctx context.Context, e *env) (*vlink.Dialer, func(), 
 	if err != nil {
 		return nil, nil, err
 	}
+	warnPassword(e, "--stack", o.stack)
 	d.PeerKey = peerKeyCallback(o.knownNodes, e.log)
 	if !o.node.set() {
 		return d, func() { d.Close() }, nil

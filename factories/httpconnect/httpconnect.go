@@ -50,9 +50,11 @@ func init() {
 				Doc: "file holding the password (mode 600); never put a password in a stack"},
 			{Name: "password-env", Type: layer.TypeString,
 				Doc: "environment variable holding the password"},
+			{Name: "password", Type: layer.TypeString, Secret: true,
+				Doc: "the password itself, as a proxy URL gives it (http://user:password@host:3128); shown nowhere, but visible to other users in process listings: prefer password-file"},
 		},
 		New: func(a layer.Args) (any, error) {
-			pw, err := secret.Password(a.String("password-file"), a.String("password-env"))
+			pw, err := secret.Password(a.String("password"), a.String("password-file"), a.String("password-env"))
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", layer.ErrBadParam, err)
 			}

@@ -80,6 +80,8 @@ func init() {
 					Doc: "file holding the password (mode 600); never put a password in a stack"},
 				layer.Param{Name: "password-env", Type: layer.TypeString,
 					Doc: "environment variable holding the password"},
+				layer.Param{Name: "password", Type: layer.TypeString, Secret: true,
+					Doc: "the password itself, as a proxy URL gives it (socks5h://user:password@host); shown nowhere, but visible to other users in process listings: prefer password-file"},
 				layer.Param{Name: "resolve", Type: layer.TypeString, Default: "remote",
 					Doc: `who resolves destination names: "remote" (the proxy; names stay private to the far side) or "local"`})
 		}
@@ -96,7 +98,7 @@ func init() {
 func fromArgs(v Version, a layer.Args) (*Factory, error) {
 	o := Options{Version: v, Proxy: a.String("addr"), User: a.String("user")}
 	if v == V5 {
-		pw, err := secret.Password(a.String("password-file"), a.String("password-env"))
+		pw, err := secret.Password(a.String("password"), a.String("password-file"), a.String("password-env"))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", layer.ErrBadParam, err)
 		}

@@ -1,12 +1,14 @@
 // Package secret reads the passwords that proxy layers need from places a
 // stack can name without holding the secret itself: a file only its owner
 // can read, or an environment variable. Stacks are logged and printed, so
-// a password never sits in a stack's text.
+// a password that does sit in a stack's text (a proxy URL's, which users
+// paste) is redacted wherever the text is shown (RedactStack).
 package secret
 
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 )
@@ -19,14 +21,23 @@ const MaxLen = 4096
 // or the source is empty.
 var ErrNoPassword = errors.New("no password")
 
-// Password reads a password from file (one line; a trailing newline is
-// not part of it) or from the environment variable env. At most one of
-// them may be set; with neither it returns "" and no error. A file
+// Password returns inline (a proxy URL's password, given in the stack),
+// or reads a password from file (one line; a trailing newline is not part
+// of it) or from the environment variable env. At most one of them may
+// be set; with none it returns "" and no error. A file
 // readable by group or others is refused, as ssh refuses such key files.
-func Password(file, env string) (string, error) {
+func Password(inline, file, env string) (string, error) {
+	given := 0
+	for _, v := range []string{inline, file, env} {
+		if v != "" {
+			given++
+		}
+	}
 	switch {
-	case file != "" && env != "":
-		return "", fmt.Errorf("give password-file or password-env, not both")
+	case given > 1:
+		return "", fmt.Errorf("give one of password-file, password-env or a proxy URL's password")
+	case inline != "":
+		return inline, nil
 	case file != "":
 		fi, err := os.Stat(file)
 		if err != nil {
@@ -73,4 +84,44 @@ func Name(name string) bool {
 		}
 	}
 	return n == "key" || strings.HasSuffix(n, "-key") || strings.HasSuffix(n, "_key")
+}
+
+// RedactStack returns a stack's text form, as given, well-formed or not,
+// with the value of every parameter whose name says it is a secret (Name)
+// and the password of every proxy URL (socks5h://user:password@host)
+// replaced by REDACTED.
+func RedactStack(text string) string {
+	layers := strings.Split(text, "+")
+	for i, l := range layers {
+		if strings.Contains(l, "://") {
+			layers[i] = redactURL(l)
+			continue
+		}
+		name, params, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		kvs := strings.Split(params, ",")
+		for j, kv := range kvs {
+			if k, _, ok := strings.Cut(kv, "="); ok && Name(k) {
+				kvs[j] = k + "=REDACTED"
+			}
+		}
+		layers[i] = name + ":" + strings.Join(kvs, ",")
+	}
+	return strings.Join(layers, "+")
+}
+
+// redactURL is a proxy URL with its password redacted; one that does not
+// parse keeps only its scheme, since where its password ends is unknown.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		scheme, _, _ := strings.Cut(s, "://")
+		return scheme + "://REDACTED"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "REDACTED")
+	}
+	return u.String()
 }

@@ -29,16 +29,19 @@ func TestPassword(t *testing.T) {
 	t.Setenv("SECRET_TEST_EMPTY", "")
 
 	for _, tc := range []struct {
-		name, file, env string
-		want            string
-		wantErr         string
-		is              error
+		name, inline string
+		file, env    string
+		want         string
+		wantErr      string
+		is           error
 	}{
 		{name: "none"},
 		{name: "file", file: good, want: "s3cret pass"},
 		{name: "crlf", file: crlf, want: "pw"},
 		{name: "env", env: "SECRET_TEST_PW", want: "from-env"},
-		{name: "both", file: good, env: "SECRET_TEST_PW", wantErr: "not both"},
+		{name: "both", file: good, env: "SECRET_TEST_PW", wantErr: "give one of"},
+		{name: "inline", inline: "from a URL", want: "from a URL"},
+		{name: "inline and file", inline: "x", file: good, wantErr: "give one of"},
 		{name: "readable by others", file: open, wantErr: "chmod 600"},
 		{name: "empty file", file: empty, is: ErrNoPassword},
 		{name: "too big", file: big, wantErr: "more than a password"},
@@ -47,7 +50,7 @@ func TestPassword(t *testing.T) {
 		{name: "empty env", env: "SECRET_TEST_EMPTY", is: ErrNoPassword},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Password(tc.file, tc.env)
+			got, err := Password(tc.inline, tc.file, tc.env)
 			switch {
 			case tc.wantErr == "" && tc.is == nil:
 				if err != nil || got != tc.want {
@@ -76,5 +79,20 @@ func TestName(t *testing.T) {
 				t.Errorf("Name(%q) = %t, want %t", name, got, want)
 			}
 		})
+	}
+}
+
+func TestRedactStack(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"zstd+socks5:addr=p:1080,user=u,password=hunter2", "zstd+socks5:addr=p:1080,user=u,password=REDACTED"},
+		{"zstd+socks5h://alice:hunter2@proxy:1080", "zstd+socks5h://alice:REDACTED@proxy:1080"},
+		{"http://bob:hu%2Bnter2@proxy:3128", "http://bob:REDACTED@proxy:3128"},
+		{"socks5h://alice@proxy", "socks5h://alice@proxy"},
+		{"socks5://a:hunter2@[::1", "socks5://REDACTED"},
+		{"ssh:host=x,password-file=/p,psk=hunter2", "ssh:host=x,password-file=/p,psk=REDACTED"},
+	} {
+		if got := RedactStack(tc.in); got != tc.want {
+			t.Errorf("RedactStack(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

@@ -61,7 +61,12 @@ type Param struct {
 	// Required marks a parameter a stack must give (a proxy's address):
 	// parsing fails without it. A required parameter has no Default.
 	Required bool
-	Doc      string
+	// Secret marks a parameter that holds a secret itself (a password
+	// from a proxy URL): a stack's String shows REDACTED for its value,
+	// so no log holds it. Only factories have secrets: what is mirrored
+	// goes to the peer in the hello.
+	Secret bool
+	Doc    string
 }
 
 // ErrBadParam is matched by errors about a parameter value. Package vlink

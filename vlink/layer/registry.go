@@ -122,6 +122,9 @@ func Register(s Spec) {
 			panic(fmt.Sprintf("vlink: Register %s: invalid or duplicate parameter %q", s.Name, p.Name))
 		}
 		seen[p.Name] = true
+		if p.Secret && s.Kind != KindFactory {
+			panic(fmt.Sprintf("vlink: Register %s: secret parameter %s: only a factory's parameters stay on this side", s.Name, p.Name))
+		}
 		if p.Required && p.Default != "" {
 			panic(fmt.Sprintf("vlink: Register %s: required parameter %s has a default", s.Name, p.Name))
 		}
