@@ -82,19 +82,3 @@ func (w *IdleWatch) Stop() (fired bool) {
 	w.timer.Stop()
 	return w.fired
 }
-
-// bottomTCP returns the *net.TCPConn under c's Unwrappers, or nil.
-func bottomTCP(c net.Conn) *net.TCPConn {
-	for {
-		switch w := c.(type) {
-		case *net.TCPConn:
-			return w
-		case Unwrapper:
-			c = w.UnwrapConn()
-		case interface{ NetConn() net.Conn }:
-			c = w.NetConn()
-		default:
-			return nil
-		}
-	}
-}

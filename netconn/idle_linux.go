@@ -9,7 +9,7 @@ import (
 // tcpBytes returns a function reading how many bytes c's TCP connection
 // has received and had acknowledged, or nil if c is not TCP underneath.
 func tcpBytes(c net.Conn) func() (uint64, bool) {
-	tc := bottomTCP(c)
+	tc := TCPBelow(c)
 	if tc == nil {
 		return nil
 	}

@@ -4,6 +4,8 @@ import (
 	"net"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/netconn"
 )
 
 // notSentLowat bounds the bytes a substream's socket holds unsent. The
@@ -18,7 +20,7 @@ const notSentLowat = 128 << 10
 // tune sets TCP_NOTSENT_LOWAT on the TCP connection at the bottom of c,
 // if there is one.
 func tune(c net.Conn) {
-	tc := bottomTCP(c)
+	tc := netconn.TCPBelow(c)
 	if tc == nil {
 		return
 	}

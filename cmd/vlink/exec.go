@@ -206,7 +206,7 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 		if !e.levelSet {
 			level = slog.LevelInfo // a file of its own keeps what stderr would not
 		}
-		e.log = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: level}))
+		e.log = newLogger(f, e.logFormat, level)
 		e.level = level
 	}
 	warnPassword(e, "--stack", o.stack)

@@ -26,6 +26,8 @@ type tracker struct {
 	conns  map[net.Conn]struct{}
 	relays int // relays in progress
 	cut    bool
+	live   map[*liveRelay]struct{} // the relays in progress, for the statistics
+	total  totals
 }
 
 func newTracker(m *metrics) *tracker {
@@ -168,6 +170,8 @@ func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	t.relays++
 	t.mu.Unlock()
 	t.m.relayStarted(stack)
+	live := newLiveRelay(stack, a, b, attrs)
+	t.liveStart(live)
 	start := time.Now()
 	w := netconn.WatchIdle(idle, a, a, b)
 	up, down, err := netconn.Relay(a, b)
@@ -179,6 +183,7 @@ func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	delete(t.conns, b)
 	cut := t.cut
 	t.mu.Unlock()
+	t.liveEnd(live, up, down, cut || idled || err != nil)
 	switch {
 	case cut:
 		t.m.relayEnded(stack, outcomeCut, up, down)

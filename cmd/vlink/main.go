@@ -43,6 +43,7 @@ type env struct {
 	log            *slog.Logger
 	level          slog.Level
 	levelSet       bool     // --log-level was given
+	logFormat      string   // --log-format: text or json
 	args           []string // after the flags, for commands that take them
 }
 
@@ -77,12 +78,29 @@ func withEnvAt(def slog.Level, about string, flags func(fs *flag.FlagSet) func(c
 	return func(fs *flag.FlagSet) cli.Runner {
 		level := levelFlag{Level: def}
 		fs.Var(&level, "log-level", "log at `LEVEL` and above: debug, info, warn or error"+about)
+		format := "text"
+		fs.Func("log-format", "write the log as `FORMAT`: text (key=value, as logfmt) or json (one object per line, for log collectors) (default text)", func(v string) error {
+			if v != "text" && v != "json" {
+				return errors.New("want text or json")
+			}
+			format = v
+			return nil
+		})
 		run := flags(fs)
 		return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-			log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
-			return run(ctx, &env{stdin: os.Stdin, stdout: stdout, stderr: stderr, log: log, level: level.Level, levelSet: level.set, args: args})
+			log := newLogger(stderr, format, level.Level)
+			return run(ctx, &env{logFormat: format, stdin: os.Stdin, stdout: stdout, stderr: stderr, log: log, level: level.Level, levelSet: level.set, args: args})
 		}
 	}
+}
+
+// newLogger logs to w at level and above, in format (text or json).
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // run is the whole program with its environment passed in, so tests call

@@ -90,6 +90,7 @@ type serveOptions struct {
 	insecurePlaintext                      bool
 	node                                   nodeOptions
 	metrics                                string
+	stats                                  time.Duration
 }
 
 func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -113,6 +114,7 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	nodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
 	graceVar(fs, &o.grace)
 	metricsVar(fs, &o.metrics)
+	statsVar(fs, &o.stats)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
 			return fail(e, "vlink serve", err)
@@ -147,8 +149,8 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"grace", o.grace}, {"idle-timeout", o.idleTimeout}} {
-		if d.v < 0 || (d.v == 0 && d.name != "grace" && d.name != "idle-timeout") {
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"grace", o.grace}, {"idle-timeout", o.idleTimeout}, {"stats", o.stats}} {
+		if d.v < 0 || (d.v == 0 && d.name != "grace" && d.name != "idle-timeout" && d.name != "stats") {
 			return usagef("--%s %v: want a positive duration", d.name, d.v)
 		}
 	}
@@ -227,6 +229,7 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		pub, _ := vlink.IdentityPublic(policy.Identity)
 		identity = knownnodes.Fingerprint(pub)
 	}
+	defer s.t.startStats(e.log, o.stats)() // before "serving": SIGUSR1 is ours then
 	e.log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
 		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity)
 	var accepting net.Listener = l

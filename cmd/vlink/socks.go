@@ -57,7 +57,7 @@ type socksOptions struct {
 	listen, stack, via, keyFile, config, user, passwordFile string
 	knownNodes                                              string
 	allowFrom                                               listFlag
-	handshakeTimeout, dialTimeout, grace                    time.Duration
+	handshakeTimeout, dialTimeout, grace, stats             time.Duration
 	insecurePlaintext                                       bool
 	node                                                    nodeOptions
 	metrics                                                 string
@@ -86,6 +86,7 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
 	metricsVar(fs, &o.metrics)
+	statsVar(fs, &o.stats)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
 			return fail(e, "vlink socks", err)
@@ -97,8 +98,8 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 // setup builds the dialer, the SOCKS server and the client filter the
 // flags describe.
 func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
-	if o.handshakeTimeout <= 0 || o.dialTimeout <= 0 || o.grace < 0 {
-		return nil, nil, "", usagef("--handshake-timeout and --dial-timeout want positive durations")
+	if o.handshakeTimeout <= 0 || o.dialTimeout <= 0 || o.grace < 0 || o.stats < 0 {
+		return nil, nil, "", usagef("--handshake-timeout and --dial-timeout want positive durations, --grace and --stats 0 or more")
 	}
 	var allow []netip.Prefix
 	for _, a := range o.allowFrom {
@@ -204,8 +205,6 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	for _, p := range allow {
 		allowed = append(allowed, p.String())
 	}
-	e.log.Info("listening", "addr", l.Addr().String(), "route", route, "allow_from", strings.Join(allowed, ","), "auth", srv.User != "")
-
 	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
 	if err != nil {
 		l.Close()
@@ -214,6 +213,8 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	defer stopMetrics()
 	o.label = o.stackLabel()
 	t := newTracker(m)
+	defer t.startStats(e.log, o.stats)() // before "listening": SIGUSR1 is ours then
+	e.log.Info("listening", "addr", l.Addr().String(), "route", route, "allow_from", strings.Join(allowed, ","), "auth", srv.User != "")
 	sem := make(chan struct{}, maxSOCKSHandshakes)
 	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
 		if !clientAllowed(c.RemoteAddr(), allow) {

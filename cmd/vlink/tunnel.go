@@ -61,7 +61,7 @@ server) at info.
 type tunnelOptions struct {
 	dialOptions
 	listen, listenStack string
-	grace               time.Duration
+	grace, stats        time.Duration
 	metrics             string
 }
 
@@ -93,6 +93,7 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	reverseFlag(fs, &o.node)
 	graceVar(fs, &o.grace)
 	metricsVar(fs, &o.metrics)
+	statsVar(fs, &o.stats)
 	return func(ctx context.Context, e *env) int {
 		if err := o.run(ctx, e); err != nil {
 			return fail(e, "vlink tunnel", err)
@@ -148,8 +149,8 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 	if o.to == "" {
 		return usagef("--to HOST:PORT is required: where connections go")
 	}
-	if o.grace < 0 {
-		return usagef("--grace wants a duration of 0 or more")
+	if o.grace < 0 || o.stats < 0 {
+		return usagef("--grace and --stats want durations of 0 or more")
 	}
 	// What multi-link layers share (a mux session) lives as long as the
 	// tunnel: every connection it accepts rides on it.
@@ -176,13 +177,13 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 		return err
 	}
 	defer stopMetrics()
-	e.log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
-
 	label := "config"
 	if o.stack != "" {
 		label = stackLabel(d.Stack)
 	}
 	t := newTracker(m)
+	defer t.startStats(e.log, o.stats)() // before "listening": SIGUSR1 is ours then
+	e.log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
 	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
 		t.spawn(func() { o.handle(e, t, d, label, c) })
 	})

@@ -185,6 +185,12 @@ func (c *conn) closeBelow(err error) error {
 	return err
 }
 
+// NetConn returns the connection below, as tls.Conn.NetConn does, for
+// what reads its state (the kernel's byte counts of the socket at the
+// bottom, netconn.TCPBelow). Reading or writing it would corrupt the
+// records.
+func (c *conn) NetConn() net.Conn { return c.c }
+
 func (c *conn) LocalAddr() net.Addr                { return c.c.LocalAddr() }
 func (c *conn) RemoteAddr() net.Addr               { return c.c.RemoteAddr() }
 func (c *conn) SetDeadline(t time.Time) error      { return c.c.SetDeadline(t) }

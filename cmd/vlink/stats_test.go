@@ -1,0 +1,96 @@
+package main
+
+import (
+	"io"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+)
+
+// TestStats uploads compressible text through tunnel -> serve with zstd,
+// both with --stats, slowly enough for several intervals, and checks
+// their one-line reports: the connection opening and closing, the
+// throughput up, and a compression ratio on the wire that text gives.
+func TestStats(t *testing.T) {
+	be := newBackend(t)
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--target", be.addr(), "--stats", "50ms", "--log-format", "json")
+	gw := srv.stderr.waitFor(t, `"msg":"serving","addr":"([^"]+)"`)
+	tun := start(t, "tunnel", "--listen", "127.0.0.1:0", "--to", gw, "--stack", "zstd", "--stats", "50ms")
+	tunAddr := tun.addr(t)
+	var text strings.Builder
+	for i := 0; text.Len() < 8<<20; i++ {
+		text.WriteString("GET /api/v1/items/" + strconv.Itoa(i%977) + " HTTP/1.1 200 OK user=alice\n")
+	}
+	up := []byte(text.String())
+	got := make(chan int64, 1)
+	be.handlers <- func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		got <- n
+	}
+	c, err := net.Dial("tcp", tunAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for len(up) > 0 { // about a second, 20 intervals
+		n := min(len(up), 256<<10)
+		if _, err := c.Write(up[:n]); err != nil {
+			t.Fatal(err)
+		}
+		up = up[n:]
+		time.Sleep(30 * time.Millisecond)
+	}
+	netconn.CloseWrite(c)
+	io.Copy(io.Discard, c)
+	c.Close()
+	if n := <-got; n != int64(text.Len()) {
+		t.Fatalf("backend got %d bytes, want %d", n, text.Len())
+	}
+	tun.stderr.waitFor(t, `msg=stats .*closed=1`)
+	lines := regexp.MustCompile(`msg=stats over=\S+ open=(\d) new=(\d) closed=(\d) failed=0 up="([\d.]+) (\w+)/s" down="[^"]*" bytes_up=\d+ bytes_down=\d+(?: ratio=([\d.]+))?`).
+		FindAllStringSubmatch(tun.stderr.String(), -1)
+	var opened, closed int
+	var ratios []float64
+	for _, l := range lines {
+		o, _ := strconv.Atoi(l[2])
+		cl, _ := strconv.Atoi(l[3])
+		opened, closed = opened+o, closed+cl
+		if l[6] != "" {
+			r, _ := strconv.ParseFloat(l[6], 64)
+			ratios = append(ratios, r)
+		}
+	}
+	if len(lines) < 5 || opened != 1 || closed != 1 {
+		t.Errorf("%d stats lines, %d connections opened, %d closed; want 5 or more, 1, 1:\n%s", len(lines), opened, closed, tun.stderr.String())
+	}
+	if len(ratios) == 0 || slicesMax(ratios) < 3 {
+		t.Errorf("compression ratios reported for zstd on text: %v, want some above 3:\n%s", ratios, tun.stderr.String())
+	}
+	// serve logs in JSON, the same figures.
+	if !regexp.MustCompile(`\{"time":"[^"]+","level":"INFO","msg":"stats","over":"[^"]+","open":\d+,"new":\d+,"closed":\d+,"failed":0,"up":"[^"]+","down":"[^"]+","bytes_up":\d+,"bytes_down":\d+`).MatchString(srv.stderr.String()) {
+		t.Errorf("serve --log-format json wrote no stats object:\n%s", srv.stderr.String())
+	}
+}
+
+func slicesMax(v []float64) float64 {
+	m := v[0]
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
+
+func TestFormatRate(t *testing.T) {
+	for _, tc := range []struct {
+		bps  float64
+		want string
+	}{{0, "0 bit/s"}, {999, "999 bit/s"}, {1500, "1.5 kbit/s"}, {2.5e6, "2.5 Mbit/s"}, {9.61e9, "9.61 Gbit/s"}} {
+		if got := formatRate(tc.bps); got != tc.want {
+			t.Errorf("formatRate(%v) = %q, want %q", tc.bps, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,14 @@
+//go:build unix
+
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// notifySnapshot sends SIGUSR1 to c, as iperf3 and chisel take it.
+func notifySnapshot(c chan<- os.Signal) { signal.Notify(c, syscall.SIGUSR1) }
+
+func stopSnapshot(c chan<- os.Signal) { signal.Stop(c) }

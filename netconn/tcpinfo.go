@@ -1,0 +1,36 @@
+package netconn
+
+import "net"
+
+// TCPBelow returns the TCP connection at the bottom of c's wrappers (the
+// ones that implement Unwrapper or NetConn, as filters do), or nil when
+// there is none: a stream of a multiplexed session, a pipe.
+func TCPBelow(c net.Conn) *net.TCPConn {
+	for c != nil {
+		switch w := c.(type) {
+		case *net.TCPConn:
+			return w
+		case Unwrapper:
+			c = w.UnwrapConn()
+		case interface{ NetConn() net.Conn }:
+			c = w.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// TCPCounts is what the kernel counted on a TCP connection: bytes the
+// peer acknowledged, and bytes received, headers and retransmissions left
+// out; the SYN and the FIN count one byte each.
+type TCPCounts struct {
+	Acked, Received uint64
+}
+
+// ReadTCPCounts reads c's counts from the kernel, at no cost to the data
+// path: a relay that splices keeps splicing. ok is false where the
+// kernel does not say (not Linux, a closed connection).
+func ReadTCPCounts(c *net.TCPConn) (counts TCPCounts, ok bool) {
+	return readTCPCounts(c)
+}

@@ -1,0 +1,22 @@
+package netconn
+
+import (
+	"net"
+
+	"golang.org/x/sys/unix"
+)
+
+func readTCPCounts(c *net.TCPConn) (TCPCounts, bool) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return TCPCounts{}, false
+	}
+	var info *unix.TCPInfo
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil || serr != nil {
+		return TCPCounts{}, false
+	}
+	return TCPCounts{Acked: info.Bytes_acked, Received: info.Bytes_received}, true
+}

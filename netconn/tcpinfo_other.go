@@ -1,0 +1,7 @@
+//go:build !linux
+
+package netconn
+
+import "net"
+
+func readTCPCounts(*net.TCPConn) (TCPCounts, bool) { return TCPCounts{}, false }
