@@ -2,7 +2,8 @@
 # Installs the Debian packages the integration tests and benchmarks drive:
 # the real peers (OpenSSH, dante, tinyproxy, redis, socat, iperf3, nginx), the
 # unmodified programs the preload shim is tested on (curl, wget, netcat,
-# git, python3) and the lab's tools (iproute2, nftables, iptables).
+# git, python3), the lab's tools (iproute2, nftables, iptables), and the
+# readers of what vlink generates for shells and man (zsh, groff).
 # Idempotent and quiet: installed packages are left alone, and the package
 # lists are refreshed only when something is missing. CI runs it as root;
 # elsewhere it uses sudo if it has to install anything. With --list, it
@@ -18,6 +19,7 @@ packages=(
   redis-server:redis-server redis-tools:redis-cli
   iproute2:ip nftables:nft iptables:iptables
   nginx:nginx gcc:gcc libc6-dev:
+  zsh:zsh groff-base:groff
 )
 
 if [ "${1:-}" = --list ]; then

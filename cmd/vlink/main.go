@@ -79,7 +79,7 @@ func withEnvAt(def slog.Level, about string, flags func(fs *flag.FlagSet) func(c
 		level := levelFlag{Level: def}
 		fs.Var(&level, "log-level", "log at `LEVEL` and above: debug, info, warn or error"+about)
 		format := "text"
-		fs.Func("log-format", "write the log as `FORMAT`: text (key=value, as logfmt) or json (one object per line, for log collectors) (default text)", func(v string) error {
+		fs.Func("log-format", "write the log as `FORMAT`, text or json: key=value pairs (logfmt), or one JSON object per line for log collectors (default text)", func(v string) error {
 			if v != "text" && v != "json" {
 				return errors.New("want text or json")
 			}

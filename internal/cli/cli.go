@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 )
@@ -164,25 +163,15 @@ func (p *Program) runCommand(ctx context.Context, c *Command, args []string, std
 func (p *Program) commandUsage(w io.Writer, c *Command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage: %s %s %s\n\n", p.Name, c.Name, c.Synopsis)
 	fmt.Fprint(w, strings.TrimLeft(c.About, "\n"))
-	var flags []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) {
-		if !strings.HasPrefix(f.Usage, "(internal)") {
-			flags = append(flags, f)
-		}
-	})
-	sort.SliceStable(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
 	fmt.Fprint(w, "\nFlags:\n")
-	for _, f := range flags {
-		arg, usage := flag.UnquoteUsage(f)
-		if _, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool {
-			arg = ""
+	for _, f := range visibleFlags(fs) {
+		fmt.Fprintf(w, "  --%s", f.name)
+		if f.arg != "" {
+			fmt.Fprintf(w, " %s", f.arg)
 		}
-		fmt.Fprintf(w, "  --%s", f.Name)
-		if arg != "" {
-			fmt.Fprintf(w, " %s", arg)
-		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			usage += " (default " + f.DefValue + ")"
+		usage := f.usage
+		if f.def != "" {
+			usage += " (default " + f.def + ")"
 		}
 		fmt.Fprintf(w, "\n%s", Wrap(usage, "      ", 78))
 	}

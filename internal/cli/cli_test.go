@@ -100,3 +100,38 @@ func TestWrap(t *testing.T) {
 		t.Errorf("Wrap = %q, want %q", got, want)
 	}
 }
+
+// TestGenerated checks the completion scripts and the man page made from
+// the command table: every command and flag is there, the values of a
+// flag that lists them, and roff's special characters escaped.
+func TestGenerated(t *testing.T) {
+	p := testProgram()
+	p.Commands = append(p.Commands, &Command{Name: "lvl", Summary: "has choices", Flags: func(fs *flag.FlagSet) Runner {
+		fs.String("level", "", "log at `LEVEL`: debug, info, warn or error")
+		fs.String("path", "", `a \back.slash -path`)
+		return nil
+	}})
+	bash := p.BashCompletion()
+	for _, want := range []string{`compgen -W "ok args usage exit broken lvl help --help --version"`, `flags="--n --help"`,
+		`--level) COMPREPLY=($(compgen -W "debug info warn error" -- "$cur"))`, "complete -o filenames -F _prog prog"} {
+		if !strings.Contains(bash, want) {
+			t.Errorf("bash completion lacks %q:\n%s", want, bash)
+		}
+	}
+	if strings.Contains(bash, "--secret") {
+		t.Errorf("bash completion offers an internal flag")
+	}
+	zsh := p.ZshCompletion()
+	for _, want := range []string{"#compdef prog", "'ok:succeeds'", "'--n[how MANY]:many:_files'", "'--level[log at LEVEL]:level:(debug info warn error)'"} {
+		if !strings.Contains(zsh, want) {
+			t.Errorf("zsh completion lacks %q:\n%s", want, zsh)
+		}
+	}
+	man := p.ManPage("1", "2026-11-25")
+	for _, want := range []string{`.TH PROG 1 "2026-11-25" "prog" "prog manual"`, ".SH NAME\nprog \\- does things\n", ".SS prog ok\n.nf\nUsage: prog ok [\\-\\-n N]\n",
+		`a \eback.slash \-path`} {
+		if !strings.Contains(man, want) {
+			t.Errorf("man page lacks %q:\n%s", want, man)
+		}
+	}
+}

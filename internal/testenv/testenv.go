@@ -113,6 +113,7 @@ var packages = map[string]string{
 	"danted":          "dante-server",
 	"gcc":             "gcc",
 	"git":             "git",
+	"groff":           "groff-base",
 	"ip":              "iproute2",
 	"iperf3":          "iperf3",
 	"iptables":        "iptables",
@@ -132,6 +133,7 @@ var packages = map[string]string{
 	"tc":              "iproute2",
 	"tinyproxy":       "tinyproxy",
 	"wget":            "wget",
+	"zsh":             "zsh",
 }
 
 // A missingError names programs that were not found.
