@@ -173,7 +173,7 @@ func roffBlock(b *strings.Builder, text string) {
 }
 
 // roffEscape makes a line safe in roff: backslashes doubled, and a line
-// starting with '.' or '\'' (a request) guarded by \&.
+// starting with '.' or '\” (a request) guarded by \&.
 func roffEscape(s string) string {
 	s = strings.ReplaceAll(s, `\`, `\e`)
 	s = strings.ReplaceAll(s, "-", `\-`)
