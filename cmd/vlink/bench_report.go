@@ -34,6 +34,9 @@ type benchReport struct {
 	Rounds     int        `json:"rounds"`
 	Pings      int        `json:"pings"`
 	Results    []benchRow `json:"results"`
+	// Links estimates the goodput of each stack over links of each
+	// --link rate (see linkEstimates).
+	Links []linkEstimate `json:"links"`
 }
 
 // report gives each series its median and its ratio to raw TCP's.
@@ -58,16 +61,21 @@ func (o *benchOptions) report(targets []*benchTarget, kinds []string, m benchMea
 			})
 		}
 	}
+	r.Links = linkEstimates(r.Results, kinds, o.links)
 	return r
 }
 
 func printBenchTable(w io.Writer, r *benchReport) {
 	fmt.Fprintf(w, "# %s per run, median of %d round(s), %d pings per round; %s %s/%s, GOMAXPROCS=%d\n",
 		units.FormatSize(r.Size), r.Rounds, r.Pings, r.Go, r.OS, r.Arch, r.GOMAXPROCS)
-	rows := [][]string{{"STACK", "DATA", "MB/s", "xRAW", "LATENCY", "xRAW", "WIRE/BYTE"}}
+	rows := [][]string{{"STACK", "DATA", "MB/s", "MIN..MAX", "xRAW", "LATENCY", "xRAW", "WIRE/BYTE"}}
 	for _, row := range r.Results {
+		spread := "-"
+		if len(row.RoundsMBps) > 1 {
+			spread = strconv.FormatFloat(slices.Min(row.RoundsMBps), 'f', 1, 64) + ".." + strconv.FormatFloat(slices.Max(row.RoundsMBps), 'f', 1, 64)
+		}
 		rows = append(rows, []string{row.Stack, row.Data,
-			strconv.FormatFloat(row.MBps, 'f', 1, 64), strconv.FormatFloat(row.Ratio, 'f', 2, 64),
+			strconv.FormatFloat(row.MBps, 'f', 1, 64), spread, strconv.FormatFloat(row.Ratio, 'f', 2, 64),
 			formatLatency(time.Duration(row.LatencyNs)), strconv.FormatFloat(row.LatencyRatio, 'f', 2, 64),
 			strconv.FormatFloat(row.WirePerByte, 'f', 3, 64)})
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"io"
 	"net"
@@ -458,20 +459,25 @@ func TestServeIdleTimeout(t *testing.T) {
 }
 
 func TestBench(t *testing.T) {
-	args := []string{"bench", "--size", "1M", "--stacks", "tcp,zstd", "--rounds", "1", "--pings", "100"}
+	args := []string{"bench", "--size", "1M", "--stacks", "tcp,zstd", "--rounds", "2", "--pings", "100"}
 	t.Run("table", func(t *testing.T) {
-		code, stdout, stderr := runSync(args...)
+		plot := filepath.Join(t.TempDir(), "goodput.svg")
+		code, stdout, stderr := runSync(append(args, "--plot", plot)...)
 		if code != exitOK {
 			t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 		}
-		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		tables := strings.Split(strings.TrimSpace(stdout), "\n\n")
+		if len(tables) != 2 {
+			t.Fatalf("want two tables, got:\n%s", stdout)
+		}
+		lines := strings.Split(tables[0], "\n")
 		if len(lines) != 2+6 {
 			t.Fatalf("want a comment, a header and 6 rows, got:\n%s", stdout)
 		}
-		if got := strings.Fields(lines[1]); strings.Join(got, " ") != "STACK DATA MB/s xRAW LATENCY xRAW WIRE/BYTE" {
+		if got := strings.Fields(lines[1]); strings.Join(got, " ") != "STACK DATA MB/s MIN..MAX xRAW LATENCY xRAW WIRE/BYTE" {
 			t.Errorf("header %q", lines[1])
 		}
-		row := regexp.MustCompile(`^(\S+) +(text|random) +[0-9.]+ +[0-9.]+ +[0-9.]+µs +[0-9.]+ +([0-9.]+)$`)
+		row := regexp.MustCompile(`^(\S+) +(text|random) +[0-9.]+ +[0-9.]+\.\.[0-9.]+ +[0-9.]+ +[0-9.]+µs +[0-9.]+ +([0-9.]+)$`)
 		var stacks []string
 		for _, l := range lines[2:] {
 			m := row.FindStringSubmatch(l)
@@ -484,8 +490,54 @@ func TestBench(t *testing.T) {
 		if want := "raw/text raw/random tcp/text tcp/random zstd+tcp/text zstd+tcp/random"; strings.Join(stacks, " ") != want {
 			t.Errorf("rows %v, want %s", stacks, want)
 		}
-		if !strings.Contains(stderr, "bench: round 1/1") {
+		if !strings.Contains(stderr, "bench: round 1/2") {
 			t.Errorf("no progress on stderr:\n%s", stderr)
+		}
+		// One link row per rate and kind of data, each naming a best
+		// stack that was measured.
+		links := strings.Split(tables[1], "\n")
+		linkRow := regexp.MustCompile(`^(text|random) +[0-9.]+ [kMG]?bit/s +[0-9.]+ +(raw|tcp|zstd\+tcp) +[0-9.]+ +[0-9.]+ +\S+ [0-9.]+$`)
+		if len(links) != 2+2*4 {
+			t.Fatalf("want a comment, a header and 8 link rows, got:\n%s", tables[1])
+		}
+		for _, l := range links[2:] {
+			if !linkRow.MatchString(l) {
+				t.Errorf("link row %q", l)
+			}
+		}
+		// The plot: an SVG with a line of 101 points per stack and kind.
+		f, err := os.Open(plot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var plotted []string
+		dec := xml.NewDecoder(f)
+		for {
+			tok, err := dec.Token()
+			if err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatalf("the plot is not well-formed XML: %v", err)
+			}
+			if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+				var stack, points string
+				for _, a := range se.Attr {
+					switch a.Name.Local {
+					case "data-stack":
+						stack = a.Value
+					case "points":
+						points = a.Value
+					}
+				}
+				if n := len(strings.Fields(points)); n != 101 {
+					t.Errorf("%s's line has %d points, want 101", stack, n)
+				}
+				plotted = append(plotted, stack)
+			}
+		}
+		if want := "raw tcp zstd+tcp raw tcp zstd+tcp"; strings.Join(plotted, " ") != want {
+			t.Errorf("plot lines %v, want %s", plotted, want)
 		}
 	})
 	t.Run("json", func(t *testing.T) {
@@ -522,7 +574,57 @@ func TestBench(t *testing.T) {
 		if r.Results[0].Stack != "raw" || r.Results[0].Ratio != 1 || r.Results[0].LatencyRatio != 1 {
 			t.Errorf("the baseline is not raw TCP at ratio 1: %+v", r.Results[0])
 		}
+		if len(r.Links) != 4 || r.Links[0].Rate != 10e6 || len(r.Links[0].Goodput) != 3 {
+			t.Errorf("want 4 link estimates of 3 stacks, from 10M, got %+v", r.Links)
+		}
 	})
+}
+
+// TestLinkEstimates checks the model on figures chosen for it: a
+// compressing stack wins where the link is the limit, raw TCP where the
+// CPU is, and raw TCP within 5% of the best is preferred.
+func TestLinkEstimates(t *testing.T) {
+	rows := []benchRow{
+		{Stack: "raw", Data: "text", MBps: 1000, WirePerByte: 1},
+		{Stack: "zstd+tcp", Data: "text", MBps: 100, WirePerByte: 0.2},
+		{Stack: "lz4+tcp", Data: "text", MBps: 400, WirePerByte: 0.3},
+	}
+	links, err := parseLinks("100M, 1G,10g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	est := linkEstimates(rows, []string{"text"}, links)
+	for i, want := range []struct {
+		best    string
+		goodput float64
+	}{
+		{"zstd+tcp", 62.5}, // 12.5 MB/s of wire carry 62.5 of text; zstd's CPU allows 100
+		{"lz4+tcp", 400},   // 125/0.3 = 417, but lz4's CPU stops at 400; zstd at 100
+		{"raw", 1000},      // 1250/0.3 = 4167 for lz4, CPU 400; raw gets 1000
+	} {
+		if e := est[i]; e.Best != want.best || e.Goodput[e.Best] != want.goodput {
+			t.Errorf("%v bit/s: best %s at %v MB/s, want %s at %v", e.Rate, e.Best, e.Goodput[e.Best], want.best, want.goodput)
+		}
+	}
+	rows[0].MBps = 390 // within 5% of lz4's 400: raw is simpler
+	if e := linkEstimates(rows, []string{"text"}, []float64{10e9})[0]; e.Best != "raw" {
+		t.Errorf("raw at 390 against lz4 at 400: best %s, want raw", e.Best)
+	}
+	// deflate's wire ratio a hair better than zstd's, its CPU slower: on
+	// a slow link they tie, and the one with CPU to spare is named.
+	ties := []benchRow{
+		{Stack: "raw", Data: "text", MBps: 2000, WirePerByte: 1},
+		{Stack: "deflate+tcp", Data: "text", MBps: 160, WirePerByte: 0.199},
+		{Stack: "zstd+tcp", Data: "text", MBps: 210, WirePerByte: 0.200},
+	}
+	if e := linkEstimates(ties, []string{"text"}, []float64{10e6})[0]; e.Best != "zstd+tcp" {
+		t.Errorf("deflate and zstd tied on 10 Mbit/s: best %s, want zstd+tcp (more CPU to spare)", e.Best)
+	}
+	for _, bad := range []string{"fast", "0", "-1M", "100T", "1e20"} {
+		if _, err := parseLinks(bad); err == nil {
+			t.Errorf("--link %s accepted", bad)
+		}
+	}
 }
 
 func TestLayers(t *testing.T) {
