@@ -80,7 +80,7 @@ type relay struct {
 func (r *relay) run(dst, src net.Conn) int64 {
 	n, err := copyConn(dst, src)
 	if err == nil {
-		if err = r.closeWrite(dst); err != nil && resetByPeer(err) {
+		if err = r.closeWrite(dst); err != nil && ResetByPeer(err) {
 			// The peer reset after its own end, or before it: the other
 			// direction's read from dst ends at once, cleanly or with
 			// the reset, and says which. No teardown here.
@@ -93,9 +93,9 @@ func (r *relay) run(dst, src net.Conn) int64 {
 	return n
 }
 
-// resetByPeer reports whether err is what a write or a half-close gets
+// ResetByPeer reports whether err is what a write or a half-close gets
 // once the peer has reset the connection.
-func resetByPeer(err error) bool {
+func ResetByPeer(err error) bool {
 	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 

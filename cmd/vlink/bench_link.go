@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"html"
 	"io"
@@ -100,7 +101,7 @@ func printLinkTable(w io.Writer, est []linkEstimate) {
 			stacks = append(stacks, s)
 		}
 		slices.SortFunc(stacks, func(a, b string) int {
-			if c := compareFloat(e.Goodput[b], e.Goodput[a]); c != 0 {
+			if c := cmp.Compare(e.Goodput[b], e.Goodput[a]); c != 0 {
 				return c
 			}
 			return strings.Compare(a, b)
@@ -117,16 +118,6 @@ func printLinkTable(w io.Writer, est []linkEstimate) {
 			strconv.FormatFloat(e.Goodput[e.Best], 'f', 1, 64), strconv.FormatFloat(e.Goodput[e.Best]/raw, 'f', 2, 64), next})
 	}
 	printColumns(w, rows, 2)
-}
-
-func compareFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // plotPalette colours the stacks' lines, raw TCP first.

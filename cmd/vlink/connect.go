@@ -216,7 +216,7 @@ func (r *stdioRelay) run(ctx context.Context) error {
 			// A peer that ended its stream and then reset rather than
 			// read the rest of ours: the down direction says whether its
 			// stream was whole.
-			if err != nil && !resetByPeer(err) {
+			if err != nil && !netconn.ResetByPeer(err) {
 				netconn.Abort(r.c)
 				return err
 			}
@@ -269,12 +269,6 @@ func copyDown(stdout io.Writer, c net.Conn, n *atomic.Int64) error {
 		return fmt.Errorf("receiving from %v: %w", c.RemoteAddr(), err)
 	}
 	return nil
-}
-
-// resetByPeer reports whether err is what a write gets once the peer has
-// reset the connection.
-func resetByPeer(err error) bool {
-	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // readerOnly and writerOnly count the bytes carried and tell which side

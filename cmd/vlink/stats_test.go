@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,21 +68,13 @@ func TestStats(t *testing.T) {
 	if len(lines) < 5 || opened != 1 || closed != 1 {
 		t.Errorf("%d stats lines, %d connections opened, %d closed; want 5 or more, 1, 1:\n%s", len(lines), opened, closed, tun.stderr.String())
 	}
-	if len(ratios) == 0 || slicesMax(ratios) < 3 {
+	if len(ratios) == 0 || slices.Max(ratios) < 3 {
 		t.Errorf("compression ratios reported for zstd on text: %v, want some above 3:\n%s", ratios, tun.stderr.String())
 	}
 	// serve logs in JSON, the same figures.
 	if !regexp.MustCompile(`\{"time":"[^"]+","level":"INFO","msg":"stats","over":"[^"]+","open":\d+,"new":\d+,"closed":\d+,"failed":0,"up":"[^"]+","down":"[^"]+","bytes_up":\d+,"bytes_down":\d+`).MatchString(srv.stderr.String()) {
 		t.Errorf("serve --log-format json wrote no stats object:\n%s", srv.stderr.String())
 	}
-}
-
-func slicesMax(v []float64) float64 {
-	m := v[0]
-	for _, x := range v {
-		m = max(m, x)
-	}
-	return m
 }
 
 func TestFormatRate(t *testing.T) {
