@@ -24,9 +24,8 @@ type tracker struct {
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
-	relays int // relays in progress
 	cut    bool
-	live   map[*liveRelay]struct{} // the relays in progress, for the statistics
+	live   map[*liveRelay]struct{} // the relays in progress
 	total  totals
 }
 
@@ -120,7 +119,7 @@ func (t *tracker) shutdown(grace time.Duration) (cut int) {
 	case <-done:
 	case <-timer.C:
 		t.mu.Lock()
-		cut = t.relays
+		cut = len(t.live)
 		t.mu.Unlock()
 		t.closeAll()
 		<-done
@@ -149,7 +148,7 @@ func (t *tracker) closeAll() {
 func (t *tracker) active() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.relays
+	return len(t.live)
 }
 
 // relay joins the client's connection a and the target's b, carried
@@ -166,9 +165,6 @@ func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	if !t.add(a, b) {
 		return
 	}
-	t.mu.Lock()
-	t.relays++
-	t.mu.Unlock()
 	t.m.relayStarted(stack)
 	live := newLiveRelay(stack, a, b, attrs)
 	t.liveStart(live)
@@ -178,7 +174,6 @@ func (t *tracker) relayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	idled := w.Stop()
 	attrs = append(attrs, "bytes_up", up, "bytes_down", down, "took", time.Since(start).Round(time.Millisecond))
 	t.mu.Lock()
-	t.relays--
 	delete(t.conns, a)
 	delete(t.conns, b)
 	cut := t.cut

@@ -80,7 +80,7 @@ type totals struct {
 	sampledApp, wire uint64
 }
 
-// liveStart registers a relay with the statistics.
+// liveStart registers a relay in progress.
 func (t *tracker) liveStart(r *liveRelay) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
