@@ -22,11 +22,11 @@ type tracker struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	cut    bool
-	live   map[*liveRelay]struct{} // the relays in progress
-	total  totals
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	cut   bool
+	live  map[*liveRelay]struct{} // the relays in progress
+	total totals
 }
 
 func newTracker(m *metrics) *tracker {
