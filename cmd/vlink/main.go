@@ -45,6 +45,9 @@ type env struct {
 	levelSet       bool     // --log-level was given
 	logFormat      string   // --log-format: text or json
 	args           []string // after the flags, for commands that take them
+	// forwardsFile is the --forwards file the forward being set up comes
+	// from (empty: the command line).
+	forwardsFile string
 }
 
 var program = &cli.Program{
@@ -162,6 +165,9 @@ func insecurePlaintextVar(fs *flag.FlagSet, p *bool) {
 // proxy URL's): other users of the machine read command lines in the
 // process list, and shells keep them in their history.
 func warnPassword(e *env, flag, stack string) {
+	if e.forwardsFile != "" {
+		return // no command line: loadForwards checks who can read the file
+	}
 	if shown := secret.RedactStack(stack); shown != stack {
 		e.log.Warn(flag+" holds a password, which other users of this machine can read in the process list (and your shell keeps in its history): give the layer password-file=FILE (mode 600) or password-env=VAR instead",
 			"stack", shown)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"os"
 	"strings"
 	"sync"
 
@@ -30,6 +31,16 @@ func nodeFlags(fs *flag.FlagSet, o *nodeOptions, role string) {
 // reverseFlag defines --reverse-listen, for the commands that dial nodes.
 func reverseFlag(fs *flag.FlagSet, o *nodeOptions) {
 	fs.StringVar(&o.reverseListen, "reverse-listen", "", "let the nodes we dial connect back to us on `ADDR` (host:port other nodes can reach, e.g. 0.0.0.0:7200), so that a node behind a firewall is reached without the relay carrying the bytes; needs --node (default: off, the relay carries them)")
+}
+
+// keyFileContent is what --node-key-file holds, for a reload to notice
+// a new key (nil: none, or unreadable, which connect reports).
+func (o *nodeOptions) keyFileContent() []byte {
+	if o.keyFile == "" {
+		return nil
+	}
+	b, _ := os.ReadFile(o.keyFile)
+	return b
 }
 
 // set reports whether the command is to be a node.

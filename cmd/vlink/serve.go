@@ -24,7 +24,7 @@ import (
 var serveCmd = &cli.Command{
 	Name:     "serve",
 	Summary:  "accept VLink and plain connections on a port and forward them",
-	Synopsis: "(--target HOST:PORT | --allow PATTERN ... | --hop PATTERN ...) [flags]",
+	Synopsis: "(--target HOST:PORT | --allow PATTERN ... | --hop PATTERN ... | --forwards FILE) [flags]",
 	About: `
 Accepts VLink connections (from "vlink tunnel", or any program dialing with
 the vlink library) and plain TCP connections on one port, and forwards each:
@@ -53,6 +53,12 @@ never crosses the wire, and a recorded handshake cannot be replayed), and
 plain connections are refused unless --plain allow. Listening beyond
 loopback is done only when --listen says so, and is warned about without a
 key.
+
+With --forwards FILE, one process serves on many ports: FILE is TOML, one
+[[forward]] table per listener, whose keys are the flags of one listener
+without their dashes (a repeatable flag takes a list), and name = "..." to
+name it in the log. SIGHUP rereads the file (see --forwards); the example
+unit docs/systemd/vlink@.service runs it under systemd.
 `,
 	Examples: `
   # Forward port 7000 to a local web server; tunnels may use any filter:
@@ -76,6 +82,22 @@ key.
   # (nginx: listen 8080 proxy_protocol):
   vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
       --allow 127.0.0.1:8080 --proxy-protocol 127.0.0.1:8080
+
+  # Two listeners in one process; after editing the file, kill -HUP
+  # reloads it:
+  cat > serve.toml <<'EOF'
+  [[forward]]
+  name = "gateway"
+  listen = "0.0.0.0:7000"
+  key-file = "vlink.key"   # relative to the file's folder
+  allow = ["10.0.0.0/8:1-65535", "*.corp.example:443"]
+
+  [[forward]]
+  name = "web"
+  listen = "127.0.0.1:7001"
+  target = "127.0.0.1:8000"
+  EOF
+  vlink serve --forwards serve.toml
 `,
 	Flags: withEnv(serveFlags),
 }
@@ -85,16 +107,32 @@ type serveOptions struct {
 	identityFile                           string
 	listenStack, hopStack                  string
 	allow, limits, hops, proxyProtocol     listFlag
-	handshakeTimeout, dialTimeout, grace   time.Duration
+	handshakeTimeout, dialTimeout          time.Duration
 	idleTimeout                            time.Duration
 	insecurePlaintext                      bool
 	node                                   nodeOptions
-	metrics                                string
-	stats                                  time.Duration
 }
 
 func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+	p := &processOptions{}
+	p.flags(fs)
 	o := &serveOptions{}
+	o.flags(fs)
+	return func(ctx context.Context, e *env) int {
+		if err := p.run(ctx, e, fs, o.prepare, func(fs *flag.FlagSet) func(*env) (forward, error) {
+			o := &serveOptions{}
+			o.flags(fs)
+			return o.prepare
+		}); err != nil {
+			return fail(e, "vlink serve", err)
+		}
+		return exitOK
+	}
+}
+
+// flags defines the flags of one forward: those a --forwards file's
+// entries take.
+func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:7000", "accept connections on `ADDR` (host:port); a non-loopback address serves other hosts")
 	fs.StringVar(&o.target, "target", "", "forward plain connections, and VLink connections that name no target, to `HOST:PORT` (default: none)")
 	fs.Var(&o.allow, "allow", "let VLink dialers name targets matching `PATTERN`, written HOST:PORTS: HOST is a name glob (*.corp.example), an IP or a CIDR prefix (10.0.0.0/8, [fd00::1]); PORTS is a port, a range, a comma list or * (repeatable; default: none)")
@@ -112,15 +150,6 @@ func serveFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
 	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
 	nodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
-	graceVar(fs, &o.grace)
-	metricsVar(fs, &o.metrics)
-	statsVar(fs, &o.stats)
-	return func(ctx context.Context, e *env) int {
-		if err := o.run(ctx, e); err != nil {
-			return fail(e, "vlink serve", err)
-		}
-		return exitOK
-	}
 }
 
 // defaultIdleTimeout is --idle-timeout's default.
@@ -137,88 +166,103 @@ type server struct {
 	t           *tracker
 }
 
-func (o *serveOptions) run(ctx context.Context, e *env) error {
+// serveForward is a "vlink serve" forward whose flags passed every check,
+// not yet listening.
+type serveForward struct {
+	o           *serveOptions
+	policy      vlink.Policy
+	listenStack vlink.Stack
+	s           server // log and t are set by start
+}
+
+func (o *serveOptions) prepare(e *env) (forward, error) {
 	if o.target == "" && len(o.allow) == 0 && len(o.hops) == 0 {
-		return usagef("nothing to forward to: add --target HOST:PORT (where connections go), " +
+		return nil, usagef("nothing to forward to: add --target HOST:PORT (where connections go), " +
 			"--allow PATTERN (the targets VLink dialers may name) or --hop PATTERN (the nodes they may route through); serve never runs as an open proxy")
 	}
 	policy, err := o.policy()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"grace", o.grace}, {"idle-timeout", o.idleTimeout}, {"stats", o.stats}} {
-		if d.v < 0 || (d.v == 0 && d.name != "grace" && d.name != "idle-timeout" && d.name != "stats") {
-			return usagef("--%s %v: want a positive duration", d.name, d.v)
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"idle-timeout", o.idleTimeout}} {
+		if d.v < 0 || (d.v == 0 && d.name != "idle-timeout") {
+			return nil, usagef("--%s %v: want a positive duration", d.name, d.v)
 		}
 	}
 	if o.keyFile != "" {
 		if policy.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if o.identityFile != "" {
 		if o.keyFile == "" {
-			return usagef("--identity needs --key-file: the identity is proven inside the encryption, which the key sets up")
+			return nil, usagef("--identity needs --key-file: the identity is proven inside the encryption, which the key sets up")
 		}
 		if policy.Identity, err = vlink.ReadIdentityFile(o.identityFile); err != nil {
-			return err
+			return nil, err
 		}
 	}
-
-	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	s := &server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout, log: e.log, t: newTracker(m)}
+	f := &serveForward{o: o, policy: policy,
+		s: server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout}}
 	if len(o.hops) > 0 {
 		hs, err := vlink.Parse(o.hopStack)
 		if err != nil {
-			return usagef("--hop-stack: %v", err)
+			return nil, usagef("--hop-stack: %v", err)
 		}
 		if !hs.IsPlain() {
-			return usagef("--hop-stack %s: give factories only; the layers a dialer asks for run end to end, not between nodes", secret.RedactStack(o.hopStack))
+			return nil, usagef("--hop-stack %s: give factories only; the layers a dialer asks for run end to end, not between nodes", secret.RedactStack(o.hopStack))
 		}
-		s.hop = &vlink.Dialer{Stack: hs, Timeout: o.dialTimeout}
+		f.s.hop = &vlink.Dialer{Stack: hs, Timeout: o.dialTimeout}
 	} else if o.hopStack != "tcp" {
-		return usagef("--hop-stack needs --hop: it says how to reach the next nodes --hop lets dialers name")
+		return nil, usagef("--hop-stack needs --hop: it says how to reach the next nodes --hop lets dialers name")
 	}
 	if len(o.proxyProtocol) > 0 {
 		var rules []selector.Rule
 		for _, a := range o.proxyProtocol {
 			r, err := parseAllow(a)
 			if err != nil {
-				return usagef("--proxy-protocol: %v", err)
+				return nil, usagef("--proxy-protocol: %v", err)
 			}
 			rules = append(rules, r)
 		}
-		if s.proxy, err = selector.New(rules, selector.Rule{Action: selector.Refuse}); err != nil {
-			return usagef("--proxy-protocol: %v", err)
+		if f.s.proxy, err = selector.New(rules, selector.Rule{Action: selector.Refuse}); err != nil {
+			return nil, usagef("--proxy-protocol: %v", err)
 		}
 	}
 	warnPassword(e, "--hop-stack", o.hopStack)
 	warnPassword(e, "--listen-stack", o.listenStack)
-	var listenStack vlink.Stack
 	if o.listenStack != "" {
-		if listenStack, err = vlink.Parse(o.listenStack); err != nil {
-			return usagef("--listen-stack: %v", err)
+		if f.listenStack, err = vlink.Parse(o.listenStack); err != nil {
+			return nil, usagef("--listen-stack: %v", err)
 		}
 	}
+	return f, nil
+}
+
+func (f *serveForward) listenAddr() string { return f.o.listen }
+
+func (f *serveForward) secrets() [][]byte {
+	return [][]byte{f.policy.Key, f.policy.Identity, f.o.node.keyFileContent()}
+}
+
+func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Listener, func(net.Conn), func(), error) {
+	o, policy, s := f.o, f.policy, &f.s
+	s.log, s.t = e.log, t
 	lc := vlink.ListenConfig{
-		Stack:            listenStack,
+		Stack:            f.listenStack,
 		Policy:           policy,
 		HandshakeTimeout: o.handshakeTimeout,
 		Admit:            s.admit,
 		Lookup:           s.lookup,
 		Logger:           e.log,
-		Observe:          m.handshook,
+		Observe:          t.m.handshook,
 	}
 	l, err := lc.Listen(ctx, "tcp", o.listen)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
 		e.log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
@@ -229,41 +273,36 @@ func (o *serveOptions) run(ctx context.Context, e *env) error {
 		pub, _ := vlink.IdentityPublic(policy.Identity)
 		identity = knownnodes.Fingerprint(pub)
 	}
-	defer s.t.startStats(e.log, o.stats)() // before "serving": SIGUSR1 is ours then
 	e.log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
 		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity)
-	var accepting net.Listener = l
-	if o.node.set() {
-		// Other nodes' connections come through the network: the same
-		// policy, with the key the relay gives each connection.
-		node, err := o.node.connect(ctx, e, policy.Key)
-		if err != nil {
-			l.Close()
-			return err
-		}
-		defer node.Close()
-		nl, err := node.Listen(func(from string, port uint16) error {
-			return policy.AllowsTarget(net.JoinHostPort("localhost", strconv.Itoa(int(port))))
-		})
-		if err != nil {
-			l.Close()
-			return err
-		}
-		vl, err := lc.NewListener(nl)
-		if err != nil {
-			l.Close()
-			nl.Close()
-			return err
-		}
-		accepting = mergeListeners(l, vl)
-		e.log.Info("serving as a node", "node", node.Name(), "addr", node.Name()+vlink.NodeSuffix, "seen as", node.Observed().String())
-	}
-
 	// The listener retries its own temporary accept failures, and
 	// accepts only *vlink.Conn.
-	return s.t.acceptLoop(ctx, e.log, accepting, o.grace, func(c net.Conn) {
-		s.t.spawn(func() { s.handle(c.(*vlink.Conn)) })
+	handle := func(c net.Conn) { s.handle(c.(*vlink.Conn)) }
+	if !o.node.set() {
+		return l, handle, func() {}, nil
+	}
+	// Other nodes' connections come through the network: the same
+	// policy, with the key the relay gives each connection.
+	node, err := o.node.connect(ctx, e, policy.Key)
+	if err != nil {
+		l.Close()
+		return nil, nil, nil, err
+	}
+	nl, err := node.Listen(func(from string, port uint16) error {
+		return policy.AllowsTarget(net.JoinHostPort("localhost", strconv.Itoa(int(port))))
 	})
+	if err == nil {
+		var vl net.Listener
+		if vl, err = lc.NewListener(nl); err != nil {
+			nl.Close()
+		} else {
+			e.log.Info("serving as a node", "node", node.Name(), "addr", node.Name()+vlink.NodeSuffix, "seen as", node.Observed().String())
+			return mergeListeners(l, vl), handle, func() { node.Close() }, nil
+		}
+	}
+	l.Close()
+	node.Close()
+	return nil, nil, nil, err
 }
 
 // policy builds the listener's policy from the flags.

@@ -213,7 +213,7 @@ func (o *socksOptions) run(ctx context.Context, e *env) error {
 	defer stopMetrics()
 	o.label = o.stackLabel()
 	t := newTracker(m)
-	defer t.startStats(e.log, o.stats)() // before "listening": SIGUSR1 is ours then
+	defer startStats(e.log, o.stats, t)() // before "listening": SIGUSR1 is ours then
 	e.log.Info("listening", "addr", l.Addr().String(), "route", route, "allow_from", strings.Join(allowed, ","), "auth", srv.User != "")
 	sem := make(chan struct{}, maxSOCKSHandshakes)
 	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -128,9 +129,68 @@ func (t *tracker) snapshot() (tot totals, open []*liveRelay) {
 	return tot, open
 }
 
-// reportStats logs a summary every interval (0: never) and a snapshot
-// on every value from snap, until ctx ends.
-func (t *tracker) reportStats(ctx context.Context, log *slog.Logger, interval time.Duration, snap <-chan os.Signal) {
+// A statsSource is what the statistics report on: a tracker, or the
+// trackers of a --forwards file's forwards.
+type statsSource interface {
+	// snapshot samples the open relays and returns the totals so far,
+	// open relays included.
+	snapshot() (totals, []*liveRelay)
+}
+
+// statsGroup sums the statistics of the forwards of a file, those still
+// draining and those gone included.
+type statsGroup struct {
+	mu   sync.Mutex
+	ts   map[*tracker]struct{}
+	gone totals
+}
+
+func (g *statsGroup) add(t *tracker) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ts == nil {
+		g.ts = map[*tracker]struct{}{}
+	}
+	g.ts[t] = struct{}{}
+}
+
+// retire folds the totals of t, whose relays have all ended, into the
+// group's.
+func (g *statsGroup) retire(t *tracker) {
+	tot, _ := t.snapshot()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.ts, t)
+	g.gone.add(tot)
+}
+
+func (g *statsGroup) snapshot() (totals, []*liveRelay) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	tot := g.gone
+	var open []*liveRelay
+	for t := range g.ts {
+		tt, o := t.snapshot()
+		tot.add(tt)
+		open = append(open, o...)
+	}
+	return tot, open
+}
+
+// add adds u's counts to t's.
+func (t *totals) add(u totals) {
+	t.opened += u.opened
+	t.done += u.done
+	t.failed += u.failed
+	t.up += u.up
+	t.down += u.down
+	t.sampledApp += u.sampledApp
+	t.wire += u.wire
+}
+
+// reportStats logs a summary of src every interval (0: never) and a
+// snapshot on every value from snap, until ctx ends.
+func reportStats(ctx context.Context, log *slog.Logger, interval time.Duration, src statsSource, snap <-chan os.Signal) {
 	var tick <-chan time.Time
 	if interval > 0 {
 		ticker := time.NewTicker(interval)
@@ -144,11 +204,11 @@ func (t *tracker) reportStats(ctx context.Context, log *slog.Logger, interval ti
 		case <-ctx.Done():
 			return
 		case now := <-tick:
-			tot, open := t.snapshot()
+			tot, open := src.snapshot()
 			log.Info("stats", statsAttrs(now.Sub(lastAt), len(open), tot, last)...)
 			last, lastAt = tot, now
 		case <-snap:
-			tot, open := t.snapshot()
+			tot, open := src.snapshot()
 			log.Info("snapshot", statsAttrs(time.Since(start), len(open), tot, totals{})...)
 			for _, r := range open {
 				log.Info("open connection", append(append([]any{}, r.attrs...), "stack", r.stack,
@@ -192,17 +252,17 @@ func formatRate(bps float64) string {
 	return fmt.Sprintf("%.0f bit/s", bps)
 }
 
-// startStats runs reportStats for the command's life: with --stats every
-// interval, and a snapshot on SIGUSR1 where there is one. The returned
-// func stops it and waits for it.
-func (t *tracker) startStats(log *slog.Logger, interval time.Duration) func() {
+// startStats runs reportStats on src for the command's life: with
+// --stats every interval, and a snapshot on SIGUSR1 where there is one.
+// The returned func stops it and waits for it.
+func startStats(log *slog.Logger, interval time.Duration, src statsSource) func() {
 	snap := make(chan os.Signal, 1)
 	notifySnapshot(snap)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.reportStats(ctx, log, interval, snap)
+		reportStats(ctx, log, interval, src, snap)
 	}()
 	return func() {
 		stopSnapshot(snap)

@@ -8,3 +8,8 @@ import "os"
 func notifySnapshot(chan<- os.Signal) {}
 
 func stopSnapshot(chan<- os.Signal) {}
+
+// notifyReload: no SIGHUP here; a --forwards file is read once.
+func notifyReload(chan<- os.Signal) {}
+
+func stopReload(chan<- os.Signal) {}

@@ -12,3 +12,9 @@ import (
 func notifySnapshot(c chan<- os.Signal) { signal.Notify(c, syscall.SIGUSR1) }
 
 func stopSnapshot(c chan<- os.Signal) { signal.Stop(c) }
+
+// notifyReload sends SIGHUP to c: a --forwards file is read again, as
+// sshd and nginx take it.
+func notifyReload(c chan<- os.Signal) { signal.Notify(c, syscall.SIGHUP) }
+
+func stopReload(c chan<- os.Signal) { signal.Stop(c) }

@@ -17,7 +17,7 @@ import (
 var tunnelCmd = &cli.Command{
 	Name:     "tunnel",
 	Summary:  "carry local TCP connections through a stack to a VLink server",
-	Synopsis: "--to HOST:PORT [--stack STACK] [--via HOST:PORT] [flags]",
+	Synopsis: "(--to HOST:PORT [--stack STACK] [--via HOST:PORT] | --forwards FILE) [flags]",
 	About: `
 Listens on a local port (plain TCP, for any program) and carries each
 connection it accepts through a stack to --to:
@@ -38,6 +38,12 @@ parameters after ':' (zstd:level=3+tcp); tcp is implied at the bottom.
 "vlink layers" lists the layers and their parameters. Connections are
 logged at debug, failures (a refusal and its reason, an unreachable
 server) at info.
+
+With --forwards FILE, one process runs many tunnels, as ssh -L -L or frp's
+proxy list do: FILE is TOML, one [[forward]] table per tunnel, whose keys
+are the flags of one tunnel without their dashes, and name = "..." to name
+it in the log. SIGHUP rereads the file (see --forwards); the example unit
+docs/systemd/vlink@.service runs it under systemd.
 `,
 	Examples: `
   # With the first "vlink serve" example running: local port 8080 reaches
@@ -54,6 +60,23 @@ server) at info.
   # Publish the local port 8000 on the bastion's port 8080 (ssh -R):
   vlink tunnel --listen-stack ssh:host=bastion.example --listen 127.0.0.1:8080 \
       --to 127.0.0.1:8000 --stack tcp
+
+  # Two tunnels in one process; after editing the file, kill -HUP reloads it:
+  cat > tunnels.toml <<'EOF'
+  [[forward]]
+  name = "db"
+  listen = "127.0.0.1:5432"
+  to = "db.internal:5432"
+  stack = "ssh:host=bastion.example"
+
+  [[forward]]
+  listen = "127.0.0.1:8443"
+  via = "127.0.0.1:7000"
+  to = "10.1.2.3:443"
+  stack = "lz4"
+  key-file = "vlink.key"   # relative to the file's folder
+  EOF
+  vlink tunnel --forwards tunnels.toml
 `,
 	Flags: withEnv(tunnelFlags),
 }
@@ -61,8 +84,6 @@ server) at info.
 type tunnelOptions struct {
 	dialOptions
 	listen, listenStack string
-	grace, stats        time.Duration
-	metrics             string
 }
 
 // dialOptions are what the commands reaching one destination through a
@@ -79,7 +100,26 @@ type dialOptions struct {
 }
 
 func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
-	o := &tunnelOptions{dialOptions: dialOptions{toName: "--to"}}
+	p := &processOptions{}
+	p.flags(fs)
+	o := &tunnelOptions{}
+	o.flags(fs)
+	return func(ctx context.Context, e *env) int {
+		if err := p.run(ctx, e, fs, o.prepare, func(fs *flag.FlagSet) func(*env) (forward, error) {
+			o := &tunnelOptions{}
+			o.flags(fs)
+			return o.prepare
+		}); err != nil {
+			return fail(e, "vlink tunnel", err)
+		}
+		return exitOK
+	}
+}
+
+// flags defines the flags of one forward: those a --forwards file's
+// entries take.
+func (o *tunnelOptions) flags(fs *flag.FlagSet) {
+	o.toName = "--to"
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
 	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
 	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd, lz4+tcp or zstd+socks5h://proxy:1080 (default: the user's configuration decides)")
@@ -91,15 +131,6 @@ func tunnelFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	knownNodesVar(fs, &o.knownNodes)
 	nodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
 	reverseFlag(fs, &o.node)
-	graceVar(fs, &o.grace)
-	metricsVar(fs, &o.metrics)
-	statsVar(fs, &o.stats)
-	return func(ctx context.Context, e *env) int {
-		if err := o.run(ctx, e); err != nil {
-			return fail(e, "vlink tunnel", err)
-		}
-		return exitOK
-	}
 }
 
 // dialer builds the Dialer the flags describe.
@@ -119,8 +150,10 @@ func (o *dialOptions) dialer() (*vlink.Dialer, error) {
 			return nil, usagef("--via and --key-file need --stack (--stack tcp for no filter); without --stack the configuration decides")
 		}
 		// Read now, so that a broken configuration stops the tunnel
-		// instead of failing every connection.
-		cfg, err := vlink.DefaultConfig()
+		// instead of failing every connection; read afresh, not the
+		// process's cached DefaultConfig, so that a forward a reload
+		// starts follows the configuration as it is then.
+		cfg, err := vlink.ConfigFromEnv()
 		if err != nil {
 			return nil, err
 		}
@@ -145,25 +178,62 @@ func (o *dialOptions) dialer() (*vlink.Dialer, error) {
 	return d, nil
 }
 
-func (o *tunnelOptions) run(ctx context.Context, e *env) error {
+// tunnelForward is a "vlink tunnel" forward whose flags passed every
+// check, not yet listening.
+type tunnelForward struct {
+	o     *tunnelOptions
+	d     *vlink.Dialer
+	label string // the metrics' name for the stack
+}
+
+func (o *tunnelOptions) prepare(e *env) (forward, error) {
 	if o.to == "" {
-		return usagef("--to HOST:PORT is required: where connections go")
+		return nil, usagef("--to HOST:PORT is required: where connections go")
 	}
-	if o.grace < 0 || o.stats < 0 {
-		return usagef("--grace and --stats want durations of 0 or more")
-	}
-	// What multi-link layers share (a mux session) lives as long as the
-	// tunnel: every connection it accepts rides on it.
-	d, closeDialer, err := o.open(ctx, e)
+	d, err := o.dialer()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closeDialer()
+	if o.listenStack != "" {
+		if _, err := vlink.Parse(o.listenStack); err != nil {
+			return nil, usagef("--listen-stack: %v", err)
+		}
+	}
+	warnPassword(e, "--stack", o.stack)
+	warnPassword(e, "--listen-stack", o.listenStack)
+	d.PeerKey = peerKeyCallback(o.knownNodes, e.log)
+	label := "config"
+	if o.stack != "" {
+		label = stackLabel(d.Stack)
+	}
+	return &tunnelForward{o: o, d: d, label: label}, nil
+}
+
+func (f *tunnelForward) listenAddr() string { return f.o.listen }
+
+func (f *tunnelForward) secrets() [][]byte { return [][]byte{f.d.Key, f.o.node.keyFileContent()} }
+
+func (f *tunnelForward) start(ctx context.Context, e *env, t *tracker) (net.Listener, func(net.Conn), func(), error) {
+	o, d := f.o, f.d
+	// What multi-link layers share (a mux session) lives as long as the
+	// forward: every connection it accepts rides on it.
+	closeAll := func() { d.Close() }
+	if o.node.set() {
+		node, err := o.node.connect(ctx, e, d.Key)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		d.Network = node
+		closeAll = func() {
+			d.Close()
+			node.Close()
+		}
+	}
 	l, err := listenOn(ctx, o.listenStack, o.listen)
 	if err != nil {
-		return err
+		closeAll()
+		return nil, nil, nil, err
 	}
-	warnPassword(e, "--listen-stack", o.listenStack)
 	stack := secret.RedactStack(o.stack)
 	if stack == "" {
 		stack = "from the configuration"
@@ -171,22 +241,8 @@ func (o *tunnelOptions) run(ctx context.Context, e *env) error {
 			stack += " " + d.Config.Source
 		}
 	}
-	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)
-	if err != nil {
-		l.Close()
-		return err
-	}
-	defer stopMetrics()
-	label := "config"
-	if o.stack != "" {
-		label = stackLabel(d.Stack)
-	}
-	t := newTracker(m)
-	defer t.startStats(e.log, o.stats)() // before "listening": SIGUSR1 is ours then
 	e.log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
-	return t.acceptLoop(ctx, e.log, l, o.grace, func(c net.Conn) {
-		t.spawn(func() { o.handle(e, t, d, label, c) })
-	})
+	return l, func(c net.Conn) { o.handle(e, t, d, f.label, c) }, closeAll, nil
 }
 
 // open builds the Dialer the flags describe, with the pin check and,

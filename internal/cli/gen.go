@@ -28,8 +28,8 @@ func visibleFlags(fs *flag.FlagSet) []flagInfo {
 			arg = ""
 		}
 		def := f.DefValue
-		if def == "false" || def == "0" {
-			def = ""
+		if def == "false" || def == "0" || def == "0s" || strings.Contains(usage, "(default:") {
+			def = "" // nothing to say, or the usage says it better
 		}
 		out = append(out, flagInfo{name: f.Name, arg: arg, usage: usage, def: def, values: choices(usage)})
 	})

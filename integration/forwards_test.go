@@ -1,0 +1,321 @@
+//go:build linux
+
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
+)
+
+// notifySocket listens where a service started by systemd with
+// Type=notify sends its state, and collects the datagrams.
+type notifySocket struct {
+	path string
+	got  chan string
+}
+
+func newNotifySocket(t *testing.T) *notifySocket {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	n := &notifySocket{path: path, got: make(chan string, 64)}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			n.got <- string(buf[:k])
+		}
+	}()
+	return n
+}
+
+// expect waits for the next datagram and checks it matches re.
+func (n *notifySocket) expect(t *testing.T, re string) {
+	t.Helper()
+	select {
+	case d := <-n.got:
+		if !regexp.MustCompile(re).MatchString(d) {
+			t.Fatalf("systemd was told %q, want a match for %q", d, re)
+		}
+	case <-time.After(startTimeout):
+		t.Fatalf("systemd was told nothing within %v, want %q", startTimeout, re)
+	}
+}
+
+// reload sends p SIGHUP and waits for the n-th reload's outcome line.
+func reload(t *testing.T, p *proc, n int) {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, p, regexp.MustCompile(`msg=(?:reloaded|"reload refused|"reload incomplete)`), n, startTimeout)
+}
+
+// openEcho opens a connection to addr and checks that it echoes.
+func openEcho(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, startTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	roundTrip(t, c, genData(50000, 1))
+	return c
+}
+
+// roundTrip sends data on c and checks that it comes back intact.
+func roundTrip(t *testing.T, c net.Conn, data []byte) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	werr := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		werr <- err
+	}()
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("echo through %s: %v", c.RemoteAddr(), err)
+	}
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	if testnet.Sum(got) != testnet.Sum(data) {
+		t.Fatalf("echo through %s: the bytes differ", c.RemoteAddr())
+	}
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForwardsReload runs a gateway and a tunnel of two forwards each
+// from --forwards files, as systemd would (Type=notify), and reloads
+// them: an unchanged forward keeps its open connection through every
+// reload; a removed one stops accepting at once, and its open connection
+// works until --grace ends, then is reset, never ended cleanly; a changed
+// one restarts on its port; a bad file, or a port someone else holds, is
+// refused with the reason and the running set stays as it was.
+func TestForwardsReload(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo1 := startSocatEcho(t)
+	_, echo2 := startSocatEcho(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "vlink.key"), "forwards-test-key-0123456789abcdef\n")
+	ports := map[string]string{}
+	for _, n := range []string{"S1", "S2", "T1", "T2", "T3", "T4"} {
+		ports[n] = fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	}
+	expand := func(s string) string {
+		for k, v := range ports {
+			s = strings.ReplaceAll(s, "@"+k, v)
+		}
+		return strings.NewReplacer("@E1", echo1, "@E2", echo2).Replace(s)
+	}
+
+	// The gateway: two forwards, the key file relative to the file.
+	serveFile := filepath.Join(dir, "serve.toml")
+	serveText := `
+[[forward]]
+name = "one"
+listen = "@S1"
+target = "@E1"
+key-file = "vlink.key"
+
+[[forward]]
+name = "two"
+listen = "@S2"
+target = "@E2"
+key-file = "vlink.key"
+layers = "zstd"
+`
+	writeFile(t, serveFile, expand(serveText))
+	sn := newNotifySocket(t)
+	t.Setenv("NOTIFY_SOCKET", sn.path)
+	serve := startProc(t, vlinkBin, "serve", "--forwards", serveFile, "--grace", "1s")
+	serve.Name, serve.CleanExit = "vlink serve", true
+	serve.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
+	sn.expect(t, `^READY=1\nSTATUS=2 forwards running from \S+serve.toml\n$`)
+
+	tunnelFile := filepath.Join(dir, "tunnel.toml")
+	tunnelText := `
+[[forward]]
+name = "kept"
+listen = "@T1"
+to = "@S1"
+stack = "zstd"
+key-file = "vlink.key"
+
+[[forward]]
+name = "removed"
+listen = "@T2"
+to = "@S1"
+stack = "lz4"
+key-file = "vlink.key"
+`
+	writeFile(t, tunnelFile, expand(tunnelText))
+	tn := newNotifySocket(t)
+	t.Setenv("NOTIFY_SOCKET", tn.path)
+	tunnel := startProc(t, vlinkBin, "tunnel", "--forwards", tunnelFile, "--grace", "2s")
+	tunnel.Name, tunnel.CleanExit = "vlink tunnel", true
+	tunnel.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
+	tn.expect(t, `^READY=1\nSTATUS=2 forwards running`)
+
+	kept := openEcho(t, ports["T1"])
+	removed := openEcho(t, ports["T2"])
+
+	// 1. The tunnel drops "removed" and adds "added", which reaches the
+	// gateway's "two"; the gateway changes "two" (lz4 now), on its port.
+	writeFile(t, tunnelFile, expand(strings.Replace(tunnelText, `name = "removed"
+listen = "@T2"
+to = "@S1"`, `name = "added"
+listen = "@T3"
+to = "@S2"`, 1)))
+	writeFile(t, serveFile, expand(strings.Replace(serveText, `layers = "zstd"`, `layers = "lz4"`, 1)))
+	reload(t, serve, 1)
+	sn.expect(t, `^RELOADING=1\nMONOTONIC_USEC=[1-9][0-9]*\n$`)
+	sn.expect(t, `^READY=1\nSTATUS=2 forwards running`)
+	if !strings.Contains(serve.Output(), "msg=reloaded file="+serveFile+" running=2 unchanged=1 started=1 stopped=1") {
+		t.Fatalf("the gateway's reload: want one forward kept, one restarted:\n%s", serve.Output())
+	}
+	reload(t, tunnel, 1)
+	start := time.Now()
+	tn.expect(t, `^RELOADING=1\n`)
+	tn.expect(t, `^READY=1\nSTATUS=2 forwards running`)
+	if !strings.Contains(tunnel.Output(), "msg=reloaded file="+tunnelFile+" running=2 unchanged=1 started=1 stopped=1") {
+		t.Fatalf("the tunnel's reload: want one forward kept, one added, one removed:\n%s", tunnel.Output())
+	}
+	roundTrip(t, kept, genData(200000, 2))
+	checkEcho(t, ports["T3"], genData(100000, 3)) // through the restarted "two", with lz4
+	if c, err := net.Dial("tcp", ports["T2"]); err == nil {
+		c.Close()
+		t.Fatalf("the removed forward still accepts on %s", ports["T2"])
+	}
+	// The removed forward's connection drains: it works within the
+	// grace period, then is reset.
+	roundTrip(t, removed, genData(30000, 4))
+	removed.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := removed.Read(make([]byte, 1))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the removed forward's connection after its grace: read %d bytes, %v; want a reset", n, err)
+	}
+	if took := time.Since(start); took < 1500*time.Millisecond {
+		t.Errorf("the removed forward's connection was cut after %v, before its 2s grace", took)
+	}
+
+	// 2. A file with an error changes nothing, and says why.
+	writeFile(t, tunnelFile, expand(tunnelText)+"\n[[forward]]\nlisten = \"@T4\"\nto = \n")
+	reload(t, tunnel, 2)
+	tn.expect(t, `^RELOADING=1\n`)
+	tn.expect(t, `^READY=1\n`)
+	if !regexp.MustCompile(`msg="reload refused: the forwards keep running as they were" file=\S+ running=2 err="\S+tunnel.toml:\d+:\d+: `).MatchString(tunnel.Output()) {
+		t.Fatalf("a file with a syntax error: want the reload refused, with the line:\n%s", tunnel.Output())
+	}
+	// 3. A port someone else holds refuses the reload before anything
+	// stops: "added" would go, and stays.
+	held, err := net.Listen("tcp", ports["T4"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	writeFile(t, tunnelFile, expand(strings.Replace(tunnelText, "@T2", "@T4", 1)))
+	reload(t, tunnel, 3)
+	if !regexp.MustCompile(`msg="reload refused: the forwards keep running as they were" file=\S+ running=2 err="forward removed: listen tcp \S+: bind: address already in use"`).MatchString(tunnel.Output()) {
+		t.Fatalf("a port in use: want the reload refused, naming it:\n%s", tunnel.Output())
+	}
+	roundTrip(t, kept, genData(100000, 5))
+	checkEcho(t, ports["T3"], genData(100000, 6))
+
+	// SIGTERM: systemd is told, and both exit 0 (checked by Stop).
+	tunnel.Stop(t)
+	tn.expect(t, `^RELOADING=1\n`)
+	tn.expect(t, `^READY=1\n`)
+	tn.expect(t, `^STOPPING=1\n$`)
+	serve.Stop(t)
+	sn.expect(t, `^STOPPING=1\n$`)
+}
+
+// TestForwardsExitCodes checks what systemd's Restart= logic relies on:
+// a bad file at start is a usage error (2: restarting cannot fix it), a
+// port in use a runtime failure (1).
+func TestForwardsExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+		code       int
+		stderr     string
+	}{
+		{"unknown key", "[[forward]]\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:1\"\nkey_file = \"k\"\n", nil, 2,
+			`forward 1: unknown key "key_file": did you mean key-file?`},
+		{"process flag in the file", "[[forward]]\nto = \"127.0.0.1:1\"\ngrace = \"1s\"\n", nil, 2,
+			"grace applies to the whole process, not to one forward: give --grace on the command line"},
+		{"no forward", "listen = \"127.0.0.1:0\"\n", nil, 2, "only [[forward]] tables belong in the file"},
+		{"forward flag on the command line", "[[forward]]\nto = \"127.0.0.1:1\"\n", []string{"--stack", "tcp"}, 2,
+			"--stack with --forwards: each forward's settings go in the file"},
+		{"port in use", fmt.Sprintf("[[forward]]\nlisten = %q\nto = \"127.0.0.1:1\"\nstack = \"tcp\"\n", held.Addr()), nil, 1,
+			"address already in use"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".toml")
+			writeFile(t, path, tc.file)
+			_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--forwards", path}, tc.args...)...)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tc.code {
+				t.Fatalf("exit: %v, want status %d; stderr:\n%s", err, tc.code, stderr)
+			}
+			if !strings.Contains(stderr, tc.stderr) {
+				t.Errorf("stderr does not say %q:\n%s", tc.stderr, stderr)
+			}
+		})
+	}
+}
+
+// TestSystemdUnit checks the example unit with systemd's own reader,
+// with ExecStart pointing at the binary under test.
+func TestSystemdUnit(t *testing.T) {
+	testenv.Programs(t, "systemd-analyze")
+	unit, err := os.ReadFile("../docs/systemd/vlink@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.ReplaceAll(string(unit), "/usr/local/bin/vlink", vlinkBin)
+	if text == string(unit) {
+		t.Fatal("the unit does not run /usr/local/bin/vlink")
+	}
+	path := filepath.Join(t.TempDir(), "vlink@.service")
+	writeFile(t, path, text)
+	out, err := exec.Command("systemd-analyze", "verify", path).CombinedOutput()
+	if err != nil || len(out) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
