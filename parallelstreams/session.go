@@ -146,6 +146,7 @@ func newSession(id sessionID, window int64, stall time.Duration, conns []net.Con
 		die:          make(chan struct{}),
 	}
 	s.work = sync.NewCond(&s.mu)
+	stats.sessions.Add(1)
 	s.mu.Lock()
 	for _, c := range conns {
 		s.addLocked(c)
@@ -169,6 +170,7 @@ func (s *Session) add(c net.Conn) bool {
 func (s *Session) addLocked(c net.Conn) {
 	tune(c)
 	sub := &substream{index: len(s.subs), c: c}
+	stats.substreams.Add(1)
 	s.subs = append(s.subs, sub)
 	s.wg.Add(2)
 	go s.reader(sub)
@@ -213,6 +215,7 @@ func (s *Session) fail(err error) {
 		s.mu.Lock()
 		s.err = err
 		close(s.die)
+		stats.ended.Add(1)
 		subs := s.subs
 		s.work.Broadcast()
 		s.mu.Unlock()
@@ -421,6 +424,8 @@ func (s *Session) fileData(seq uint64, data []byte) error {
 	s.maxSeq = max(s.maxSeq, seq+1)
 	if seq == s.next {
 		notify(s.readable)
+	} else {
+		stats.outOfOrder.Add(1)
 	}
 	return nil
 }

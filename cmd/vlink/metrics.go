@@ -84,7 +84,7 @@ func newMetrics() *metrics {
 			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted.",
 		}, []string{"outcome"}),
 	}
-	m.reg.MustRegister(m.open, m.conns, m.bytes, m.refusals, m.handshake, m.dial, m.connects,
+	m.reg.MustRegister(m.open, m.conns, m.bytes, m.refusals, m.handshake, m.dial, m.connects, layerCollector{},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector())

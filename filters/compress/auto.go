@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -145,6 +146,7 @@ func (c AutoConfig) ladder() ([]rung, error) {
 type Auto struct {
 	rungs []rung
 	dec   decoders
+	used  []*atomic.Uint64 // each rung's counter, for AdaptiveStats
 }
 
 var _ layer.Filter = (*Auto)(nil)
@@ -158,6 +160,9 @@ func NewAuto(cfg AutoConfig) (*Auto, error) {
 	a := &Auto{rungs: rungs}
 	for _, r := range rungs[1:] {
 		a.dec[r.id] = r.codec
+	}
+	for _, r := range rungs {
+		a.used = append(a.used, rungCounter(r.name))
 	}
 	return a, nil
 }
@@ -182,6 +187,6 @@ func (a *Auto) Server(c net.Conn) (net.Conn, error) { return newAutoConn(c, a), 
 
 func newAutoConn(c net.Conn, a *Auto) *conn {
 	cn := newConnDec(c, "adaptive", nil, &a.dec)
-	cn.rungs = a.rungs
+	cn.rungs, cn.rungUsed = a.rungs, a.used
 	return cn
 }

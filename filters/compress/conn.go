@@ -42,10 +42,12 @@ var errWriteShut = fmt.Errorf("%w: write side shut down", net.ErrClosed)
 type conn struct {
 	c        net.Conn
 	name     string
-	codec    blockCodec // a fixed layer's codec; nil for auto
-	dec      *decoders  // the codecs the reader accepts
-	rungs    []rung     // auto's ladder; nil for a fixed layer
-	vectored bool       // c writes a net.Buffers with one writev
+	codec    blockCodec       // a fixed layer's codec; nil for auto
+	dec      *decoders        // the codecs the reader accepts
+	rungs    []rung           // auto's ladder; nil for a fixed layer
+	cnt      *counters        // the layer's, for Stats
+	rungUsed []*atomic.Uint64 // auto's: bytes written at each rung, for AdaptiveStats
+	vectored bool             // c writes a net.Buffers with one writev
 	closed   atomic.Bool
 	// peerEnded: the peer's end frame was read. What it sends after (the
 	// end of the layer below) is read before closing: see drainClose.
@@ -88,7 +90,7 @@ func newConn(c net.Conn, name string, codec blockCodec) *conn {
 }
 
 func newConnDec(c net.Conn, name string, codec blockCodec, dec *decoders) *conn {
-	cn := &conn{c: c, name: name, codec: codec, dec: dec}
+	cn := &conn{c: c, name: name, codec: codec, dec: dec, cnt: layerCounters[name]}
 	switch c.(type) {
 	case *net.TCPConn, *net.UnixConn:
 		cn.vectored = true
@@ -137,6 +139,9 @@ func (c *conn) sendEnd() error {
 		(*header)(*fb).set(frameEnd, 0, 0)
 		sent, err := c.send(fb, headerSize)
 		c.wshut = sent
+		if sent {
+			c.cnt.sent.Add(headerSize)
+		}
 		if err != nil {
 			return err
 		}

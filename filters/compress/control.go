@@ -391,6 +391,7 @@ func (ct *controller) move() {
 	if to < from {
 		ct.cur = to
 		ct.moves++
+		adaptive.moves.Add(1)
 		ct.lastMove = ct.active
 		// Would the link estimate as measured, without growth, have
 		// moved it?
@@ -411,6 +412,7 @@ func (ct *controller) move() {
 	if to > from {
 		ct.cur = to
 		ct.moves++
+		adaptive.moves.Add(1)
 		ct.lastMove = ct.active
 		if ct.explored && to >= ct.exploredFrom {
 			ct.explore = min(2*ct.explore, maxExplore) // the exploration did not pay

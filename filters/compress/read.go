@@ -201,6 +201,7 @@ func (c *conn) readRaw(p []byte) (int, error) {
 		if len(rest) >= headerSize {
 			if h := (*header)(rest); h.Type() == frameRaw && h.check(c.dec) == nil {
 				c.rawLeft = h.RawLen()
+				c.countFrame(h)
 				rest = rest[headerSize:]
 				continue
 			}
@@ -237,6 +238,7 @@ func (c *conn) nextFrame(wait bool) (ready bool, err error) {
 			return false, c.fail(err)
 		}
 		c.hdrN = 0
+		c.countFrame(&c.hdr)
 		switch c.hdr.Type() {
 		case frameEnd:
 			c.rerr = io.EOF // anything after it is ignored
@@ -270,6 +272,12 @@ func (c *conn) nextFrame(wait bool) (ready bool, err error) {
 		}
 	}
 	return true, nil
+}
+
+// countFrame counts a frame read, for Stats.
+func (c *conn) countFrame(h *header) {
+	c.cnt.received.Add(uint64(headerSize + h.PayloadLen()))
+	c.cnt.decoded.Add(uint64(h.RawLen()))
 }
 
 // decodeFrame decodes the buffered payload of the current compressed

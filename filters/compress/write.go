@@ -105,12 +105,15 @@ func (c *conn) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// account tells the controller, if any, about a block sent since mark,
-// and returns the new mark.
+// account counts a block sent since mark, for Stats, tells the
+// controller, if any, about it, and returns the new mark.
 func (c *conn) account(ct *controller, mark time.Time, j, raw, wire int, probe bool) time.Time {
+	c.cnt.written.Add(uint64(raw))
+	c.cnt.sent.Add(uint64(wire))
 	if ct == nil {
 		return mark
 	}
+	c.rungUsed[j].Add(uint64(raw))
 	now := time.Now()
 	ct.account(j, raw, wire, probe, now.Sub(mark))
 	return now

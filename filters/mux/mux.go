@@ -192,6 +192,7 @@ func (l *Layer) session(ctx context.Context, network, address string, lower laye
 		if err != nil {
 			return nil, false, err
 		}
+		stats.sessions.Add(1)
 		go l.reapIdle(sess)
 		return sess, true, nil
 	}
@@ -210,8 +211,10 @@ func (l *Layer) dial(ctx context.Context, network, address string, lower layer.L
 	return sess, nil
 }
 
-// reapIdle closes sess once it has carried no stream for the idle time.
+// reapIdle closes sess once it has carried no stream for the idle time;
+// it returns once sess is closed.
 func (l *Layer) reapIdle(sess *smux.Session) {
+	defer stats.sessionsEnded.Add(1)
 	tick := time.NewTicker(l.cfg.Idle / 2)
 	defer tick.Stop()
 	idleSince := time.Now()
@@ -261,6 +264,7 @@ func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
 	if err != nil {
 		return fmt.Errorf("mux: %w", err)
 	}
+	stats.sessions.Add(1)
 	go serve(sess, j)
 	return nil
 }
@@ -269,6 +273,7 @@ func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
 // has closed, new streams are refused and the session closes as soon as
 // it carries none.
 func serve(sess *smux.Session, j layer.Junction) {
+	defer stats.sessionsEnded.Add(1)
 	go func() {
 		select {
 		case <-j.Done():

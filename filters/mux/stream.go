@@ -79,6 +79,7 @@ var (
 )
 
 func newStream(st *smux.Stream) *stream {
+	stats.streams.Add(1)
 	return &stream{st: st, closing: make(chan struct{}), writing: make(chan struct{}, 1)}
 }
 
@@ -368,6 +369,7 @@ func (s *stream) Close() error {
 	if s.closed.Swap(true) {
 		return s.opError("close", net.ErrClosed)
 	}
+	stats.streamsEnded.Add(1)
 	close(s.closing)
 	// Writers give the token back at once once closing is closed; it is
 	// never released again.
@@ -400,6 +402,7 @@ func (s *stream) Abort() error {
 	if s.closed.Swap(true) {
 		return s.opError("close", net.ErrClosed)
 	}
+	stats.streamsEnded.Add(1)
 	s.cut.Store(true)
 	close(s.closing)
 	return s.closeBelow()

@@ -130,6 +130,7 @@ var packages = map[string]string{
 	"ssh-agent":       "openssh-client",
 	"ssh-keygen":      "openssh-client",
 	"sshd":            "openssh-server",
+	"systemd-analyze": "systemd",
 	"tc":              "iproute2",
 	"tinyproxy":       "tinyproxy",
 	"wget":            "wget",
