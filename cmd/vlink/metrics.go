@@ -93,7 +93,7 @@ func newMetrics() *metrics {
 
 // metricsVar defines --metrics.
 func metricsVar(fs *flag.FlagSet, p *string) {
-	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done by stack and outcome, bytes, refusals by reason, handshake and dial latency, vlink exec's connects by outcome (default: none)")
+	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done by stack and outcome, bytes, refusals by reason, handshake and dial latency, vlink exec's connects by outcome, and the layers' own figures: compression bytes each way, the adaptive layer's settings, mux and parallel sessions and streams (default: none)")
 }
 
 // serveMetrics serves m on addr until the returned stop is called; with
