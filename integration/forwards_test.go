@@ -319,3 +319,45 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
+
+// TestForwardsSSHDown publishes a port on a real sshd's side (ssh -R) as
+// one forward of a file, beside a local one, and stops sshd and all its
+// sessions: the local forward keeps working, and the published one comes
+// back by itself once sshd does, as the ssh factory's listener dials
+// again.
+func TestForwardsSSHDown(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
+	published := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	local := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	file := filepath.Join(t.TempDir(), "tunnels.toml")
+	writeFile(t, file, fmt.Sprintf("[[forward]]\nname = \"published\"\nlisten-stack = %q\nlisten = %q\nto = %q\nstack = \"tcp\"\n", sshLayer(s), published, echo)+
+		fmt.Sprintf("[[forward]]\nname = \"local\"\nlisten = %q\nto = %q\nstack = \"tcp\"\n", local, echo))
+	tunnel := startProc(t, vlinkBin, "tunnel", "--forwards", file, "--grace", "1s")
+	tunnel.Name, tunnel.CleanExit = "vlink tunnel", true
+	tunnel.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
+	checkEcho(t, published, genData(100000, 1))
+
+	s.Proc.Stop(t) // sshd and its sessions: the published port goes
+	checkEcho(t, local, genData(100000, 2))
+	if c, err := net.Dial("tcp", published); err == nil {
+		c.Close()
+		t.Fatalf("%s still accepts with sshd stopped", published)
+	}
+
+	sshd := realserver.Start(t, s.Program, "-D", "-e", "-f", s.ConfigFile)
+	sshd.WaitListening(t, s.Port)
+	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := exchange(t, published, genData(100000, 3), 10*time.Second)
+		if err == nil && testnet.Sum(got) == testnet.Sum(genData(100000, 3)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the published port did not come back with sshd: %v\n%s", err, tunnel.Output())
+		}
+	}
+	if !tunnel.Running() || strings.Contains(tunnel.Output(), "level=ERROR") {
+		t.Errorf("the tunnel failed:\n%s", tunnel.Output())
+	}
+}

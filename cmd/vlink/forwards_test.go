@@ -2,12 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"flag"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // loadTunnels loads a --forwards file for vlink tunnel.
@@ -119,5 +126,79 @@ stack = "tcp"
 	rekeyed := load(file)
 	if rekeyed[0].id == first[0].id || rekeyed[1].id != first[1].id {
 		t.Errorf("a new key in the first forward's key file: want its id changed and only its")
+	}
+}
+
+// failing is a forward whose listener fails for good when fail is closed,
+// as a listener on another host's side can.
+type failing struct {
+	listen string
+	fail   chan struct{}
+}
+
+func (f *failing) listenAddr() string { return f.listen }
+func (f *failing) secrets() [][]byte  { return nil }
+func (f *failing) start(context.Context, *env, *tracker) (net.Listener, func(net.Conn), func(), error) {
+	return &failingListener{f: f, closed: make(chan struct{})}, func(c net.Conn) { c.Close() }, func() {}, nil
+}
+
+type failingListener struct {
+	f      *failing
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.f.fail:
+		return nil, errors.New("the far side's listener is gone")
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+func (l *failingListener) Close() error   { l.once.Do(func() { close(l.closed) }); return nil }
+func (l *failingListener) Addr() net.Addr { return &net.TCPAddr{} }
+
+// TestForwardsFail runs a file of two forwards whose listeners fail: the
+// first to fail is logged, with what to do, and the process runs on; the
+// second ends it with an error naming the cause.
+func TestForwardsFail(t *testing.T) {
+	fails := map[string]chan struct{}{"a:1": make(chan struct{}), "b:1": make(chan struct{})}
+	path := filepath.Join(t.TempDir(), "f.toml")
+	os.WriteFile(path, []byte("[[forward]]\nlisten = \"a:1\"\n[[forward]]\nlisten = \"b:1\"\n"), 0o600)
+	var logb testnet.Buffer
+	e := &env{log: slog.New(slog.NewTextHandler(&logb, nil))}
+	p := &processOptions{forwards: path}
+	done := make(chan error, 1)
+	go func() {
+		done <- p.runFile(context.Background(), e, func(fs *flag.FlagSet) func(*env) (forward, error) {
+			listen := fs.String("listen", "", "")
+			return func(*env) (forward, error) { return &failing{listen: *listen, fail: fails[*listen]}, nil }
+		})
+	}()
+	waitLog := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logb.String(), want); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log:\n%s", want, logb.String())
+			}
+		}
+	}
+	waitLog(`msg="running forwards"`)
+	close(fails["a:1"])
+	waitLog(`level=ERROR msg="forward stopped; SIGHUP starts it again" forward=a:1 err="accepting: the far side's listener is gone"`)
+	select {
+	case err := <-done:
+		t.Fatalf("one forward of two failed, and the process ended: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(fails["b:1"])
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "every forward has stopped; the last: accepting: the far side's listener is gone") {
+			t.Fatalf("got %v, want every forward stopped, with the cause", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("every forward failed, and the process runs on:\n%s", logb.String())
 	}
 }
