@@ -39,7 +39,8 @@ func TestNodeThroughRelay(t *testing.T) {
 			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
 		}
 	}
-	relay, relayAddr := startVLink(t, "relay", "--key-file", networkKey)
+	relay, relayAddr := startVLink(t, "relay", "--key-file", networkKey, "--metrics", "127.0.0.1:0")
+	relayMetrics := relay.WaitFor(t, metricsAddrRE, startTimeout)[1]
 	_, echo := startSocatEcho(t)
 	_, echoPort, _ := net.SplitHostPort(echo)
 
@@ -54,6 +55,14 @@ func TestNodeThroughRelay(t *testing.T) {
 		"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
 	checkEcho(t, tun, testnet.RandomBytes(4<<20, 11))
 	serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=relay`), startTimeout)
+	// The relay's metrics: two nodes, and the connection it carried,
+	// its bytes both ways (the echo's 4 MiB each way, with the noise
+	// layer's framing on top) once it ended.
+	waitSeries(t, "relay", relayMetrics, map[string]float64{"vlink_relay_nodes": 2, "vlink_relay_connections_total": 1,
+		"vlink_relay_connections_open": 0, `vlink_relay_refusals_total{reason="no such node"}`: 0})
+	if b := scrapeMetrics(t, relayMetrics)["vlink_relay_bytes_total"]; b < 8<<20 || b > 8.2*(1<<20) {
+		t.Errorf("vlink_relay_bytes_total = %v, want the 8 MiB of the echo, framing included", b)
+	}
 	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
 
 	t.Run("splice", func(t *testing.T) {
@@ -104,6 +113,15 @@ func TestNodeThroughRelay(t *testing.T) {
 			t.Fatalf("a port db does not expose answered %q", got)
 		}
 		tunnel.WaitFor(t, regexp.MustCompile(`forwarding to localhost:1 is not allowed here`), startTimeout)
+	})
+	t.Run("no such node", func(t *testing.T) {
+		tunnel, ghost := startVLink(t, "tunnel", "--to", "ghost.vlink.alt:"+echoPort, "--stack", "zstd",
+			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+		if got, err := exchange(t, ghost, []byte("hello"), startTimeout); err == nil && len(got) != 0 {
+			t.Fatalf("a node nobody runs answered %q", got)
+		}
+		tunnel.WaitFor(t, regexp.MustCompile(`msg="cannot reach destination"`), startTimeout)
+		waitSeries(t, "relay", relayMetrics, map[string]float64{`vlink_relay_refusals_total{reason="no such node"}`: 1})
 	})
 	t.Run("another node's key", func(t *testing.T) {
 		_, stderr, err := run(startTimeout, nil, vlinkBin, "tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:"+echoPort,

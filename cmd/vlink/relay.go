@@ -5,6 +5,8 @@ import (
 	"flag"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
@@ -37,7 +39,7 @@ address, and a node decides which of its ports it exposes (vlink serve
 }
 
 func relayFlags(fs *flag.FlagSet) func(context.Context, *env) int {
-	var listen, keyFile string
+	var listen, keyFile, metricsAddr string
 	var maxNodes, maxRelayed int
 	var idle, grace time.Duration
 	fs.StringVar(&listen, "listen", "127.0.0.1:7100", "accept nodes on `ADDR` (host:port); a non-loopback address serves other hosts")
@@ -46,15 +48,16 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.IntVar(&maxRelayed, "max-relayed", control.DefaultMaxRelayed, "carry at most `N` connections between nodes at once")
 	fs.DurationVar(&idle, "idle-timeout", control.DefaultIdleTimeout, "drop a node silent for `DURATION` (nodes ping every 15s)")
 	graceVar(fs, &grace)
+	fs.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): nodes registered, connections relayed (open, total, bytes), refusals by reason (default: none)")
 	return func(ctx context.Context, e *env) int {
-		if err := runRelay(ctx, e, listen, keyFile, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.log}); err != nil {
+		if err := runRelay(ctx, e, listen, keyFile, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.log}); err != nil {
 			return fail(e, "vlink relay", err)
 		}
 		return exitOK
 	}
 }
 
-func runRelay(ctx context.Context, e *env, listen, keyFile string, grace time.Duration, cfg control.RelayConfig) error {
+func runRelay(ctx context.Context, e *env, listen, keyFile, metricsAddr string, grace time.Duration, cfg control.RelayConfig) error {
 	if keyFile == "" {
 		return usagef("--key-file NETWORK_KEY is required: the relay authenticates every node with it (vlink key --out FILE makes one)")
 	}
@@ -71,6 +74,14 @@ func runRelay(ctx context.Context, e *env, listen, keyFile string, grace time.Du
 	r, err := control.NewRelay(cfg)
 	if err != nil {
 		return err
+	}
+	m, stopMetrics, err := serveMetrics(ctx, e, metricsAddr)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	if m != nil {
+		m.reg.MustRegister(relayCollector{r})
 	}
 	l, err := control.Listen(ctx, listen, key)
 	if err != nil {
@@ -96,4 +107,40 @@ func runRelay(ctx context.Context, e *env, listen, keyFile string, grace time.Du
 		e.log.Info("relay: cutting connections still relayed after the grace period", "connections", n)
 	}
 	return r.Close()
+}
+
+// relayCollector exports a relay's figures, read at each scrape.
+type relayCollector struct{ r *control.Relay }
+
+var (
+	relayNodes = prometheus.NewDesc("vlink_relay_nodes",
+		"Nodes registered with the relay.", nil, nil)
+	relayOpen = prometheus.NewDesc("vlink_relay_connections_open",
+		"Connections between nodes the relay carries now.", nil, nil)
+	relayTotal = prometheus.NewDesc("vlink_relay_connections_total",
+		"Connections between nodes the relay carried.", nil, nil)
+	relayBytes = prometheus.NewDesc("vlink_relay_bytes_total",
+		"Bytes the relay carried between nodes, both ways, counted as each connection ends.", nil, nil)
+	relayRegistrations = prometheus.NewDesc("vlink_relay_registrations_total",
+		"Node registrations, again after a reconnect included.", nil, nil)
+	relayRefused = prometheus.NewDesc("vlink_relay_refusals_total",
+		"Messages and connections the relay refused, by reason (no such node, busy, forbidden, timed out).", []string{"reason"}, nil)
+)
+
+func (c relayCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{relayNodes, relayOpen, relayTotal, relayBytes, relayRegistrations, relayRefused} {
+		ch <- d
+	}
+}
+
+func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.r.Stats()
+	ch <- prometheus.MustNewConstMetric(relayNodes, prometheus.GaugeValue, float64(s.Nodes))
+	ch <- prometheus.MustNewConstMetric(relayOpen, prometheus.GaugeValue, float64(s.Relayed))
+	ch <- prometheus.MustNewConstMetric(relayTotal, prometheus.CounterValue, float64(s.RelayedTotal))
+	ch <- prometheus.MustNewConstMetric(relayBytes, prometheus.CounterValue, float64(s.RelayedBytes))
+	ch <- prometheus.MustNewConstMetric(relayRegistrations, prometheus.CounterValue, float64(s.Registrations))
+	for reason, n := range s.Refused {
+		ch <- prometheus.MustNewConstMetric(relayRefused, prometheus.CounterValue, float64(n), reason)
+	}
 }

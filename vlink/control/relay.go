@@ -71,6 +71,9 @@ type Relay struct {
 	budget budget
 
 	relayed atomic.Int64 // connections being relayed
+	// Counts since the start, for Stats.
+	registrations, relayedTotal, relayedBytes atomic.Uint64
+	refused                                   [codeLimit]atomic.Uint64 // by code
 
 	mu        sync.Mutex
 	nodes     map[string]*peer
@@ -284,6 +287,7 @@ func (r *Relay) register(p *peer) error {
 		old.ch.fail(errReplaced)
 	}
 	r.nodes[p.name] = p
+	r.registrations.Add(1)
 	r.log.Info("control: relay: registered", "node", p.name, "seen as", p.observed.String())
 	return nil
 }
@@ -384,6 +388,9 @@ func (r *Relay) route(p *peer, f *frame, origin, via string) {
 // refuse tells p that its message to f.name was not delivered. Only a
 // message within a cooperation has someone waiting to hear it.
 func (r *Relay) refuse(p *peer, f *frame, code Code, reason string) {
+	if code < codeLimit {
+		r.refused[code].Add(1)
+	}
 	if f.coop != 0 {
 		p.ch.trySend(&frame{op: opError, coop: f.coop, code: code, name: f.name, reason: reason})
 	}
@@ -465,6 +472,33 @@ func (r *Relay) drop(c net.Conn) {
 
 // Relayed returns how many connections between nodes the relay carries.
 func (r *Relay) Relayed() int { return int(r.relayed.Load()) }
+
+// RelayStats are a relay's figures, for a metrics endpoint.
+type RelayStats struct {
+	Nodes         int    // registered now
+	Relayed       int    // connections between nodes carried now
+	Registrations uint64 // registrations since the start, again after a reconnect included
+	// RelayedTotal counts the connections between nodes carried since
+	// the start, RelayedBytes their bytes both ways, as each ended.
+	RelayedTotal, RelayedBytes uint64
+	// Refused counts the messages and connections the relay refused,
+	// by reason (a Code's String: "no such node", "busy", "forbidden",
+	// "timed out": the node did not answer a connection's set-up).
+	Refused map[string]uint64
+}
+
+// Stats returns the relay's figures so far.
+func (r *Relay) Stats() RelayStats {
+	r.mu.Lock()
+	nodes := len(r.nodes)
+	r.mu.Unlock()
+	s := RelayStats{Nodes: nodes, Relayed: r.Relayed(), Registrations: r.registrations.Load(),
+		RelayedTotal: r.relayedTotal.Load(), RelayedBytes: r.relayedBytes.Load(), Refused: map[string]uint64{}}
+	for _, c := range []Code{CodeNoNode, CodeBusy, CodeForbidden, CodeTimeout} {
+		s.Refused[c.String()] = r.refused[c].Load()
+	}
+	return s
+}
 
 // A NodeInfo describes a registered node.
 type NodeInfo struct {

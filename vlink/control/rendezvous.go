@@ -70,6 +70,7 @@ type rendezvous struct {
 // dial handles A's request for a relayed connection to f.name's port.
 func (r *Relay) dial(a *peer, f *frame) {
 	refuse := func(code Code, reason string) {
+		r.refused[code].Add(1)
 		a.ch.trySend(&frame{op: opError, coop: f.coop, code: code, name: f.name, reason: reason})
 	}
 	b := r.lookup(f.name)
@@ -269,7 +270,9 @@ func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
 	rv.bConn.SetDeadline(time.Time{})
 	r.log.Debug("control: relay: relaying", "from", rv.a.name, "to", rv.b.name, "port", rv.port)
 	r.relayed.Add(1)
+	r.relayedTotal.Add(1)
 	defer r.relayed.Add(-1)
 	aToB, bToA, err := netconn.Relay(c, rv.bConn)
+	r.relayedBytes.Add(uint64(aToB + bToA))
 	r.log.Debug("control: relay: relayed", "from", rv.a.name, "to", rv.b.name, "port", rv.port, "sent", aToB, "received", bToA, "err", err)
 }
