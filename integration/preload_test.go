@@ -316,11 +316,14 @@ func TestPreloadPrograms(t *testing.T) {
 		// the program reports it, with nothing of vlink's besides.
 		url := fmt.Sprintf("http://%s:%d/", FarName, farClosed)
 		// curl connects non-blocking: the refusal reaches it as a reset
-		// on its first read (56), not as the refusal (7), for now.
+		// on its first I/O, not as the refusal (7), for now (issue 13,
+		// point 4). Whether that I/O is the request's send (55) or the
+		// answer's read (56) depends on whether the agent's reset comes
+		// before curl sends: both happen.
 		_, stderr, err := lab.exec(t, "curl", "-sS", url)
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || (ee.ExitCode() != 7 && ee.ExitCode() != 56) {
-			t.Fatalf("curl %s: %v, want exit status 7 or 56: %s", url, err, stderr)
+		if !errors.As(err, &ee) || (ee.ExitCode() != 7 && ee.ExitCode() != 55 && ee.ExitCode() != 56) {
+			t.Fatalf("curl %s: %v, want exit status 7, 55 or 56: %s", url, err, stderr)
 		}
 		if lines := strings.Split(strings.TrimSpace(stderr), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "curl: (") {
 			t.Errorf("stderr is not curl's line alone:\n%s", stderr)
