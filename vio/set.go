@@ -59,7 +59,8 @@ func NewSet() *Set {
 }
 
 // Add puts c in the set. The Sock owns c: PostClose, or the set's Close,
-// closes it. User is the caller's, for its own bookkeeping.
+// closes it. User is the caller's, for its own bookkeeping. On a closed
+// set Add fails with net.ErrClosed, and c stays the caller's.
 func (s *Set) Add(c net.Conn, user any) (*Sock, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -86,6 +87,7 @@ func (s *Set) Wait(timeout time.Duration) (Event, error) {
 		s.mu.Lock()
 		switch {
 		case s.closed:
+			s.notifyLocked() // every other waiter learns it too
 			s.mu.Unlock()
 			return Event{}, fmt.Errorf("vio: wait: %w", net.ErrClosed)
 		case len(s.ready) > 0:

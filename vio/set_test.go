@@ -230,16 +230,25 @@ func TestSetClose(t *testing.T) {
 	k := add(t, s, a)
 	k.PostRead(make([]byte, 1), 1, nil)
 	done := make(chan error)
-	go func() {
-		_, err := s.Wait(-1)
-		done <- err
-	}()
+	for range 3 { // every blocked Wait returns, not one
+		go func() {
+			_, err := s.Wait(-1)
+			done <- err
+		}()
+	}
 	time.Sleep(20 * time.Millisecond)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("Wait on a closed set: %v", err)
+	for range 3 {
+		select {
+		case err := <-done:
+			if !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("Wait on a closed set: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a Wait blocked when the set closed still waits")
+		}
 	}
 	if _, err := a.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("the set's close left the connection open: %v", err)
