@@ -3,8 +3,9 @@
 # the real peers (OpenSSH, dante, tinyproxy, redis, socat, iperf3, nginx), the
 # unmodified programs the preload shim is tested on (curl, wget, netcat,
 # git, python3), the lab's tools (iproute2, nftables, iptables), the
-# readers of what vlink generates for shells and man (zsh, groff), and
-# systemd's unit checker for the example unit (systemd-analyze).
+# readers of what vlink generates for shells and man (zsh, groff),
+# systemd's unit checker for the example unit (systemd-analyze), and pgrep,
+# which finds what a launched job left behind.
 # Idempotent and quiet: installed packages are left alone, and the package
 # lists are refreshed only when something is missing. CI runs it as root;
 # elsewhere it uses sudo if it has to install anything. With --list, it
@@ -20,7 +21,7 @@ packages=(
   redis-server:redis-server redis-tools:redis-cli
   iproute2:ip nftables:nft iptables:iptables
   nginx:nginx gcc:gcc libc6-dev:
-  zsh:zsh groff-base:groff systemd:systemd-analyze
+  zsh:zsh groff-base:groff systemd:systemd-analyze procps:pgrep
 )
 
 if [ "${1:-}" = --list ]; then

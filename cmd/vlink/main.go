@@ -3,7 +3,8 @@
 // connections through a stack (tunnel), or standard input and output
 // (connect, an ssh ProxyCommand), runs a SOCKS server whose connections
 // follow stacks (socks), runs unmodified programs with their connections
-// on stacks (exec), runs a vlink network's rendezvous (relay), explains
+// on stacks (exec), starts jobs of N processes that reach each other by
+// rank (launch), runs a vlink network's rendezvous (relay), explains
 // which way a destination takes (route), makes keys (key), measures every
 // stack on loopback against raw TCP (bench), and lists what it knows
 // (layers, version).
@@ -66,7 +67,7 @@ runs unmodified programs on them.
   1  runtime failure
   2  usage error
 `,
-	Commands: []*cli.Command{serveCmd, tunnelCmd, connectCmd, socksCmd, relayCmd, execCmd, routeCmd, keyCmd, benchCmd, layersCmd, versionCmd},
+	Commands: []*cli.Command{serveCmd, tunnelCmd, connectCmd, socksCmd, relayCmd, execCmd, launchCmd, routeCmd, keyCmd, benchCmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
 }
 

@@ -707,7 +707,7 @@ func TestHelp(t *testing.T) {
 					t.Errorf("%v: exit code %d, stderr %q", args, code, stderr)
 				}
 				level := "(default info)"
-				if c.Name == "exec" {
+				if c.Name == "exec" || c.Name == "launch" {
 					level = "(default warn)" // the program's stderr is its output
 				}
 				for _, want := range []string{"Usage: vlink " + c.Name, "Flags:", "--log-level LEVEL", level, "Examples:\n  ", "Exit codes:"} {

@@ -119,6 +119,7 @@ var packages = map[string]string{
 	"iptables":        "iptables",
 	"nc":              "netcat-openbsd",
 	"nft":             "nftables",
+	"pgrep":           "procps",
 	"python3":         "python3",
 	"redis-benchmark": "redis-tools",
 	"redis-cli":       "redis-tools",

@@ -1,0 +1,159 @@
+// Package launch is the worker's side of "vlink launch": a process the
+// launcher started learns from its environment its rank, the job's size
+// and the job's relay, joins the job's vlink network under its rank's
+// node name, and reaches the other ranks by rank, whatever path the
+// network finds between them (a connection back, a spliced one, or the
+// relay).
+//
+//	job, err := launch.Join(ctx)
+//	l, err := job.Listen()              // connections from the other ranks
+//	c, err := job.Dial(ctx, 3, 5000)    // rank 3's port 5000
+//
+// The launcher runs the job's relay with a key of its own, made for the
+// job, and gives each worker only its node key, in a file only the user
+// reads: a process outside the job cannot join it, nor pose as a rank.
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/control"
+)
+
+// The environment a worker runs with.
+const (
+	EnvRank        = "VLINK_RANK"          // this worker's rank, 0 to VLINK_SIZE-1
+	EnvSize        = "VLINK_SIZE"          // how many workers the job has
+	EnvRelay       = "VLINK_RELAY"         // the job's relay, host:port
+	EnvNode        = "VLINK_NODE"          // this worker's node name, RankName(rank)
+	EnvNodeKeyFile = "VLINK_NODE_KEY_FILE" // its node key: a file of mode 600
+)
+
+// MaxSize bounds a job's size.
+const MaxSize = 4096
+
+// ErrNotLaunched: the environment names no job; the process was not
+// started by vlink launch.
+var ErrNotLaunched = errors.New("launch: not started by vlink launch (no " + EnvRank + ")")
+
+// RankName is the node name of rank r in its job's network: rank r is
+// reached at RankName(r)+vlink.NodeSuffix.
+func RankName(r int) string { return "rank" + strconv.Itoa(r) }
+
+// A Job is a worker's view of its job.
+type Job struct {
+	Rank, Size int
+
+	node *control.Node
+	l    net.Listener
+	d    *vlink.Dialer
+}
+
+// Join joins the job the process's environment describes, with ctx
+// bounding the registration with the relay.
+func Join(ctx context.Context) (*Job, error) { return JoinEnv(ctx, os.Getenv) }
+
+// JoinEnv is Join with the environment read through getenv: a program
+// that runs several workers of a job itself gives each its own.
+func JoinEnv(ctx context.Context, getenv func(string) string) (*Job, error) {
+	rs := getenv(EnvRank)
+	if rs == "" {
+		return nil, ErrNotLaunched
+	}
+	rank, err1 := strconv.Atoi(rs)
+	size, err2 := strconv.Atoi(getenv(EnvSize))
+	if err1 != nil || err2 != nil || size < 1 || size > MaxSize || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("launch: %s=%q, %s=%q: want a rank below a size of 1 to %d", EnvRank, rs, EnvSize, getenv(EnvSize), MaxSize)
+	}
+	relay, name := getenv(EnvRelay), getenv(EnvNode)
+	if relay == "" || name != RankName(rank) {
+		return nil, fmt.Errorf("launch: %s=%q, %s=%q: want the job's relay, and %s", EnvRelay, relay, EnvNode, name, RankName(rank))
+	}
+	key, err := vlink.ReadKeyFile(getenv(EnvNodeKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("launch: %s: %w", EnvNodeKeyFile, err)
+	}
+	node, err := control.Connect(ctx, control.Config{Name: name, Key: key, Relays: []string{relay}})
+	if err != nil {
+		return nil, fmt.Errorf("launch: joining the job's relay at %s as %s: %w", relay, name, err)
+	}
+	// Exposed at once, so that a rank that dials this one as soon as it
+	// sees it joined is not refused: its connection waits in the
+	// listener's backlog until Listen's caller accepts it.
+	nl, err := node.Listen(func(from string, port uint16) error { return nil })
+	if err != nil {
+		node.Close()
+		return nil, err
+	}
+	lc := vlink.ListenConfig{Policy: vlink.Policy{
+		Targets: []selector.Rule{{Host: "localhost", Ports: "*", Action: selector.Direct}},
+	}}
+	l, err := lc.NewListener(nl)
+	if err != nil {
+		nl.Close()
+		node.Close()
+		return nil, err
+	}
+	return &Job{Rank: rank, Size: size, node: node, l: l, d: &vlink.Dialer{Network: node}}, nil
+}
+
+// Dial connects to port on rank r. A rank that has not joined yet is
+// waited for, until ctx ends: the ranks of a job start in any order.
+func (j *Job) Dial(ctx context.Context, r, port int) (net.Conn, error) {
+	if r < 0 || r >= j.Size {
+		return nil, fmt.Errorf("launch: rank %d: the job has ranks 0 to %d", r, j.Size-1)
+	}
+	addr := net.JoinHostPort(RankName(r)+vlink.NodeSuffix, strconv.Itoa(port))
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		c, err := j.d.DialContext(ctx, "tcp", addr)
+		if !errors.Is(err, control.ErrNoNode) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("launch: rank %d has not joined: %w", r, errors.Join(err, ctx.Err()))
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Listen returns the listener of the connections the other ranks dial
+// to this one, whatever their port: each is a *vlink.Conn whose Hello
+// names the dialing rank's node (see RankOf) and the port
+// (Hello().Target, localhost:PORT). Connections dialed before Listen
+// was called wait for it. Every call returns the same listener; closing
+// it stops the rank taking connections.
+func (j *Job) Listen() (net.Listener, error) { return j.l, nil }
+
+// RankOf returns the rank that dialed c, a connection Listen accepted,
+// or -1.
+func RankOf(c net.Conn) int {
+	vc, ok := c.(*vlink.Conn)
+	if !ok || vc.Hello() == nil {
+		return -1
+	}
+	name := vc.Hello().Node
+	if len(name) < 5 || name[:4] != "rank" {
+		return -1
+	}
+	r, err := strconv.Atoi(name[4:])
+	if err != nil || RankName(r) != name {
+		return -1
+	}
+	return r
+}
+
+// Close leaves the job's network: the connections made through it end.
+func (j *Job) Close() error {
+	j.l.Close()
+	j.d.Close()
+	return j.node.Close()
+}
