@@ -5,6 +5,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -139,12 +140,33 @@ func TestLaunchSignals(t *testing.T) {
 		waitGone(t, "sleep "+marker)
 	})
 	t.Run("SIGKILL", func(t *testing.T) {
-		p := startProc(t, vlinkBin, "launch", "-n", "3", "--join-timeout", "0", "--", "sh", "-c", `echo started; sleep `+marker+` & wait`)
-		waitCount(t, p, regexp.MustCompile(`\] started`), 3, startTimeout)
+		p := startProc(t, vlinkBin, "launch", "-n", "3", "--join-timeout", "0", "--", "sh", "-c", `echo started "$VLINK_NODE_KEY_FILE"; sleep `+marker+` & wait`)
+		keyFile := startedKeyFile(t, p)
+		if _, err := os.Stat(keyFile); err != nil {
+			t.Fatalf("the worker's key file: %v", err)
+		}
 		if n := leftovers(t, "sleep "+marker); n < 3 {
 			t.Fatalf("%d of the workers' sleeps found, want 3 or more", n)
 		}
 		p.Kill()
 		waitGone(t, "sleep "+marker)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Dir(keyFile)); errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the job's key files outlive vlink launch: %s", filepath.Dir(keyFile))
+			}
+		}
 	})
+}
+
+// startedKeyFile waits until the three workers of p said they started, and
+// returns the key file the last one named.
+func startedKeyFile(t *testing.T, p *proc) string {
+	t.Helper()
+	re := regexp.MustCompile(`\] started (\S+)`)
+	waitCount(t, p, re, 3, startTimeout)
+	m := re.FindAllStringSubmatch(p.Output(), -1)
+	return m[len(m)-1][1]
 }

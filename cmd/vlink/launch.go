@@ -57,9 +57,12 @@ the others (SIGTERM, then SIGKILL after --grace), says which rank failed
 and how, and exits with that worker's status (128+N for a signal N). A
 worker still running after --join-timeout without having joined fails
 the job, and the message names the missing ranks. A worker that exits
-without joining does not. SIGINT and SIGTERM reach every worker. A worker
-killed with SIGKILL takes nothing with it: if vlink launch itself is
-killed, the kernel kills the workers.
+without joining does not. SIGINT and SIGTERM reach every worker.
+
+Nothing outlives the job: what a worker leaves running is stopped when
+the job ends. If vlink launch itself is killed, the kernel kills the
+workers, and a guard process stops what they started and removes the
+job's key files. Workers read nothing: their standard input is /dev/null.
 
 Only the local spawner exists so far: every worker runs on this machine.
 `,
@@ -163,7 +166,8 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 	defer os.RemoveAll(dir)
 
 	g := startGuard(e, o.grace)
-	defer g.done()       // once the job has ended
+	defer g.done() // once the job has ended
+	g.remove(dir)
 	var outMu sync.Mutex // one line at a time, whoever writes it
 	width := len(strconv.Itoa(o.n - 1))
 	workers := make([]*worker, o.n)
@@ -377,7 +381,8 @@ func (r *rankWriter) emit(line []byte) {
 // leave a process behind when it exits. It reads the groups on its
 // standard input, and at the end of its input (vlink launch closed it,
 // or died) signals every group still there: SIGTERM, then SIGKILL after
-// the grace period.
+// the grace period. It also removes the job's key files, which vlink
+// launch removes itself unless it was killed.
 type guard struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
@@ -401,10 +406,18 @@ func startGuard(e *env, grace time.Duration) *guard {
 	return &guard{}
 }
 
-// watch has the guard stop process group pgid should vlink launch die.
+// watch has the guard stop process group pgid.
 func (g *guard) watch(pgid int) {
 	if g.in != nil {
 		fmt.Fprintf(g.in, "%d\n", pgid)
+	}
+}
+
+// remove has the guard remove dir, the job's key files, should vlink
+// launch die before removing it.
+func (g *guard) remove(dir string) {
+	if g.in != nil {
+		fmt.Fprintf(g.in, "rm %s\n", dir)
 	}
 }
 
@@ -419,11 +432,24 @@ func (g *guard) done() {
 // runGuard is the guard's side (vlink launch --guard).
 func runGuard(in io.Reader, grace time.Duration) {
 	var pgids []int
+	var dirs []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		if pgid, err := strconv.Atoi(sc.Text()); err == nil && pgid > 1 {
+		line := sc.Text()
+		if dir, ok := strings.CutPrefix(line, "rm "); ok {
+			// Only what startGuard's caller made: a vlink-launch- folder
+			// of the temporary directory.
+			if filepath.Dir(dir) == filepath.Clean(os.TempDir()) && strings.HasPrefix(filepath.Base(dir), "vlink-launch-") {
+				dirs = append(dirs, dir)
+			}
+			continue
+		}
+		if pgid, err := strconv.Atoi(line); err == nil && pgid > 1 {
 			pgids = append(pgids, pgid)
 		}
+	}
+	for _, d := range dirs {
+		os.RemoveAll(d)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		alive := false
