@@ -146,7 +146,11 @@ func FuzzSet(f *testing.F) {
 					m.feed <- arg
 				}
 			case 4, 7:
-				ev, err := s.Wait(time.Millisecond)
+				wait := time.Duration(0) // 4 only looks; 7 gives what is posted a moment
+				if op&7 == 7 {
+					wait = 100 * time.Microsecond
+				}
+				ev, err := s.Wait(wait)
 				switch {
 				case errors.Is(err, vio.ErrWoken):
 					if !woken {
