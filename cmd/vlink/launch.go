@@ -43,7 +43,8 @@ environment:
                        removed when the job ends
 
 A Go program joins with launch.Join (package vlink/launch), which dials
-rank R's port P and accepts the other ranks' connections. Unmodified
+rank R's port P, accepts the other ranks' connections, and waits for
+them all at a barrier. Unmodified
 programs use the node flags of vlink's commands with these variables:
 under vlink exec --node "$VLINK_NODE" --relay "$VLINK_RELAY"
 --node-key-file "$VLINK_NODE_KEY_FILE", a program reaches rank R's port P

@@ -139,6 +139,28 @@ func (ch *channel) writeLoop() {
 	}
 }
 
+// flush waits until what is queued has been written, for at most
+// timeout, or until the channel ends.
+func (ch *channel) flush(timeout time.Duration) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		ch.mu.Lock()
+		empty, space := ch.queued == 0, ch.space
+		ch.mu.Unlock()
+		if empty {
+			return
+		}
+		select {
+		case <-space:
+		case <-ch.done:
+			return
+		case <-t.C:
+			return
+		}
+	}
+}
+
 // fail ends the channel with err (the first error wins) and closes the
 // connection, which ends the reader too.
 func (ch *channel) fail(err error) {

@@ -273,8 +273,15 @@ func (n *Node) channel(ctx context.Context) (*channel, error) {
 	}
 }
 
-// Close closes the control connection and stops reconnecting. Waiting
-// cooperations fail with net.ErrClosed; handlers already running finish.
+// closeLinger bounds how long Close waits for what was sent to be
+// written.
+const closeLinger = time.Second
+
+// Close closes the control connection and stops reconnecting. As a
+// socket's close, it first gives the messages and replies already sent
+// up to closeLinger to be written to the relay, so that a node's last
+// reply before it leaves is not lost. Waiting cooperations fail with
+// net.ErrClosed; handlers already running finish.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		n.cancel()
@@ -285,6 +292,7 @@ func (n *Node) Close() error {
 		n.coops = map[uint64]*Cooperation{}
 		n.mu.Unlock()
 		if ch != nil {
+			ch.flush(closeLinger)
 			ch.fail(net.ErrClosed)
 		}
 		if l != nil {

@@ -8,6 +8,7 @@
 //	job, err := launch.Join(ctx)
 //	l, err := job.Listen()              // connections from the other ranks
 //	c, err := job.Dial(ctx, 3, 5000)    // rank 3's port 5000
+//	err = job.Barrier(ctx)              // every rank got here
 //
 // The launcher runs the job's relay with a key of its own, made for the
 // job, and gives each worker only its node key, in a file only the user
@@ -16,11 +17,13 @@ package launch
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/vlink-dev/vlink/selector"
@@ -55,6 +58,24 @@ type Job struct {
 	node *control.Node
 	l    net.Listener
 	d    *vlink.Dialer
+
+	barrierMu sync.Mutex // one Barrier at a time
+	gen       uint64     // the last barrier's generation
+	arrivals  *arrivals  // rank 0's
+}
+
+// Message types of the job's barrier, among those vlink keeps.
+const (
+	typeArrive  = control.FirstReserved + 0x10 // to rank 0: a rank reached barrier N (payload: N)
+	typeRelease = control.FirstReserved + 0x11 // from rank 0: every rank reached it
+)
+
+// arrivals are the other ranks' arrivals at rank 0's barriers, by
+// generation and rank.
+type arrivals struct {
+	mu      sync.Mutex
+	by      map[uint64]map[string]*control.Message
+	changed chan struct{} // closed, and replaced, at each arrival
 }
 
 // Join joins the job the process's environment describes, with ctx
@@ -102,7 +123,83 @@ func JoinEnv(ctx context.Context, getenv func(string) string) (*Job, error) {
 		node.Close()
 		return nil, err
 	}
-	return &Job{Rank: rank, Size: size, node: node, l: l, d: &vlink.Dialer{Network: node}}, nil
+	j := &Job{Rank: rank, Size: size, node: node, l: l, d: &vlink.Dialer{Network: node}}
+	if rank == 0 {
+		a := &arrivals{by: map[uint64]map[string]*control.Message{}, changed: make(chan struct{})}
+		j.arrivals = a
+		node.Handle(typeArrive, func(m *control.Message) {
+			if len(m.Payload) != 8 || m.Via != "" {
+				return
+			}
+			gen := binary.BigEndian.Uint64(m.Payload)
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.by[gen] == nil {
+				a.by[gen] = map[string]*control.Message{}
+			}
+			a.by[gen][m.From] = m // a rank's node name is proven: it counts once
+			close(a.changed)
+			a.changed = make(chan struct{})
+		})
+	}
+	return j, nil
+}
+
+// Barrier returns once every rank of the job has called it as many
+// times as this one, or ctx ends. Every rank calls it in the same order;
+// on one rank, one call at a time.
+func (j *Job) Barrier(ctx context.Context) error {
+	j.barrierMu.Lock()
+	defer j.barrierMu.Unlock()
+	j.gen++
+	payload := binary.BigEndian.AppendUint64(nil, j.gen)
+	if j.Size == 1 {
+		return nil
+	}
+	if j.Rank != 0 {
+		// Rank 0 may not have joined yet: the relay says so, and the
+		// arrival is sent again, as Dial does.
+		for wait := 5 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+			coop := j.node.Cooperate(control.Expect{From: RankName(0), Type: typeRelease})
+			err := coop.Send(ctx, RankName(0), typeArrive, payload)
+			if err == nil {
+				_, err = coop.Wait(ctx)
+			}
+			coop.Cancel()
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, control.ErrNoNode) || ctx.Err() != nil {
+				return fmt.Errorf("launch: barrier %d: %w", j.gen, err)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("launch: barrier %d: rank 0 has not joined: %w", j.gen, ctx.Err())
+			case <-time.After(wait):
+			}
+		}
+	}
+	a := j.arrivals
+	for {
+		a.mu.Lock()
+		got, changed := a.by[j.gen], a.changed
+		if len(got) == j.Size-1 {
+			delete(a.by, j.gen)
+			a.mu.Unlock()
+			for _, m := range got {
+				if err := m.Reply(ctx, typeRelease, payload); err != nil {
+					return fmt.Errorf("launch: barrier %d: releasing %s: %w", j.gen, m.From, err)
+				}
+			}
+			return nil
+		}
+		a.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("launch: barrier %d: %d of %d ranks arrived: %w", j.gen, len(got)+1, j.Size, ctx.Err())
+		}
+	}
 }
 
 // Dial connects to port on rank r. A rank that has not joined yet is

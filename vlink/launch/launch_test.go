@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,3 +169,46 @@ func TestJoinRefuses(t *testing.T) {
 }
 
 var _ net.Conn = (*vlink.Conn)(nil)
+
+// TestBarrier: no rank leaves a barrier before every rank reached it,
+// three times in a row, with rank 0 joining last.
+func TestBarrier(t *testing.T) {
+	const size, rounds = 4, 3
+	envs := job(t, size)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var arrived [rounds]atomic.Int32
+	errs := make(chan error, size)
+	for r := range size {
+		go func() {
+			if r == 0 {
+				time.Sleep(100 * time.Millisecond) // the others wait for rank 0 to join
+			}
+			j, err := launch.JoinEnv(ctx, getenv(envs[r]))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer j.Close()
+			for round := range rounds {
+				time.Sleep(time.Duration(r) * 10 * time.Millisecond)
+				arrived[round].Add(1)
+				if err := j.Barrier(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if n := arrived[round].Load(); n != size {
+					errs <- fmt.Errorf("rank %d left barrier %d with %d of %d ranks arrived", r, round+1, n, size)
+					return
+				}
+			}
+			errs <- nil
+			<-ctx.Done() // stay for the others' last release
+		}()
+	}
+	for range size {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
