@@ -202,8 +202,10 @@ func (j *Job) Barrier(ctx context.Context) error {
 	}
 }
 
-// Dial connects to port on rank r. A rank that has not joined yet is
-// waited for, until ctx ends: the ranks of a job start in any order.
+// Dial connects to port on rank r. A rank that has not joined yet, or
+// joined but does not take connections yet (Join registers, then
+// exposes the rank), is waited for until ctx ends: the ranks of a job
+// start in any order. A rank refuses nothing else.
 func (j *Job) Dial(ctx context.Context, r, port int) (net.Conn, error) {
 	if r < 0 || r >= j.Size {
 		return nil, fmt.Errorf("launch: rank %d: the job has ranks 0 to %d", r, j.Size-1)
@@ -211,12 +213,12 @@ func (j *Job) Dial(ctx context.Context, r, port int) (net.Conn, error) {
 	addr := net.JoinHostPort(RankName(r)+vlink.NodeSuffix, strconv.Itoa(port))
 	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		c, err := j.d.DialContext(ctx, "tcp", addr)
-		if !errors.Is(err, control.ErrNoNode) {
+		if !errors.Is(err, control.ErrNoNode) && !errors.Is(err, control.ErrRefused) {
 			return c, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("launch: rank %d has not joined: %w", r, errors.Join(err, ctx.Err()))
+			return nil, fmt.Errorf("launch: rank %d has not joined, or takes no connections: %w", r, errors.Join(err, ctx.Err()))
 		case <-time.After(wait):
 		}
 	}
