@@ -341,9 +341,17 @@ func TestForwardsSSHDown(t *testing.T) {
 
 	s.Proc.Stop(t) // sshd and its sessions: the published port goes
 	checkEcho(t, local, genData(100000, 2))
-	if c, err := net.Dial("tcp", published); err == nil {
+	// Stop waits for sshd itself; its session processes, which hold the
+	// published port, die a moment later.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c, err := net.Dial("tcp", published)
+		if err != nil {
+			break
+		}
 		c.Close()
-		t.Fatalf("%s still accepts with sshd stopped", published)
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still accepts 10 s after sshd stopped", published)
+		}
 	}
 
 	sshd := realserver.Start(t, s.Program, "-D", "-e", "-f", s.ConfigFile)
