@@ -339,10 +339,11 @@ func TestForwardsSSHDown(t *testing.T) {
 	tunnel.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
 	checkEcho(t, published, genData(100000, 1))
 
-	s.Proc.Stop(t) // sshd and its sessions: the published port goes
+	// sshd and its sessions, which hold the published port: a session
+	// may outlive the SIGTERM that ends sshd.
+	s.Proc.KillTree()
+	<-s.Proc.Done()
 	checkEcho(t, local, genData(100000, 2))
-	// Stop waits for sshd itself; its session processes, which hold the
-	// published port, die a moment later.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		c, err := net.Dial("tcp", published)
 		if err != nil {
