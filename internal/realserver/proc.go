@@ -106,17 +106,6 @@ func (p *Proc) Kill() {
 	p.Cmd.Process.Signal(syscall.SIGKILL)
 }
 
-// KillTree sends SIGKILL to the process and to every process below it,
-// for a test that ends them all on purpose: sshd's sessions call setsid,
-// and one may outlive the SIGTERM that ends sshd. Stop then checks
-// nothing about how they ended.
-func (p *Proc) KillTree() {
-	p.killed = true
-	for _, pid := range append(descendants(p.Pid()), p.Pid()) {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
-
 // Stop ends the process group: SIGTERM to the group and to every
 // descendant (sshd's sessions call setsid, so the group does not reach
 // them), SIGKILL if they linger. Then it checks what Strict, CleanExit
