@@ -12,7 +12,9 @@
 //     ssh -R does) and accepts the connections it forwards, so a service
 //     behind a firewall is published through a bastion. If the SSH
 //     connection drops, the listener connects again and asks again.
-//   - All dials and listeners that go to the same server by the same path
+//   - Start runs a command on the server, as `ssh host command` does
+//     (vlink launch starts its remote workers so).
+//   - All dials, listeners and commands that go to the same server by the same path
 //     share one SSH connection, kept alive with keepalive@openssh.com
 //     requests, closed after it has been idle for a while (persist), and
 //     made again when a dial finds it gone.

@@ -120,7 +120,7 @@ func (p *Proc) stop(tb testing.TB) {
 	pgid := p.Pid()
 	exitedEarly := !p.Running()
 	// Take the whole tree now, before the children are orphaned.
-	tree := descendants(pgid)
+	tree := Descendants(pgid)
 	signal := func(sig syscall.Signal) {
 		syscall.Kill(-pgid, sig)
 		for _, pid := range tree {
@@ -216,8 +216,8 @@ func Port(tb testing.TB, addr string) int {
 	return port
 }
 
-// descendants lists the processes below pid, from /proc.
-func descendants(pid int) []int {
+// Descendants lists the processes below pid, from /proc.
+func Descendants(pid int) []int {
 	var out []int
 	queue := []int{pid}
 	for len(queue) > 0 {

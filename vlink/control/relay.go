@@ -552,7 +552,17 @@ func (r *Relay) Close() error {
 // the network key and the encryption layer from every dialer, and takes
 // no plain connections. Pass it to Serve.
 func Listen(ctx context.Context, address string, networkKey []byte) (*vlink.Listener, error) {
-	lc := vlink.ListenConfig{Policy: vlink.Policy{
+	return relayListenConfig(networkKey).Listen(ctx, "tcp", address)
+}
+
+// NewListener is Listen over a listener of the caller's: one an SSH
+// server forwards to us, say.
+func NewListener(l net.Listener, networkKey []byte) (*vlink.Listener, error) {
+	return relayListenConfig(networkKey).NewListener(l)
+}
+
+func relayListenConfig(networkKey []byte) *vlink.ListenConfig {
+	return &vlink.ListenConfig{Policy: vlink.Policy{
 		Key:    networkKey,
 		Layers: []string{vlink.EncryptionLayer, "identity"},
 		Plain:  vlink.PlainRefuse,
@@ -561,5 +571,4 @@ func Listen(ctx context.Context, address string, networkKey []byte) (*vlink.List
 		// layer, which Serve checks.
 		InsecurePlaintext: true,
 	}}
-	return lc.Listen(ctx, "tcp", address)
 }
