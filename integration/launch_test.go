@@ -19,7 +19,7 @@ import (
 
 // buildWorker builds testdata/launchworker, a worker that joins its job
 // and exchanges bytes with every other rank.
-func buildWorker(t *testing.T) string {
+func buildWorker(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "launchworker")
 	build := exec.Command("go", "build", "-o", bin, "./integration/testdata/launchworker")
@@ -169,4 +169,108 @@ func startedKeyFile(t *testing.T, p *proc) string {
 	waitCount(t, p, re, 3, startTimeout)
 	m := re.FindAllStringSubmatch(p.Output(), -1)
 	return m[len(m)-1][1]
+}
+
+// spawnScript is the custom spawner's script of the tests: it records
+// the substitutions it was given and starts N copies of the command
+// after its "--".
+const spawnScript = `n=$1 dir=$2 prog=$3 servers=$4 pct=$5
+shift 6
+printf 'N=%s D=%s P=%s M=%s pct=%s\n' "$n" "$dir" "$prog" "$servers" "$pct" > "$SPAWN_RECORD"
+i=0
+while [ $i -lt "$n" ]; do "$@" & i=$((i+1)); done
+wait
+`
+
+// TestLaunchCustom: the custom spawner runs its command once with every
+// substitution of udp-conduit's spawner, and the 8 workers it starts
+// connect back, get their ranks and exchange bytes all to all, checked
+// by SHA-256; the seed's variable names work as aliases.
+func TestLaunchCustom(t *testing.T) {
+	worker := buildWorker(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "spawn.sh")
+	if err := os.WriteFile(script, []byte(spawnScript), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(dir, "record")
+	t.Setenv("SPAWN_RECORD", record)
+	t.Setenv("CSPAWN_SERVERS", "n0 n1 n2 n3 n4 n5 n6 n7 n8 n9")
+	t.Setenv("GASNET_CSPAWN_ROUTE_OUTPUT", "1")
+	t.Setenv("GASNET_SPAWNFN", "C")
+	t.Setenv("GASNET_CSPAWN_CMD", "sh "+script+" %N %D %P '%M' %% -- %C")
+	out, stderr, err := run(2*time.Minute, nil, vlinkBin, "launch", "-n", "8", "--", worker)
+	if err != nil {
+		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+	}
+	for r := range 8 {
+		if line := fmt.Sprintf("[%d] rank %d: all 7 peers ok\n", r, r); !strings.Contains(string(out), line) {
+			t.Errorf("no %q in the output:\n%s", line, out)
+		}
+	}
+	got, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cwd, _ := os.Getwd()
+	if want := fmt.Sprintf("N=8 D=%s P=%s M=n0 n1 n2 n3 n4 n5 n6 n7 pct=%%\n", cwd, worker); string(got) != want {
+		t.Errorf("the custom command was given\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestLaunchCustomBad: what goes wrong with a custom command is said,
+// and never runs a worker without its rank; an agent without the job's
+// secret gets no rank.
+func TestLaunchCustomBad(t *testing.T) {
+	testenv.Programs(t, "pgrep")
+	marker := fmt.Sprintf("305.%d", time.Now().UnixNano()%1e6)
+	badSecret := strings.Repeat("00", 32)
+	for _, tc := range []struct {
+		name, template, script string
+		code                   int
+		stderr, stdout         []string
+	}{
+		{name: "no %C", template: "srun -n %N ./a.out", script: "true", code: 2,
+			stderr: []string{`it never runs %C, the command each worker must run`}},
+		{name: "an unknown escape", template: "srun -n %N %X %C", script: "true", code: 2,
+			stderr: []string{`%X: the escapes are %N %C %D %M %P and %%`}},
+		{name: "the command fails", template: "echo cannot start; exit 5; %C", script: "true", code: 5,
+			stderr: []string{"vlink launch: the custom command exited with status 5 having started 0 of 3 workers"}},
+		{name: "fewer workers than N", template: "%C & %C & wait", script: "echo up; sleep " + marker, code: 1,
+			stderr: []string{"vlink launch: rank 0, rank 1 did not join the job's network within 2s", "; rank 2 never started within 2s (the spawner started 2 of 3 workers)"}},
+		{name: "more workers than N", template: "%C & %C & %C & %C & wait", script: "echo rank $VLINK_RANK", code: 0,
+			stderr: []string{"vlink launch gave this worker no rank: the job has all its workers"},
+			stdout: []string{"rank 0\n", "rank 1\n", "rank 2\n"}},
+		{name: "an agent without the secret", template: "VLINK_LAUNCH_SECRET=" + badSecret + " %C & %C & %C & %C & wait", script: "echo rank $VLINK_RANK", code: 0,
+			stderr: []string{"vlink launch --worker: reaching vlink launch at"},
+			stdout: []string{"rank 0\n", "rank 1\n", "rank 2\n"}},
+		{name: "a worker fails", template: "%C & %C & %C & wait", script: `if [ "$VLINK_RANK" = 1 ]; then exit 9; fi; sleep ` + marker, code: 9,
+			stderr: []string{"vlink launch: rank 1 exited with status 9 on "}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "3", "--grace", "1s", "--join-timeout", "2s",
+				"--custom", tc.template, "--", "sh", "-c", tc.script)
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tc.code {
+				t.Fatalf("exit status %d, want %d; stderr:\n%s\nstdout:\n%s", code, tc.code, stderr, out)
+			}
+			for _, s := range tc.stderr {
+				if !strings.Contains(stderr, s) {
+					t.Errorf("no %q in stderr:\n%s", s, stderr)
+				}
+			}
+			for _, s := range tc.stdout {
+				if strings.Count(string(out), s) != 1 {
+					t.Errorf("want %q once in stdout:\n%s", s, out)
+				}
+			}
+			waitGone(t, "sleep "+marker)
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,10 +31,9 @@ var launchCmd = &cli.Command{
 	Summary:  "start a job of N processes that reach each other by rank over a vlink network",
 	Synopsis: "-n N [flags] -- PROGRAM [ARGS...]",
 	About: `
-Starts N processes of PROGRAM on this machine, a job, and runs the job's
-vlink network: a relay made for the job, with a key of its own that only
-the job's processes hold. Each process, a worker, finds in its
-environment:
+Starts N processes of PROGRAM, a job, and runs the job's vlink network:
+a relay made for the job, with a key of its own that only the job's
+processes hold. Each process, a worker, finds in its environment:
 
   VLINK_RANK           its rank, 0 to N-1
   VLINK_SIZE           N
@@ -44,28 +44,52 @@ environment:
 
 A Go program joins with launch.Join (package vlink/launch), which dials
 rank R's port P, accepts the other ranks' connections, and waits for
-them all at a barrier. Unmodified
-programs use the node flags of vlink's commands with these variables:
-under vlink exec --node "$VLINK_NODE" --relay "$VLINK_RELAY"
---node-key-file "$VLINK_NODE_KEY_FILE", a program reaches rank R's port P
-as rankR.vlink.alt:P, which vlink serve, given the same flags and
---allow localhost:P, exposes on rank R.
+them all at a barrier. Unmodified programs use the node flags of vlink's
+commands with these variables: under vlink exec --node "$VLINK_NODE"
+--relay "$VLINK_RELAY" --node-key-file "$VLINK_NODE_KEY_FILE", a program
+reaches rank R's port P as rankR.vlink.alt:P, which vlink serve, given
+the same flags and --allow localhost:P, exposes on rank R.
+
+Spawners (--spawner, as udp-conduit's GASNET_SPAWNFN L, S and C):
+
+  local   every worker on this machine (the default)
+  ssh     rank R on server R modulo their number (--ssh-servers), with
+          the ssh layer's configuration: ~/.ssh/config, the agent,
+          known_hosts (--ssh-options takes the layer's parameters). One
+          SSH connection per server carries the workers' sessions and
+          the job's relay, forwarded to the server's loopback, so the
+          servers need to let in nothing but SSH. The servers run the
+          same vlink (--worker-vlink: its path there) in --remote-dir.
+  custom  runs --custom once with sh -c, which must start N workers each
+          running %C (srun -n %N %C, mpirun -np %N %C, a script): %N is
+          N, %C the worker's command, %D this folder, %P the program,
+          %M the first N --custom-servers, %% a %. Each %C connects back
+          to vlink launch at the relay's host, proving the job's secret
+          from $VLINK_LAUNCH_SECRET, which the command must pass on to
+          the workers (srun and mpiexec do; Open MPI's mpirun needs -x
+          VLINK_LAUNCH_SECRET), and is given the next rank.
+
+udp-conduit's variables work too, with their GASNET_ or AMUDP_ prefix or
+without: SSH_SERVERS, SSH_REMOTE_PATH, CSPAWN_CMD, CSPAWN_SERVERS and
+CSPAWN_ROUTE_OUTPUT.
 
 Each worker's output goes to vlink's, line by line, after its rank in
-brackets ("[3] ..."; --route-output=false passes it through as it is).
-The job succeeds when every worker exits 0. Otherwise vlink launch stops
-the others (SIGTERM, then SIGKILL after --grace), says which rank failed
-and how, and exits with that worker's status (128+N for a signal N). A
+brackets ("[3] ..."; --route-output=false passes it through as it is;
+the custom spawner's default is false, as udp-conduit's). The job
+succeeds when every worker exits 0. Otherwise vlink launch stops the
+others (SIGTERM, then SIGKILL after --grace), says which rank failed and
+how, and exits with that worker's status (128+N for a signal N). A
 worker still running after --join-timeout without having joined fails
 the job, and the message names the missing ranks. A worker that exits
 without joining does not. SIGINT and SIGTERM reach every worker.
 
 Nothing outlives the job: what a worker leaves running is stopped when
 the job ends. If vlink launch itself is killed, the kernel kills the
-workers, and a guard process stops what they started and removes the
-job's key files. Workers read nothing: their standard input is /dev/null.
-
-Only the local spawner exists so far: every worker runs on this machine.
+local workers, and a guard process stops what they started and removes
+the job's key files; a remote worker's agent stops the worker, and what
+it started, when its SSH session or its connection to vlink launch ends
+(so does an SSH connection that drops, which fails the job). Workers
+read nothing: their standard input is /dev/null.
 `,
 	Examples: `
   # Four workers, each saying where it is in the job:
@@ -73,6 +97,12 @@ Only the local spawner exists so far: every worker runs on this machine.
 
   # Eight workers of a Go program that calls launch.Join:
   vlink launch -n 8 -- ./allreduce
+
+  # Over SSH, on two servers that have this vlink at the same path:
+  vlink launch -n 4 --ssh-servers 'node1 node2' -- ./allreduce
+
+  # Through SLURM:
+  vlink launch -n 64 --custom 'srun -n %N %C' -- ./allreduce
 `,
 	Args: true,
 	// The workers' output is the output: vlink launch adds warnings and
@@ -85,23 +115,44 @@ type launchOptions struct {
 	joinTimeout, grace time.Duration
 	listen             string
 	routeOutput        bool
+	spawner            string
+	sshServers         string
+	sshOptions         string
+	remoteDir          string
+	workerVLink        string
+	custom             string
+	customServers      string
 	guard              bool
+	worker             string
 }
 
 func launchFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	o := &launchOptions{}
 	fs.IntVar(&o.n, "n", 0, fmt.Sprintf("start `N` workers, 1 to %d (required)", launch.MaxSize))
+	fs.StringVar(&o.spawner, "spawner", "", "start the workers with `SPAWNER`: local (on this machine), ssh (on the --ssh-servers) or custom (with the --custom command); default: custom with --custom, ssh with --ssh-servers, else local; $VLINK_SPAWNER, or $GASNET_SPAWNFN's L, S or C")
+	fs.StringVar(&o.sshServers, "ssh-servers", "", "the ssh spawner's `SERVERS`, [user@]host[:port] separated by spaces or commas: rank R runs on server R modulo their number; $VLINK_SSH_SERVERS, $GASNET_SSH_SERVERS, $SSH_SERVERS")
+	fs.StringVar(&o.sshOptions, "ssh-options", "", "the ssh layer's `PARAMS` for every server, as in a stack: identity=FILE,known-hosts=FILE,host-key-check=accept-new,... (vlink layers ssh); $VLINK_SSH_OPTIONS")
+	fs.StringVar(&o.remoteDir, "remote-dir", "", "the ssh spawner runs the workers in `DIR` on the servers (default: this folder); $VLINK_REMOTE_DIR, $SSH_REMOTE_PATH")
+	fs.StringVar(&o.workerVLink, "worker-vlink", "", "the vlink executable the ssh and custom spawners run on the servers, at `PATH` there (default: this one's path)")
+	fs.StringVar(&o.custom, "custom", "", "the custom spawner's `COMMAND`, run once by sh -c to start N workers that each run %C: %N is N, %C the worker's command, %D this folder, %P the program, %M the first N --custom-servers, %% a %; $VLINK_CSPAWN_CMD, $GASNET_CSPAWN_CMD, $CSPAWN_CMD")
+	fs.StringVar(&o.customServers, "custom-servers", "", "the `SERVERS` %M lists, separated by spaces; $VLINK_CSPAWN_SERVERS, $CSPAWN_SERVERS")
 	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network; 0: never")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after SIGTERM before SIGKILL")
-	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port)")
-	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged")
+	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
+	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
 	fs.BoolVar(&o.guard, "guard", false, "(internal) be the guard of a launch: see runGuard")
+	fs.StringVar(&o.worker, "worker", "", "(internal) be the agent of a remote worker, talking to vlink launch at `ADDR`, or on standard input and output for -: see runWorker")
 	return func(ctx context.Context, e *env) int {
 		if o.guard {
 			runGuard(e.stdin, o.grace)
 			return exitOK
 		}
-		err := o.run(ctx, e)
+		if o.worker != "" {
+			return runWorker(ctx, e, o)
+		}
+		routeSet := false
+		fs.Visit(func(f *flag.Flag) { routeSet = routeSet || f.Name == "route-output" })
+		err := o.run(ctx, e, routeSet)
 		var jf *jobFailed
 		if errors.As(err, &jf) {
 			fmt.Fprintf(e.stderr, "vlink launch: %s\n", jf.why)
@@ -123,16 +174,96 @@ type jobFailed struct {
 
 func (j *jobFailed) Error() string { return j.why }
 
-// A worker is one process of the job.
+// A worker is one process of the job, wherever it runs.
 type worker struct {
 	rank   int
-	cmd    *exec.Cmd
-	out    []*rankWriter // flushed once the process exited
-	joined bool
-	exited bool
+	joined bool // seen at the relay (the main loop's)
+	exited bool // its ending came (the main loop's)
+
+	mu      sync.Mutex
+	signal  func(syscall.Signal) // nil until the worker runs
+	pending syscall.Signal       // asked for before it ran
 }
 
-func (o *launchOptions) run(ctx context.Context, e *env) error {
+// setSignal gives w the way to signal it, and delivers a signal asked
+// for before.
+func (w *worker) setSignal(f func(syscall.Signal)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.signal = f
+	if w.pending != 0 {
+		f(w.pending)
+	}
+}
+
+// started reports whether the worker runs, or ran.
+func (w *worker) started() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.signal != nil
+}
+
+func (w *worker) kill(sig syscall.Signal) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.signal == nil {
+		w.pending = sig
+		return
+	}
+	w.signal(sig)
+}
+
+// An ending is how a worker, or a spawner (w nil), ended: code 0 is
+// success, and why says how in words after "rank R".
+type ending struct {
+	w    *worker
+	code int
+	why  string
+}
+
+// A job is what the spawners share with vlink launch's main loop.
+type job struct {
+	o       *launchOptions
+	e       *env
+	path    string // the program, as found on this machine
+	key     []byte // the job's network key
+	relay   *control.Relay
+	relayL  net.Listener
+	dir     string // the job's key files on this machine
+	guard   *guard
+	workers []*worker
+	ended   chan ending // one per worker, and one per spawner that fails
+	route   bool
+
+	outMu sync.Mutex // one line at a time, whoever writes it
+	width int
+}
+
+// outputs returns where rank r's standard output and error go, and
+// the writers to flush once it ended.
+func (j *job) outputs(r int) (stdout, stderr io.Writer, flush func()) {
+	if !j.route {
+		return j.e.stdout, j.e.stderr, func() {}
+	}
+	prefix := fmt.Sprintf("[%*d] ", j.width, r)
+	so, se := &rankWriter{w: j.e.stdout, mu: &j.outMu, prefix: prefix}, &rankWriter{w: j.e.stderr, mu: &j.outMu, prefix: prefix}
+	return so, se, func() { so.flush(); se.flush() }
+}
+
+// A spawner starts the job's workers.
+type spawner interface {
+	// start starts every worker; each sends its ending on j.ended. An
+	// error means none runs.
+	start(ctx context.Context, j *job) error
+	// stop is called when the job stops early, after the workers were
+	// signalled: the spawner ends what it started that is no worker.
+	stop()
+	// wait returns once the spawner's own processes are gone, after the
+	// workers ended.
+	wait()
+}
+
+func (o *launchOptions) run(ctx context.Context, e *env, routeSet bool) error {
 	switch {
 	case len(e.args) == 0:
 		return usagef("give the program to start after --: vlink launch -n N -- PROGRAM [ARGS...]")
@@ -144,73 +275,54 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 	if err := checkHostPort(o.listen); err != nil {
 		return usagef("--relay-listen %v", err)
 	}
-	path, err := exec.LookPath(e.args[0])
-	if err != nil {
-		return fmt.Errorf("cannot run %s: %w", e.args[0], err)
-	}
-	key := make([]byte, 32)
-	rand.Read(key)
-	relay, err := control.NewRelay(control.RelayConfig{MaxNodes: o.n, Logger: e.log})
+	sp, route, err := o.pickSpawner(e, routeSet)
 	if err != nil {
 		return err
 	}
-	l, err := control.Listen(ctx, o.listen, key)
-	if err != nil {
+	j := &job{o: o, e: e, route: route, width: len(strconv.Itoa(o.n - 1)), ended: make(chan ending, 2*o.n+2)}
+	if _, local := sp.(localSpawner); local {
+		if j.path, err = exec.LookPath(e.args[0]); err != nil {
+			return fmt.Errorf("cannot run %s: %w", e.args[0], err)
+		}
+	}
+	j.key = make([]byte, 32)
+	rand.Read(j.key)
+	if j.relay, err = control.NewRelay(control.RelayConfig{MaxNodes: o.n, Logger: e.log}); err != nil {
 		return err
 	}
-	go relay.Serve(l)
-	defer relay.Close()
-	dir, err := os.MkdirTemp("", "vlink-launch-") // mode 700
-	if err != nil {
+	defer j.relay.Close()
+	if j.relayL, err = control.Listen(ctx, o.listen, j.key); err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	go j.relay.Serve(j.relayL)
+	if j.dir, err = os.MkdirTemp("", "vlink-launch-"); err != nil { // mode 700
+		return err
+	}
+	defer os.RemoveAll(j.dir)
+	j.guard = startGuard(e, o.grace)
+	defer j.guard.done() // once the job has ended
+	j.guard.remove(j.dir)
+	j.workers = make([]*worker, o.n)
+	for r := range j.workers {
+		j.workers[r] = &worker{rank: r}
+	}
+	if err := sp.start(ctx, j); err != nil {
+		for _, w := range j.workers {
+			w.kill(syscall.SIGKILL)
+		}
+		sp.stop()
+		return err
+	}
+	defer sp.wait()
+	return j.loop(ctx, sp)
+}
 
-	g := startGuard(e, o.grace)
-	defer g.done() // once the job has ended
-	g.remove(dir)
-	var outMu sync.Mutex // one line at a time, whoever writes it
-	width := len(strconv.Itoa(o.n - 1))
-	workers := make([]*worker, o.n)
-	results := make(chan *worker, o.n)
-	for r := range workers {
-		w := &worker{rank: r}
-		workers[r] = w
-		name := launch.RankName(r)
-		keyFile := filepath.Join(dir, name+".key")
-		if err := os.WriteFile(keyFile, vlink.NodeKey(key, name), 0o600); err != nil {
-			return stopAll(workers[:r], err)
-		}
-		w.cmd = exec.Command(path, e.args[1:]...)
-		w.cmd.Env = append(os.Environ(),
-			launch.EnvRank+"="+strconv.Itoa(r), launch.EnvSize+"="+strconv.Itoa(o.n),
-			launch.EnvNode+"="+name, launch.EnvRelay+"="+l.Addr().String(), launch.EnvNodeKeyFile+"="+keyFile)
-		w.cmd.SysProcAttr = workerAttr()
-		// A worker that leaves a process behind holding its output open
-		// has still exited: Wait returns a moment after it (the guard
-		// stops what it left once the job ends).
-		w.cmd.WaitDelay = 200 * time.Millisecond
-		w.cmd.Stdout, w.cmd.Stderr = e.stdout, e.stderr
-		if o.routeOutput {
-			prefix := fmt.Sprintf("[%*d] ", width, r)
-			so, se := &rankWriter{w: e.stdout, mu: &outMu, prefix: prefix}, &rankWriter{w: e.stderr, mu: &outMu, prefix: prefix}
-			w.cmd.Stdout, w.cmd.Stderr, w.out = so, se, []*rankWriter{so, se}
-		}
-		if err := w.cmd.Start(); err != nil {
-			return stopAll(workers[:r], fmt.Errorf("starting rank %d: %w", r, err))
-		}
-		g.watch(w.cmd.Process.Pid)
-		go func() {
-			w.cmd.Wait() // waits for the output to be copied too
-			for _, o := range w.out {
-				o.flush()
-			}
-			results <- w
-		}()
-	}
+// loop waits for the workers to end, stopping the job when one fails,
+// when one does not join in time, or when vlink launch is asked to.
+func (j *job) loop(ctx context.Context, sp spawner) error {
+	o, e := j.o, j.e
 	start := time.Now()
-	e.log.Info("launched", "workers", o.n, "program", e.args[0], "relay", l.Addr().String())
-
+	e.log.Info("launched", "workers", o.n, "program", e.args[0], "relay", j.relayL.Addr().String())
 	var (
 		failed    *jobFailed
 		stopping  bool // SIGTERM sent
@@ -231,24 +343,29 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 		}
 		stopping = true
 		e.log.Info("stopping the job", "why", why, "grace", o.grace)
-		for _, w := range workers {
+		for _, w := range j.workers {
 			if !w.exited {
-				signalWorker(w.cmd.Process, syscall.SIGTERM)
+				w.kill(syscall.SIGTERM)
 			}
 		}
+		sp.stop()
 		killAt = time.After(o.grace)
 	}
 	done := ctx.Done()
 	for running := o.n; running > 0; {
 		select {
-		case w := <-results:
-			running--
-			w.exited = true
-			st := w.cmd.ProcessState
-			if st.Success() || failed != nil {
+		case end := <-j.ended:
+			if end.w != nil {
+				running--
+				end.w.exited = true
+			}
+			if end.code == 0 || failed != nil {
 				continue // a job fails once: with its first failure
 			}
-			failed = &jobFailed{code: workerStatus(st), why: fmt.Sprintf("rank %d %s", w.rank, describeExit(st))}
+			failed = &jobFailed{code: end.code, why: end.why}
+			if end.w != nil {
+				failed.why = fmt.Sprintf("rank %d %s", end.w.rank, end.why)
+			}
 			if stopping { // SIGINT or SIGTERM reached vlink launch
 				failed.why += ", stopped by vlink launch"
 			}
@@ -258,11 +375,11 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 				continue
 			}
 			joinedNow := map[string]bool{}
-			for _, n := range relay.Nodes() {
+			for _, n := range j.relay.Nodes() {
 				joinedNow[n.Name] = true
 			}
 			allJoined = true
-			for _, w := range workers {
+			for _, w := range j.workers {
 				w.joined = w.joined || joinedNow[launch.RankName(w.rank)]
 				allJoined = allJoined && (w.joined || w.exited)
 			}
@@ -270,15 +387,27 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 				e.log.Info("every worker joined, or exited", "took", time.Since(start).Round(time.Millisecond))
 			}
 		case <-joinLimit:
-			var missing []string
-			for _, w := range workers {
-				if !w.joined && !w.exited {
+			var missing, unstarted []string
+			for _, w := range j.workers {
+				switch {
+				case w.joined || w.exited:
+				case !w.started():
+					unstarted = append(unstarted, strconv.Itoa(w.rank))
+				default:
 					missing = append(missing, strconv.Itoa(w.rank))
 				}
 			}
-			if len(missing) > 0 && failed == nil {
-				failed = &jobFailed{code: exitFailure, why: fmt.Sprintf("rank %s did not join the job's network within %v (joining: launch.Join, or vlink exec --node \"$VLINK_NODE\" ...)",
-					strings.Join(missing, ", rank "), o.joinTimeout)}
+			var whys []string
+			if len(missing) > 0 {
+				whys = append(whys, fmt.Sprintf("rank %s did not join the job's network within %v (joining: launch.Join, or vlink exec --node \"$VLINK_NODE\" ...)",
+					strings.Join(missing, ", rank "), o.joinTimeout))
+			}
+			if len(unstarted) > 0 {
+				whys = append(whys, fmt.Sprintf("rank %s never started within %v (the spawner started %d of %d workers)",
+					strings.Join(unstarted, ", rank "), o.joinTimeout, o.n-len(unstarted), o.n))
+			}
+			if len(whys) > 0 && failed == nil {
+				failed = &jobFailed{code: exitFailure, why: strings.Join(whys, "; ")}
 				stop(failed.why)
 			}
 		case <-done:
@@ -286,10 +415,10 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 			stop("vlink launch was asked to stop")
 		case <-killAt:
 			killAt = nil
-			for _, w := range workers {
+			for _, w := range j.workers {
 				if !w.exited {
 					e.log.Warn("killing a worker still running after the grace period", "rank", w.rank)
-					signalWorker(w.cmd.Process, syscall.SIGKILL)
+					w.kill(syscall.SIGKILL)
 				}
 			}
 		}
@@ -300,13 +429,54 @@ func (o *launchOptions) run(ctx context.Context, e *env) error {
 	return nil
 }
 
-// stopAll kills the workers started so far, for a launch that could not
-// start them all, and returns err.
-func stopAll(started []*worker, err error) error {
-	for _, w := range started {
-		signalWorker(w.cmd.Process, syscall.SIGKILL)
+// localSpawner starts every worker on this machine.
+type localSpawner struct{}
+
+func (localSpawner) start(ctx context.Context, j *job) error {
+	e := j.e
+	for r, w := range j.workers {
+		name := launch.RankName(r)
+		keyFile := filepath.Join(j.dir, name+".key")
+		if err := os.WriteFile(keyFile, vlink.NodeKey(j.key, name), 0o600); err != nil {
+			return err
+		}
+		cmd := exec.Command(j.path, e.args[1:]...)
+		cmd.Env = append(os.Environ(), workerEnv(r, j.o.n, j.relayL.Addr().String(), keyFile)...)
+		cmd.SysProcAttr = workerAttr()
+		// A worker that leaves a process behind holding its output open
+		// has still exited: Wait returns a moment after it (the guard
+		// stops what it left once the job ends).
+		cmd.WaitDelay = 200 * time.Millisecond
+		var flush func()
+		cmd.Stdout, cmd.Stderr, flush = j.outputs(r)
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("starting rank %d: %w", r, err)
+		}
+		j.guard.watch(cmd.Process.Pid)
+		w.setSignal(func(sig syscall.Signal) { signalWorker(cmd.Process, sig) })
+		go func() {
+			cmd.Wait() // waits for the output to be copied too
+			flush()
+			st := cmd.ProcessState
+			if st.Success() {
+				j.ended <- ending{w: w}
+				return
+			}
+			j.ended <- ending{w: w, code: workerStatus(st), why: describeExit(st)}
+		}()
 	}
-	return err
+	return nil
+}
+
+func (localSpawner) stop() {}
+func (localSpawner) wait() {}
+
+// workerEnv is the environment that tells a worker its place in the job.
+func workerEnv(rank, size int, relay, keyFile string) []string {
+	return []string{
+		launch.EnvRank + "=" + strconv.Itoa(rank), launch.EnvSize + "=" + strconv.Itoa(size),
+		launch.EnvNode + "=" + launch.RankName(rank), launch.EnvRelay + "=" + relay, launch.EnvNodeKeyFile + "=" + keyFile,
+	}
 }
 
 // workerStatus is the status a shell gives a process that ended as st

@@ -1,0 +1,213 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/realserver"
+)
+
+// sshJobLab is the lab of the ssh spawner's tests: vlink launch runs on
+// host l; OpenSSH's sshd runs on s1, and on s2 behind fw, a firewall
+// that lets nothing in but SSH. So a worker on s1 cannot connect to one
+// on s2: the job needs the relay's path (or a reverse or spliced one).
+type sshJobLab struct {
+	*lab.Lab
+	servers string           // --ssh-servers
+	options string           // --ssh-options
+	sshd    map[string]*proc // by host
+
+	user, identity, knownHosts string
+}
+
+// rtt, when not 0, is the round trip between l and each server.
+func newSSHJobLab(t testing.TB, rtt time.Duration) *sshJobLab {
+	lab.Require(t, "nft", "sshd", "pgrep")
+	l := lab.New(t, lab.Topology{
+		Name:    "job",
+		Hosts:   []lab.Host{{Name: "s1"}, {Name: "l"}, {Name: "fw", Firewall: &lab.Firewall{Trust: []string{"s2"}, Open: []string{"tcp/22"}}}, {Name: "s2"}},
+		Links:   []lab.Link{{A: "s1", B: "l", RTT: lab.Duration(rtt)}, {A: "l", B: "fw", RTT: lab.Duration(rtt)}, {A: "fw", B: "s2"}},
+		Sysctls: lab.TCPSysctls,
+	})
+	if tt, ok := t.(*testing.T); ok {
+		checkUnreachable(tt, l, "s1", "s2", "fw")
+	}
+	j := &sshJobLab{Lab: l, sshd: map[string]*proc{}}
+	var known []byte
+	var first *realserver.SSHD
+	var servers []string
+	for _, h := range []string{"s1", "s2"} {
+		s := realserver.PrepareSSHD(t, realserver.SSHDOptions{Forwarding: true}, l.Addr(h).String(), 22)
+		kh, err := os.ReadFile(s.KnownHosts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		known = append(known, kh...)
+		if first == nil {
+			first = s
+		} else {
+			// One user key logs in everywhere, as a cluster's does.
+			ak := filepath.Join(s.Dir, "authorized_keys")
+			if err := os.WriteFile(ak, []byte(first.UserKey.AuthorizedLine+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := labProc(t, l, h, s.Program, "-D", "-e", "-f", s.ConfigFile)
+		waitLabListening(t, l, p, h, 22)
+		j.sshd[h] = p
+		servers = append(servers, s.Host)
+	}
+	knownHosts := filepath.Join(t.TempDir(), "known_hosts")
+	if err := os.WriteFile(knownHosts, known, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j.servers = strings.Join(servers, " ")
+	j.user, j.identity, j.knownHosts = first.User, first.UserKey.Private, knownHosts
+	j.options = fmt.Sprintf("user=%s,identity=%s,known-hosts=%s,config=none,agent=false", first.User, first.UserKey.Private, knownHosts)
+	return j
+}
+
+// launch starts vlink launch on l with the ssh spawner.
+func (j *sshJobLab) launch(t testing.TB, n int, args ...string) *proc {
+	return labProc(t, j.Lab, "l", vlinkBin, append([]string{"launch", "-n", fmt.Sprint(n), "--grace", "1s",
+		"--ssh-servers", j.servers, "--ssh-options", j.options}, args...)...)
+}
+
+// cutSSH kills the processes of host's sshd that carry its logged-in
+// connections, and only them: the connections drop, as when a network
+// fails, and what the sessions ran is left to notice on its own.
+func (j *sshJobLab) cutSSH(t *testing.T, host string) {
+	t.Helper()
+	n := 0
+	for _, pid := range realserver.Descendants(j.sshd[host].Pid()) {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err == nil && strings.HasPrefix(string(comm), "sshd") {
+			syscall.Kill(pid, syscall.SIGKILL)
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no sshd session on %s to cut", host)
+	}
+}
+
+// TestLaunchSSH: the ssh spawner starts 4 workers on two servers, one
+// behind a firewall that lets only SSH in; they exchange bytes all to
+// all through the job's network, checked by SHA-256. An SSH connection
+// that drops fails the job, naming a rank it lost, and leaves nothing
+// running on either server; so does vlink launch killed with SIGKILL.
+func TestLaunchSSH(t *testing.T) {
+	j := newSSHJobLab(t, 0)
+	worker := buildWorker(t)
+	t.Run("all to all", func(t *testing.T) {
+		p := j.launch(t, 4, "--", worker)
+		p.Strict = false
+		select {
+		case <-p.Done():
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("vlink launch still runs after 2 minutes:\n%s", p.Output())
+		}
+		if p.Err() != nil {
+			t.Fatalf("vlink launch: %v\n%s", p.Err(), p.Output())
+		}
+		for r := range 4 {
+			if line := fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r); !strings.Contains(p.Output(), line) {
+				t.Errorf("no %q in the output:\n%s", line, p.Output())
+			}
+		}
+	})
+	marker := fmt.Sprintf("306.%d", time.Now().UnixNano()%1e6)
+	script := `echo started on $(hostname) in "$VLINK_NODE"; sleep ` + marker + ` & wait`
+	started := regexp.MustCompile(`\] started on `)
+	t.Run("an ssh connection drops", func(t *testing.T) {
+		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
+		p.Strict = false
+		waitCount(t, p, started, 4, startTimeout)
+		if n := leftovers(t, "^sleep "+marker); n != 4 {
+			t.Fatalf("%d workers' sleeps running, want 4", n)
+		}
+		j.cutSSH(t, "s2")
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs after its ssh connection to s2 dropped:\n%s", p.Output())
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.Err(), &ee) || ee.ExitCode() != 1 {
+			t.Errorf("exit: %v, want status 1", p.Err())
+		}
+		if !regexp.MustCompile(`vlink launch: rank [13] was lost with the ssh connection to ` + regexp.QuoteMeta(j.Addr("s2").String())).MatchString(p.Output()) {
+			t.Errorf("the job's failure does not name a rank of s2 lost with its connection:\n%s", p.Output())
+		}
+		waitGone(t, "^sleep "+marker)
+		waitGone(t, "launch --worker")
+	})
+	t.Run("vlink launch is killed", func(t *testing.T) {
+		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
+		waitCount(t, p, started, 4, startTimeout)
+		p.Kill()
+		waitGone(t, "^sleep "+marker)
+		waitGone(t, "launch --worker")
+	})
+}
+
+// BenchmarkLaunchSSH measures how long vlink launch takes to start a job
+// of 4 workers on two servers over SSH, 10 ms away, the workers joining
+// the job's network (launch.Join) and exiting, against OpenSSH starting
+// the same program (told only to start and exit) on the same servers
+// from a plain shell loop, one ssh per worker in parallel. Rounds are
+// interleaved; run with -benchtime Nx for N rounds. Needs root.
+func BenchmarkLaunchSSH(b *testing.B) {
+	const n = 4
+	j := newSSHJobLab(b, 10*time.Millisecond)
+	worker := buildWorker(b)
+	servers := strings.Fields(j.servers)
+	sshArgs := []string{"-F", "/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", j.identity,
+		"-o", "UserKnownHostsFile=" + j.knownHosts, "-o", "StrictHostKeyChecking=yes", "-l", j.user}
+	loop := "for s in"
+	for r := range n {
+		loop += " " + servers[r%len(servers)]
+	}
+	loop += fmt.Sprintf(`; do ssh %s "$s" %s start & done; wait`, strings.Join(sshArgs, " "), worker)
+	runs := map[string][]string{
+		"launch": {vlinkBin, "launch", "-n", fmt.Sprint(n), "--ssh-servers", j.servers, "--ssh-options", j.options, "--", worker, "join"},
+		"ssh":    {"sh", "-c", loop},
+	}
+	took := map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := range b.N {
+		for _, k := range [][]string{{"launch", "ssh"}, {"ssh", "launch"}}[i%2] {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			start := time.Now()
+			out, err := j.CommandContext(ctx, "l", runs[k][0], runs[k][1:]...).CombinedOutput()
+			took[k] = append(took[k], time.Since(start))
+			cancel()
+			if err != nil {
+				b.Fatalf("%s: %v\n%s", k, err, out)
+			}
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+	med := map[string]time.Duration{}
+	for _, k := range []string{"launch", "ssh"} {
+		slices.Sort(took[k])
+		med[k] = took[k][len(took[k])/2]
+		b.ReportMetric(ms(med[k]), k+"-ms")
+		b.Logf("%-6s median %7.1f ms  (min %.1f .. max %.1f), %d rounds", k, ms(med[k]), ms(took[k][0]), ms(took[k][len(took[k])-1]), len(took[k]))
+	}
+	b.ReportMetric(float64(med["launch"])/float64(med["ssh"]), "ratio")
+}
