@@ -155,6 +155,46 @@ func TestLaunchSSH(t *testing.T) {
 		waitGone(t, "^sleep "+marker)
 		waitGone(t, "launch --worker")
 	})
+	t.Run("SIGTERM", func(t *testing.T) {
+		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c",
+			`trap 'echo got TERM; exit 3' TERM; `+script)
+		p.Strict = false
+		waitCount(t, p, started, 4, startTimeout)
+		p.Cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs after SIGTERM:\n%s", p.Output())
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.Err(), &ee) || ee.ExitCode() != 3 {
+			t.Errorf("exit: %v, want status 3 (the workers')", p.Err())
+		}
+		if n := strings.Count(p.Output(), "] got TERM"); n != 4 {
+			t.Errorf("%d workers got SIGTERM, want 4; output:\n%s", n, p.Output())
+		}
+		waitGone(t, "^sleep "+marker)
+		waitGone(t, "launch --worker")
+	})
+	t.Run("a worker fails", func(t *testing.T) {
+		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c",
+			`if [ "$VLINK_RANK" = 3 ]; then sleep 0.5; echo failing; exit 7; fi; `+script)
+		p.Strict = false
+		select {
+		case <-p.Done():
+		case <-time.After(time.Minute):
+			t.Fatalf("vlink launch still runs a minute after rank 3 failed:\n%s", p.Output())
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.Err(), &ee) || ee.ExitCode() != 7 {
+			t.Errorf("exit: %v, want status 7 (rank 3's)", p.Err())
+		}
+		if want := "vlink launch: rank 3 exited with status 7 on " + j.Addr("s2").String(); !strings.Contains(p.Output(), want) {
+			t.Errorf("no %q in the output:\n%s", want, p.Output())
+		}
+		waitGone(t, "^sleep "+marker)
+		waitGone(t, "launch --worker")
+	})
 	t.Run("vlink launch is killed", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		waitCount(t, p, started, 4, startTimeout)

@@ -258,7 +258,6 @@ func (a *agent) assign(r int, relay string) error {
 // follow passes rank w's output on, and returns how it ended, from the
 // agent's exit frame; nil when the stream ended without one.
 func (a *agent) follow(w *worker, stdout, stderr io.Writer) (*ending, error) {
-	w.setSignal(func(sig syscall.Signal) { a.send(jobwire.TypeSignal, []byte{byte(sig)}) })
 	for {
 		f, err := jobwire.ReadFrame(a.r)
 		if err != nil {
@@ -274,7 +273,6 @@ func (a *agent) follow(w *worker, stdout, stderr io.Writer) (*ending, error) {
 			if err != nil {
 				return nil, err
 			}
-			io.Copy(io.Discard, a.r) // until the agent goes
 			if x.Signal != 0 {
 				return &ending{w: w, code: 128 + int(x.Signal), why: fmt.Sprintf("was killed by signal %v on %s", syscall.Signal(x.Signal), a.where)}, nil
 			}
@@ -451,7 +449,11 @@ func (s *sshSpawner) serve(j *job, w *worker, server string, cmd *sshf.Command, 
 		})
 		end, err = a.follow(w, stdout, stderr)
 	}
+	// The agent ends once it stopped what the worker left running, in
+	// --grace; one that does not is not waited for beyond that.
+	t := time.AfterFunc(j.o.grace+10*time.Second, func() { cmd.Close() })
 	werr := cmd.Wait()
+	t.Stop()
 	<-errDone
 	if end != nil {
 		return *end
@@ -604,6 +606,15 @@ func (s *customSpawner) serve(c net.Conn, relay string) {
 			return &ending{w: w, code: exitFailure, why: fmt.Sprintf("was lost on %s before it started: %v", a.where, err)}
 		}
 		c.SetDeadline(time.Time{})
+		w.setSignal(func(sig syscall.Signal) {
+			c.SetWriteDeadline(time.Now().Add(agentHelloTimeout))
+			a.send(jobwire.TypeSignal, []byte{byte(sig)})
+			if sig == syscall.SIGKILL {
+				// An agent that cannot pass SIGKILL on is cut off,
+				// which ends the worker too.
+				time.AfterFunc(2*time.Second, func() { c.Close() })
+			}
+		})
 		end, err := a.follow(w, stdout, stderr)
 		if end == nil {
 			end = &ending{w: w, code: exitFailure, why: fmt.Sprintf("was lost on %s: its agent's connection ended without its exit (%v)", a.where, err)}
