@@ -36,7 +36,8 @@ var fixtures = map[string]fixture{}
 // A venue is where a stack's pipes are made. The zero venue is a vlink
 // listener on a loopback port, dialed at its address; the factories
 // that reach nodes need a vlink network (conformance_rendezvous_test.go),
-// which they add to venues, like fixtures, under their layer's name.
+// and those with a transport of their own (shm) a listener on it, which
+// they add to venues, like fixtures, under their layer's name.
 type venue struct {
 	// listen returns the listener the vlink listener wraps, and the
 	// address to dial it at.
@@ -63,13 +64,11 @@ func stacks(t *testing.T) map[string]subject {
 	out := map[string]subject{}
 	for _, spec := range layer.Specs() {
 		var v venue
-		if spec.Nodes {
-			mk, ok := venues[spec.Name]
-			if !ok {
-				t.Errorf("layer %s reaches nodes and has no venue: add one to vlink/layers (conformance_%s_test.go)", spec.Name, spec.Name)
-				continue
-			}
+		if mk, ok := venues[spec.Name]; ok {
 			v = mk(t)
+		} else if spec.Nodes {
+			t.Errorf("layer %s reaches nodes and has no venue: add one to vlink/layers (conformance_%s_test.go)", spec.Name, spec.Name)
+			continue
 		}
 		switch fx, ok := fixtures[spec.Name]; {
 		case ok:

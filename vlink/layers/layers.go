@@ -10,6 +10,7 @@ package layers
 import (
 	_ "github.com/vlink-dev/vlink/factories/httpconnect"
 	_ "github.com/vlink-dev/vlink/factories/rendezvous"
+	_ "github.com/vlink-dev/vlink/factories/shm"
 	_ "github.com/vlink-dev/vlink/factories/socks"
 	_ "github.com/vlink-dev/vlink/factories/ssh"
 	_ "github.com/vlink-dev/vlink/factories/tcp"

@@ -1,0 +1,160 @@
+//go:build linux
+
+package shm
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/net/nettest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair returns the two ends of a connection, dialer first.
+func pair(t testing.TB, ring int) (net.Conn, net.Conn) {
+	t.Helper()
+	a, b, err := makePair(filepath.Join(t.TempDir(), "shm"), ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
+func makePair(dir string, ring int) (net.Conn, net.Conn, error) {
+	f, err := New(Options{RingSize: ring, Dir: dir})
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer l.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	acc := make(chan res, 1)
+	go func() {
+		c, err := l.Accept()
+		acc <- res{c, err}
+	}()
+	d, err := f.DialContext(context.Background(), "tcp", l.Addr().String(), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := <-acc
+	if r.err != nil {
+		d.Close()
+		return nil, nil, r.err
+	}
+	return d, r.c, nil
+}
+
+func TestConformance(t *testing.T) {
+	dir := t.TempDir()
+	n := 0
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		n++
+		a, b, err := makePair(filepath.Join(dir, strconv.Itoa(n)), minRingSize)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return a, b, func() { a.Close(); b.Close() }, nil
+	})
+}
+
+// TestTransfer moves data through rings smaller than it, both ways at
+// once, with half-close, checked by SHA-256.
+func TestTransfer(t *testing.T) {
+	for _, n := range []int{0, 1, minRingSize - 1, minRingSize + 1, 3 << 20} {
+		a, b := pair(t, minRingSize)
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(rand.Uint32())
+		}
+		want := sha256.Sum256(data)
+		var wg sync.WaitGroup
+		check := func(src, dst net.Conn) {
+			defer wg.Done()
+			go func() {
+				src.Write(data)
+				src.(*conn).CloseWrite()
+			}()
+			h := sha256.New()
+			if _, err := io.Copy(h, dst); err != nil {
+				t.Errorf("%d bytes: %v", n, err)
+			}
+			if got := h.Sum(nil); !bytes.Equal(got, want[:]) {
+				t.Errorf("%d bytes: the checksum differs", n)
+			}
+		}
+		wg.Add(2)
+		go check(a, b)
+		go check(b, a)
+		wg.Wait()
+		a.Close()
+		b.Close()
+	}
+}
+
+// TestAbort: an abort, and a peer gone without closing, are errors for
+// the reader, never the end of the stream.
+func TestAbort(t *testing.T) {
+	a, b := pair(t, minRingSize)
+	defer b.Close()
+	a.Write([]byte("partial"))
+	a.(*conn).Abort()
+	got, err := io.ReadAll(b)
+	if !errors.Is(err, ErrReset) {
+		t.Fatalf("read after the peer aborted: %q, %v; want ErrReset", got, err)
+	}
+	if string(got) != "partial" {
+		t.Errorf("read %q before the reset, want %q", got, "partial")
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	a, b := pair(t, minRingSize)
+	defer a.Close()
+	defer b.Close()
+	b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_, err := b.Read(make([]byte, 1))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v, want a timeout", err)
+	}
+}
+
+func BenchmarkPingPong(b *testing.B) {
+	x, y := pair(b, DefaultRingSize)
+	defer x.Close()
+	defer y.Close()
+	go func() {
+		buf := make([]byte, 1)
+		for {
+			if _, err := y.Read(buf); err != nil {
+				return
+			}
+			y.Write(buf)
+		}
+	}()
+	buf := make([]byte, 1)
+	b.ResetTimer()
+	for range b.N {
+		x.Write(buf)
+		x.Read(buf)
+	}
+}
