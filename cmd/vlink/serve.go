@@ -106,6 +106,7 @@ type serveOptions struct {
 	listen, target, keyFile, layers, plain string
 	identityFile                           string
 	listenStack, hopStack                  string
+	shm                                    bool
 	allow, limits, hops, proxyProtocol     listFlag
 	handshakeTimeout, dialTimeout          time.Duration
 	idleTimeout                            time.Duration
@@ -146,6 +147,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
+	fs.BoolVar(&o.shm, "shm", false, "also accept connections over shared memory from this machine's processes of the same user, on --listen's port number (vlink tunnel --stack shm, or a stack ending in shm; Linux)")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
 	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
@@ -234,6 +236,9 @@ func (o *serveOptions) prepare(e *env) (forward, error) {
 	}
 	warnPassword(e, "--hop-stack", o.hopStack)
 	warnPassword(e, "--listen-stack", o.listenStack)
+	if o.shm && o.listenStack != "" {
+		return nil, usagef("--shm listens beside this host's port; with --listen-stack there is none")
+	}
 	if o.listenStack != "" {
 		if f.listenStack, err = vlink.Parse(o.listenStack); err != nil {
 			return nil, usagef("--listen-stack: %v", err)
@@ -260,13 +265,31 @@ func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Liste
 		Logger:           e.log,
 		Observe:          t.m.handshook,
 	}
-	l, err := lc.Listen(ctx, "tcp", o.listen)
+	tl, err := lc.Listen(ctx, "tcp", o.listen)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	var l net.Listener = tl
 	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
 		e.log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
 			"addr", l.Addr().String())
+	}
+	if o.shm {
+		// The same listener's policy, on shared memory, at the TCP
+		// port's number: a local dialer reaches either.
+		_, port, _ := net.SplitHostPort(l.Addr().String())
+		slc := lc
+		if slc.Stack, err = vlink.Parse("shm"); err == nil {
+			var sl net.Listener
+			if sl, err = slc.Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", port)); err == nil {
+				e.log.Info("serving on shared memory too", "addr", sl.Addr().String())
+				l = mergeListeners(l, sl)
+			}
+		}
+		if err != nil {
+			l.Close()
+			return nil, nil, nil, fmt.Errorf("--shm: %w", err)
+		}
 	}
 	identity := "none"
 	if policy.Identity != nil {
