@@ -4,31 +4,55 @@ package integration
 
 import (
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // TestShmTunnel carries streams of 0 B to 200 MiB, both ways with
 // half-close, from a client through vlink tunnel, over shared memory,
-// to vlink serve, and on to socat's echo, checked by SHA-256; alone and
-// under a filter, to a serve listening on shm only and to one that
-// takes shm beside its TCP port (--shm), which plain TCP tunnels still
-// reach.
+// to vlink serve, and on to socat's echo, checked by SHA-256:
+//   - to a serve listening on shm only (--listen-stack shm), the
+//     tunnel's stack ending in shm, alone and under a filter;
+//   - to a serve that offers shm beside its TCP port (--shm), a tunnel
+//     with a plain stack (zstd): it takes shm by itself (VLINK_SHM
+//     unset: auto), or TCP with VLINK_SHM=off. serve's log tells which:
+//     a shared-memory peer is "pid:N".
 func TestShmTunnel(t *testing.T) {
+	testenv.Programs(t, "socat")
 	_, echo := startSocatEcho(t)
 	_, only := startVLink(t, "serve", "--target", echo, "--listen-stack", "shm")
-	_, both := startVLink(t, "serve", "--target", echo, "--shm")
-	for _, tc := range []struct{ stack, gw string }{{"shm", only}, {"lz4+shm", only}, {"shm", both}, {"zstd", both}} {
-		stack, gw := tc.stack, tc.gw
-		name := stack + " to a shm listener"
-		if gw == both {
-			name = stack + " to serve --shm"
-		}
-		t.Run(name, func(t *testing.T) {
-			_, tun := startVLink(t, "tunnel", "--to", gw, "--stack", stack)
-			for i, n := range []int{0, 1, 1<<20 + 3, 200 << 20} {
+	both, bothAddr := startVLink(t, "serve", "--target", echo, "--shm", "--log-level", "debug")
+	for _, tc := range []struct {
+		name, stack, gw, env, remote string
+	}{
+		{name: "shm to a shm listener", stack: "shm", gw: only},
+		{name: "lz4+shm to a shm listener", stack: "lz4+shm", gw: only},
+		{name: "zstd to serve --shm", stack: "zstd", gw: bothAddr, remote: `remote=pid:\d+ stack=zstd`},
+		{name: "zstd to serve --shm, VLINK_SHM=off", stack: "zstd", gw: bothAddr, env: "off", remote: `remote=127\.0\.0\.1:\d+ stack=zstd`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("VLINK_SHM", tc.env)
+			_, tun := startVLink(t, "tunnel", "--to", tc.gw, "--stack", tc.stack)
+			before := 0
+			if tc.remote != "" {
+				before = len(regexp.MustCompile(tc.remote).FindAllString(both.Output(), -1))
+			}
+			sizes := []int{0, 1, 1<<20 + 3, 200 << 20}
+			for i, n := range sizes {
 				t.Run(fmt.Sprint(n), func(t *testing.T) {
 					checkEcho(t, tun, genData(n, uint64(20+i)))
 				})
+			}
+			if tc.remote != "" {
+				// Each connection is logged when accepted and when forwarded.
+				re := regexp.MustCompile(tc.remote)
+				waitCount(t, both, re, before+2*len(sizes), startTimeout)
+				if got := len(re.FindAllString(both.Output(), -1)); got < before+2*len(sizes) || strings.Count(both.Output(), "accepted") < len(sizes) {
+					t.Errorf("serve logged %d lines matching %q, want %d:\n%s", got, tc.remote, before+2*len(sizes), both.Output())
+				}
 			}
 		})
 	}

@@ -45,6 +45,10 @@ type Config struct {
 	// PeerKey checks the identity a listener announces, for Dialers that
 	// have none of their own (see Dialer.PeerKey). Nil: none.
 	PeerKey PeerKeyCallback
+	// Shm says when dials to this machine take shared memory, for
+	// Dialers that do not say (see ShmMode); the config file's shm key.
+	// Zero: $VLINK_SHM, else auto.
+	Shm ShmMode
 
 	sel    *selector.Selector
 	stacks map[string]Stack // parsed stacks by text form
@@ -60,6 +64,7 @@ type Config struct {
 //	key_file = "vlink.key"          # relative to the file's folder
 //	node = "alice"                  # this node's name; key_file holds its node key
 //	proxy_from_environment = true   # unmatched destinations: ALL_PROXY, but NO_PROXY's
+//	shm = "auto"                    # dials to this machine: shared memory when offered; "on", "off"
 //
 //	[default]                       # when no route matches; absent: direct
 //	stack = "zstd"
@@ -83,6 +88,7 @@ type configFile struct {
 	Node    string `toml:"node"`
 	// ProxyFromEnvironment: see Config.WithProxyFromEnvironment.
 	ProxyFromEnvironment bool        `toml:"proxy_from_environment"`
+	Shm                  string      `toml:"shm"`
 	Default              *fileRoute  `toml:"default"`
 	Routes               []fileRoute `toml:"route"`
 }
@@ -196,6 +202,9 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	c.Source = path
 	c.Node = f.Node
+	if c.Shm, err = parseShmMode(f.Shm); err != nil {
+		return nil, fmt.Errorf("vlink: config %s: %w", path, err)
+	}
 	if f.ProxyFromEnvironment {
 		return c.WithProxyFromEnvironment()
 	}

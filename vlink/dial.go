@@ -78,6 +78,10 @@ type Dialer struct {
 	// round trip. False (the default) returns as soon as the hello is
 	// sent, and a refusal comes from the first Read.
 	WaitAccept bool
+	// Shm says when a dial to a listener on this machine takes shared
+	// memory; see ShmMode. Zero: Config.Shm, else $VLINK_SHM, else
+	// ShmAuto.
+	Shm ShmMode
 
 	// cache keeps the multi-link layers built by this Dialer, so dials
 	// along the same path share them; memory what its best-effort dials
@@ -149,6 +153,10 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	default:
 		return (&net.Dialer{Timeout: d.Timeout}).DialContext(ctx, network, address)
 	}
+	shm, err := d.shmMode()
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+	}
 	if d.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
@@ -179,6 +187,7 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	r, err := d.route(address)
 	if err == nil {
 		r.waitAccept = d.WaitAccept
+		r.shm = shm
 		r.peerKey = d.PeerKey
 		if r.peerKey == nil && d.Config != nil {
 			r.peerKey = d.Config.PeerKey
@@ -240,6 +249,8 @@ type route struct {
 	// lookup: the top hello asks whether the target's host resolves,
 	// and no connection follows (Dialer.LookupHost).
 	lookup bool
+	// shm: when a dial to this machine takes shared memory.
+	shm ShmMode
 }
 
 // describe says what r does, for a RouteReport.
@@ -557,6 +568,11 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 	}
 	if slices.Contains(vias, peer) {
 		return fail(fmt.Errorf("%w: the route names %s twice", ErrLoop, peer))
+	}
+	if len(vias) == 0 {
+		if transport, err = r.withShm(transport, peer); err != nil {
+			return fail(err)
+		}
 	}
 	// Build bottom-up, one hello per segment: the bottom one on the
 	// factory's stream, each one above on what a multi-link layer built.

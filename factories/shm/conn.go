@@ -118,27 +118,75 @@ func (c *conn) opErr(op string, err error) error {
 func (c *conn) Read(p []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
+	n, err := c.awaitData(len(p) > 0)
+	if err != nil {
+		return 0, c.readErr(err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	k := c.in.get(p, n)
+	c.consumed()
+	return k, nil
+}
+
+// WriteTo writes what the peer sends to w until its end, straight from
+// the ring: one copy fewer than Read into a buffer, then Write (a relay
+// to a socket takes it).
+func (c *conn) WriteTo(w io.Writer) (int64, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	var total int64
+	for {
+		n, err := c.awaitData(true)
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, c.readErr(err)
+		}
+		k, werr := w.Write(c.in.region(n))
+		c.in.read(uint64(k))
+		c.consumed()
+		total += int64(k)
+		if werr != nil {
+			return total, werr
+		}
+	}
+}
+
+func (c *conn) readErr(err error) error {
+	if err == io.EOF {
+		return err
+	}
+	return c.opErr("read", err)
+}
+
+// consumed wakes the producer if it sleeps for room.
+func (c *conn) consumed() {
+	if atomic.LoadUint32(c.in.wantRoom) != 0 {
+		ringFd(c.b.ringRoom)
+	}
+}
+
+// awaitData returns how many bytes the ring holds for this side, once
+// it holds some (when block; else at once, 0 for none), or why it never
+// will: io.EOF at the peer's end marker. rmu held.
+func (c *conn) awaitData(block bool) (uint64, error) {
 	if c.closed.Load() {
-		return 0, c.opErr("read", net.ErrClosed)
+		return 0, net.ErrClosed
 	}
 	for {
 		if c.rdl.exceeded() {
-			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+			return 0, os.ErrDeadlineExceeded
 		}
 		n, err := c.in.readable()
 		if err != nil {
 			c.fail()
-			return 0, c.opErr("read", err)
+			return 0, err
 		}
 		if n > 0 {
-			if len(p) == 0 {
-				return 0, nil
-			}
-			k := c.in.get(p, n)
-			if atomic.LoadUint32(c.in.wantRoom) != 0 {
-				ringFd(c.b.ringRoom)
-			}
-			return k, nil
+			return n, nil
 		}
 		if fin := c.finIn.Load(); fin >= 0 {
 			// The marker came after the last bytes' tail: look again,
@@ -148,14 +196,14 @@ func (c *conn) Read(p []byte) (int, error) {
 			}
 			if uint64(fin) != c.in.mine {
 				c.fail()
-				return 0, c.opErr("read", fmt.Errorf("%w: its end marker counts %d bytes, it sent %d", errCorrupt, fin, c.in.mine))
+				return 0, fmt.Errorf("%w: its end marker counts %d bytes, it sent %d", errCorrupt, fin, c.in.mine)
 			}
 			return 0, io.EOF
 		}
 		if c.reset.Load() {
-			return 0, c.opErr("read", ErrReset)
+			return 0, ErrReset
 		}
-		if len(p) == 0 {
+		if !block {
 			return 0, nil
 		}
 		// Spin a moment first: a peer that answers within it is read
@@ -172,7 +220,7 @@ func (c *conn) Read(p []byte) (int, error) {
 		}
 		atomic.StoreUint32(c.in.wantData, 0)
 		if err != nil {
-			return 0, c.opErr("read", c.waitErr(err))
+			return 0, c.waitErr(err)
 		}
 	}
 }
@@ -182,32 +230,83 @@ func (c *conn) Write(p []byte) (int, error) {
 	defer c.wmu.Unlock()
 	written := 0
 	for {
-		switch {
-		case c.closed.Load():
-			return written, c.opErr("write", net.ErrClosed)
-		case c.wclosed:
-			return written, c.opErr("write", syscall.EPIPE)
-		case c.reset.Load():
-			return written, c.opErr("write", ErrReset)
-		case c.wdl.exceeded():
-			return written, c.opErr("write", os.ErrDeadlineExceeded)
-		}
 		if len(p) == 0 {
+			if err := c.writeState(); err != nil {
+				return written, c.opErr("write", err)
+			}
 			return written, nil
+		}
+		room, err := c.awaitRoom()
+		if err != nil {
+			return written, c.opErr("write", err)
+		}
+		k := c.out.put(p, room)
+		written += k
+		p = p[k:]
+		c.produced()
+	}
+}
+
+// ReadFrom reads r to its end straight into the ring: one copy fewer
+// than Read into a buffer, then Write (a relay from a socket takes it).
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var total int64
+	for {
+		room, err := c.awaitRoom()
+		if err != nil {
+			return total, c.opErr("write", err)
+		}
+		k, rerr := r.Read(c.out.region(room))
+		c.out.wrote(uint64(k))
+		c.produced()
+		total += int64(k)
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// produced wakes the consumer if it sleeps for data.
+func (c *conn) produced() {
+	if atomic.LoadUint32(c.out.wantData) != 0 {
+		ringFd(c.b.ringData)
+	}
+}
+
+// writeState returns why this side cannot write, or nil. wmu held.
+func (c *conn) writeState() error {
+	switch {
+	case c.closed.Load():
+		return net.ErrClosed
+	case c.wclosed:
+		return syscall.EPIPE
+	case c.reset.Load():
+		return ErrReset
+	case c.wdl.exceeded():
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// awaitRoom returns the room in the ring, once there is some, or why
+// there will be none. wmu held.
+func (c *conn) awaitRoom() (uint64, error) {
+	for {
+		if err := c.writeState(); err != nil {
+			return 0, err
 		}
 		room, err := c.out.writable()
 		if err != nil {
 			c.fail()
-			return written, c.opErr("write", err)
+			return 0, err
 		}
 		if room > 0 {
-			k := c.out.put(p, room)
-			written += k
-			p = p[k:]
-			if atomic.LoadUint32(c.out.wantData) != 0 {
-				ringFd(c.b.ringData)
-			}
-			continue
+			return room, nil
 		}
 		if spin(func() bool { n, _ := c.out.writable(); return n > 0 || c.reset.Load() }) {
 			continue
@@ -218,7 +317,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		}
 		atomic.StoreUint32(c.out.wantRoom, 0)
 		if err != nil {
-			return written, c.opErr("write", c.waitErr(err))
+			return 0, c.waitErr(err)
 		}
 	}
 }

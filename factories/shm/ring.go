@@ -107,3 +107,23 @@ func (r *ring) get(p []byte, n uint64) int {
 	atomic.StoreUint64(r.head, r.mine)
 	return int(n)
 }
+
+// region returns the ring's next contiguous stretch, of at most n bytes,
+// from this side's position: to fill (the producer, then wrote) or to
+// drain (the consumer, then read).
+func (r *ring) region(n uint64) []byte {
+	at := r.mine & (r.size - 1)
+	return r.data[at : at+min(n, r.size-at)]
+}
+
+// wrote publishes n more bytes of region filled (producer).
+func (r *ring) wrote(n uint64) {
+	r.mine += n
+	atomic.StoreUint64(r.tail, r.mine)
+}
+
+// read publishes n more bytes of region drained (consumer).
+func (r *ring) read(n uint64) {
+	r.mine += n
+	atomic.StoreUint64(r.head, r.mine)
+}

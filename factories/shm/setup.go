@@ -15,32 +15,36 @@ import (
 
 // samePeer checks that the process at the other end of c runs as this
 // one's user: the socket's folder keeps others out, and this says so
-// again where the descriptors change hands.
-func samePeer(c *net.UnixConn) error {
+// again where the descriptors change hands. It returns the peer's pid.
+func samePeer(c *net.UnixConn) (int, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return err
+		return 0, err
 	}
 	if cerr != nil {
-		return cerr
+		return 0, cerr
 	}
 	if int(cred.Uid) != os.Getuid() {
-		return fmt.Errorf("shm: the peer (pid %d) runs as user %d, not %d", cred.Pid, cred.Uid, os.Getuid())
+		return 0, fmt.Errorf("shm: the peer (pid %d) runs as user %d, not %d", cred.Pid, cred.Uid, os.Getuid())
 	}
-	return nil
+	return int(cred.Pid), nil
 }
+
+// pidAddr is the address of a connection's process end: its pid.
+func pidAddr(pid int) Addr { return Addr{"pid:" + strconv.Itoa(pid)} }
 
 // dialSetup is the dialer's side of the set-up on c: it makes the
 // memory and the bells, passes them, and waits for the listener's word.
-func dialSetup(c *net.UnixConn, size int, laddr, raddr Addr) (_ *conn, err error) {
-	if err := samePeer(c); err != nil {
+func dialSetup(c *net.UnixConn, size int, raddr Addr) (_ *conn, err error) {
+	if _, err := samePeer(c); err != nil {
 		return nil, err
 	}
+	laddr := pidAddr(os.Getpid())
 	total := mappingSize(size)
 	memfd, err := unix.MemfdCreate("vlink-shm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -91,10 +95,12 @@ func dialSetup(c *net.UnixConn, size int, laddr, raddr Addr) (_ *conn, err error
 // acceptSetup is the listener's side: it takes the dialer's hello and
 // descriptors, checks them, maps the memory and says yes. Anything
 // wrong closes what was received and fails this connection only.
-func acceptSetup(c *net.UnixConn, laddr, raddr Addr) (*conn, error) {
-	if err := samePeer(c); err != nil {
+func acceptSetup(c *net.UnixConn, laddr Addr) (*conn, error) {
+	pid, err := samePeer(c)
+	if err != nil {
 		return nil, err
 	}
+	raddr := pidAddr(pid)
 	buf := make([]byte, helloSize+1)
 	oob := make([]byte, unix.CmsgSpace(4*numFds))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)

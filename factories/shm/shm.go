@@ -85,8 +85,9 @@ func New(o Options) (*Factory, error) {
 
 func (f *Factory) String() string { return "shm " + f.dir }
 
-// Addr is a shared-memory connection's or listener's address: the
-// host:port it stands for.
+// Addr is a shared-memory address: the host:port a listener, and the
+// dialer's side of a connection, stand for; "pid:N" for the process at
+// a connection's other end.
 type Addr struct{ HostPort string }
 
 func (a Addr) Network() string { return "shm" }
@@ -136,7 +137,7 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, _ la
 		deadline = time.Now().Add(vlink.DefaultHandshakeTimeout)
 	}
 	uc.SetDeadline(deadline)
-	sc, err := dialSetup(uc, f.size, Addr{"shm:" + uc.LocalAddr().String()}, Addr{address})
+	sc, err := dialSetup(uc, f.size, Addr{address})
 	if err != nil {
 		uc.Close()
 		return nil, opErr(err)
@@ -254,7 +255,7 @@ func (l *listener) accept() {
 		l.mu.Unlock()
 		go func() {
 			c.SetDeadline(time.Now().Add(vlink.DefaultHandshakeTimeout))
-			sc, err := acceptSetup(c, l.addr, Addr{"shm:" + c.RemoteAddr().String()})
+			sc, err := acceptSetup(c, l.addr)
 			l.mu.Lock()
 			delete(l.pending, c)
 			l.mu.Unlock()

@@ -78,7 +78,8 @@ func TestConformance(t *testing.T) {
 }
 
 // TestTransfer moves data through rings smaller than it, both ways at
-// once, with half-close, checked by SHA-256.
+// once, with half-close, checked by SHA-256: one way by Write and Read,
+// the other by ReadFrom and WriteTo.
 func TestTransfer(t *testing.T) {
 	for _, n := range []int{0, 1, minRingSize - 1, minRingSize + 1, 3 << 20} {
 		a, b := pair(t, minRingSize)
@@ -88,14 +89,25 @@ func TestTransfer(t *testing.T) {
 		}
 		want := sha256.Sum256(data)
 		var wg sync.WaitGroup
+		// One way by Write and Read, the other by ReadFrom and WriteTo.
 		check := func(src, dst net.Conn) {
 			defer wg.Done()
 			go func() {
-				src.Write(data)
+				if src == a {
+					src.Write(data)
+				} else {
+					src.(io.ReaderFrom).ReadFrom(struct{ io.Reader }{bytes.NewReader(data)})
+				}
 				src.(*conn).CloseWrite()
 			}()
 			h := sha256.New()
-			if _, err := io.Copy(h, dst); err != nil {
+			var err error
+			if dst == b {
+				_, err = io.CopyBuffer(h, struct{ io.Reader }{dst}, make([]byte, 1000))
+			} else {
+				_, err = dst.(io.WriterTo).WriteTo(h)
+			}
+			if err != nil {
 				t.Errorf("%d bytes: %v", n, err)
 			}
 			if got := h.Sum(nil); !bytes.Equal(got, want[:]) {

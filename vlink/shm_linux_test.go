@@ -1,0 +1,90 @@
+package vlink_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	_ "github.com/vlink-dev/vlink/factories/shm"
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// TestShmSelection: a VLink dial to a listener on this machine that
+// also listens on shared memory (as vlink serve --shm does) takes shared
+// memory, unless told not to or its stack names its factory; a dial
+// without a hello never does; "on" fails where shared memory is not
+// offered, "auto" falls back to TCP.
+func TestShmSelection(t *testing.T) {
+	ctx := context.Background()
+	tl, err := (&vlink.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(tl.Addr().String())
+	sl, err := (&vlink.ListenConfig{Stack: vlink.MustParse("shm")}).Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each listener answers with its network's name.
+	for _, l := range []net.Listener{tl, sl} {
+		testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
+	}
+	// A listener on TCP only.
+	other, err := (&vlink.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, other, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
+
+	for _, tc := range []struct {
+		name, stack, env string
+		shm              vlink.ShmMode
+		addr             string
+		want             string // the network that answered; "" for an error
+	}{
+		{name: "auto", stack: "identity", addr: tl.Addr().String(), want: "shm"},
+		{name: "auto, by name", stack: "identity", addr: "localhost:" + port, want: "shm"},
+		{name: "off", stack: "identity", shm: vlink.ShmOff, addr: tl.Addr().String(), want: "tcp"},
+		{name: "off from the environment", stack: "identity", env: "off", addr: tl.Addr().String(), want: "tcp"},
+		{name: "the stack names its factory", stack: "identity+tcp:nodelay=false", addr: tl.Addr().String(), want: "tcp"},
+		{name: "no hello", stack: "tcp", addr: tl.Addr().String(), want: "tcp"},
+		{name: "auto, not offered", stack: "identity", addr: other.Addr().String(), want: "tcp"},
+		{name: "on, not offered", stack: "identity", shm: vlink.ShmOn, addr: other.Addr().String()},
+		{name: "on from the environment, offered", stack: "identity", env: "on", addr: tl.Addr().String(), want: "shm"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(vlink.EnvShm, tc.env)
+			d := &vlink.Dialer{Stack: vlink.MustParse(tc.stack), Shm: tc.shm}
+			defer d.Close()
+			c, err := d.DialContext(ctx, "tcp", tc.addr)
+			if tc.want == "" {
+				if err == nil {
+					c.Close()
+					t.Fatal("the dial succeeded")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(c)
+			if err != nil || string(got) != tc.want {
+				t.Errorf("the listener on %q answered, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+	t.Run("a bad mode", func(t *testing.T) {
+		t.Setenv(vlink.EnvShm, "maybe")
+		_, err := (&vlink.Dialer{Stack: vlink.MustParse("identity")}).DialContext(ctx, "tcp", tl.Addr().String())
+		var oe *net.OpError
+		if !errors.As(err, &oe) {
+			t.Fatalf("dial with VLINK_SHM=maybe: %v, want an error", err)
+		}
+	})
+}
