@@ -46,8 +46,8 @@ type Config struct {
 	// have none of their own (see Dialer.PeerKey). Nil: none.
 	PeerKey PeerKeyCallback
 	// Shm says when dials to this machine take shared memory, for
-	// Dialers that do not say (see ShmMode); the config file's shm key.
-	// Zero: $VLINK_SHM, else auto.
+	// Dialers that do not say and a $VLINK_SHM that does not either (see
+	// ShmMode); the config file's shm key. Zero: auto.
 	Shm ShmMode
 
 	sel    *selector.Selector

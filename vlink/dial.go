@@ -79,8 +79,8 @@ type Dialer struct {
 	// sent, and a refusal comes from the first Read.
 	WaitAccept bool
 	// Shm says when a dial to a listener on this machine takes shared
-	// memory; see ShmMode. Zero: Config.Shm, else $VLINK_SHM, else
-	// ShmAuto.
+	// memory; see ShmMode. Zero: $VLINK_SHM, else Config.Shm (the
+	// config file's shm), else ShmAuto.
 	Shm ShmMode
 
 	// cache keeps the multi-link layers built by this Dialer, so dials

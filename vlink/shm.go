@@ -23,7 +23,7 @@ const EnvShm = "VLINK_SHM"
 type ShmMode string
 
 const (
-	// ShmDefault, the zero value: Config.Shm, else $VLINK_SHM, else
+	// ShmDefault, the zero value: $VLINK_SHM, else the config's, else
 	// ShmAuto.
 	ShmDefault ShmMode = ""
 	// ShmAuto takes shared memory when the listener offers it (vlink
@@ -46,22 +46,29 @@ func parseShmMode(s string) (ShmMode, error) {
 	return "", fmt.Errorf("vlink: shm %q: want auto, on or off", s)
 }
 
-// shmMode is the mode of d's dials.
+// shmMode is the mode of d's dials: Dialer.Shm, else $VLINK_SHM, else
+// the config's (Dialer.Config, or the default config for a Dialer
+// without a stack of its own), else ShmAuto. The environment is on top
+// of the config file, as for ConfigFromEnv's other variables.
 func (d *Dialer) shmMode() (ShmMode, error) {
 	if d.Shm != ShmDefault {
 		return parseShmMode(string(d.Shm))
-	}
-	if d.Config != nil && d.Config.Shm != ShmDefault {
-		return d.Config.Shm, nil
 	}
 	m, err := parseShmMode(os.Getenv(EnvShm))
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", EnvShm, err)
 	}
-	if m == ShmDefault {
-		m = ShmAuto
+	if m != ShmDefault {
+		return m, nil
 	}
-	return m, nil
+	cfg := d.Config
+	if cfg == nil && len(d.Stack.Layers) == 0 {
+		cfg, _ = DefaultConfig() // its error is the dial's, from route
+	}
+	if cfg != nil && cfg.Shm != ShmDefault {
+		return cfg.Shm, nil
+	}
+	return ShmAuto, nil
 }
 
 // shmTransport is the shm layer with its defaults, if registered.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -87,4 +89,55 @@ func TestShmSelection(t *testing.T) {
 			t.Fatalf("dial with VLINK_SHM=maybe: %v, want an error", err)
 		}
 	})
+}
+
+// TestShmConfig: the config file's shm key, under VLINK_SHM.
+func TestShmConfig(t *testing.T) {
+	ctx := context.Background()
+	tl, err := (&vlink.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(tl.Addr().String())
+	sl, err := (&vlink.ListenConfig{Stack: vlink.MustParse("shm")}).Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []net.Listener{tl, sl} {
+		testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct{ file, env, want string }{
+		{"shm = \"off\"\n", "", "tcp"},
+		{"shm = \"off\"\n", "auto", "shm"},
+		{"", "", "shm"},
+		{"shm = \"sometimes\"\n", "", ""},
+	} {
+		t.Run(tc.file+"/"+tc.env, func(t *testing.T) {
+			path := filepath.Join(dir, "c.toml")
+			if err := os.WriteFile(path, []byte(tc.file+"[default]\nstack = \"identity\"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := vlink.LoadConfig(path)
+			if tc.want == "" {
+				if err == nil {
+					t.Fatal("the config loaded")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv(vlink.EnvShm, tc.env)
+			c, err := (&vlink.Dialer{Config: cfg}).DialContext(ctx, "tcp", tl.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if got, err := io.ReadAll(c); err != nil || string(got) != tc.want {
+				t.Errorf("the listener on %q answered, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
 }
