@@ -3,12 +3,18 @@
 package integration
 
 import (
+	"bytes"
 	"fmt"
+	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // TestShmTunnel carries streams of 0 B to 200 MiB, both ways with
@@ -56,4 +62,40 @@ func TestShmTunnel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExecShm: an unmodified program under vlink exec, whose route goes
+// through a vlink serve --shm on this machine, reaches it over shared
+// memory by itself (the agent dials with a vlink.Dialer), and its bytes
+// come back whole. The target must be beyond loopback, or vlink exec
+// would leave the connection alone: one of this machine's own
+// addresses.
+func TestExecShm(t *testing.T) {
+	testenv.Programs(t, "socat", "cc") // cc: vlink exec builds its shim
+	var ip net.IP
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			ip = n.IP
+			break
+		}
+	}
+	if ip == nil {
+		t.Skip("this machine has no IPv4 address beyond loopback")
+	}
+	port := realserver.FreePort(t)
+	target := net.JoinHostPort(ip.String(), strconv.Itoa(port))
+	echo := startProc(t, "socat", "TCP-LISTEN:"+strconv.Itoa(port)+",bind="+ip.String()+",reuseaddr,fork", "EXEC:cat")
+	echo.WaitListening(t, port)
+	serve, gw := startVLink(t, "serve", "--allow", target, "--shm", "--log-level", "debug")
+	data := genData(3<<20, 31)
+	out, stderr, err := run(time.Minute, bytes.NewReader(data), vlinkBin, "exec", "--stack", "zstd", "--via", gw, "--",
+		"socat", "-t5", "-", "TCP:"+target)
+	if err != nil {
+		t.Fatalf("vlink exec socat: %v\n%s", err, stderr)
+	}
+	if len(out) != len(data) || testnet.Sum(out) != testnet.Sum(data) {
+		t.Fatalf("socat got %d bytes back, sent %d", len(out), len(data))
+	}
+	serve.WaitFor(t, regexp.MustCompile(`msg="connection closed" remote=pid:\d+ stack=zstd target=`+regexp.QuoteMeta(target)+` `), startTimeout)
 }

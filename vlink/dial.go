@@ -520,8 +520,12 @@ func isLoopbackHost(address string) bool {
 	return host == "localhost" || strings.HasSuffix(host, ".localhost")
 }
 
-// isLoopback reports whether a is a loopback IP address.
+// isLoopback reports whether a is a loopback IP address, or the address
+// of a shared-memory peer.
 func isLoopback(a net.Addr) bool {
+	if a != nil && a.Network() == "shm" {
+		return true // shared memory: a process of this machine, by construction
+	}
 	ta, ok := a.(*net.TCPAddr)
 	return ok && ta.AddrPort().Addr().Unmap().IsLoopback()
 }

@@ -29,6 +29,12 @@ type ListenConfig struct {
 	// top factory is used to listen; mirrored layers come from each
 	// dialer's hello, checked against Policy.
 	Stack Stack
+	// Shm also takes shared-memory connections (the "shm" layer: Linux,
+	// package factories/shm) from this machine's processes of the same
+	// user, on the TCP port's number, under the same Policy; dialers on
+	// this machine take it by themselves (see ShmMode). Listen only,
+	// with the tcp factory.
+	Shm bool
 	// Policy decides what dialers may ask for.
 	Policy Policy
 	// HandshakeTimeout bounds each connection's handshake, from accept to
@@ -205,6 +211,11 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (*L
 	inner, err := ListenStack(ctx, stack, network, address)
 	if err != nil {
 		return nil, err
+	}
+	if lc.Shm {
+		if inner, err = listenShm(ctx, stack, inner); err != nil {
+			return nil, err
+		}
 	}
 	l, err := lc.NewListener(inner)
 	if err != nil {

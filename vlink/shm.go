@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -119,4 +120,28 @@ func (r *route) withShm(transport layer.ContextDialer, peer string) (layer.Conte
 		return transport, nil
 	}
 	return &localTransport{shm: shm, tcp: transport, must: r.shm == ShmOn}, nil
+}
+
+// listenShm adds to tl, a TCP listener of stack, a shared-memory
+// listener on its port's number (ListenConfig.Shm).
+func listenShm(ctx context.Context, stack Stack, tl net.Listener) (net.Listener, error) {
+	fail := func(err error) (net.Listener, error) {
+		tl.Close()
+		return nil, fmt.Errorf("vlink: listen on shared memory: %w", err)
+	}
+	if len(stack.Layers) != 1 || stack.Layers[0].Name != "tcp" {
+		return fail(fmt.Errorf("%w: beside the tcp factory only, not %s", ErrBadStack, stack))
+	}
+	if lookup("shm") == nil {
+		return fail(fmt.Errorf("%w: no shm layer in this program (Linux, package factories/shm)", ErrUnknownLayer))
+	}
+	_, port, err := net.SplitHostPort(tl.Addr().String())
+	if err != nil {
+		return fail(err)
+	}
+	sl, err := ListenStack(ctx, Stack{Layers: []Layer{{Name: "shm"}}}, "tcp", net.JoinHostPort("127.0.0.1", port))
+	if err != nil {
+		return fail(err)
+	}
+	return netconn.Merge(tl, sl), nil
 }

@@ -141,3 +141,45 @@ func TestShmConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestListenShm: a ListenConfig with Shm takes TCP and shared-memory
+// connections on one port number, under one policy.
+func TestListenShm(t *testing.T) {
+	ctx := context.Background()
+	l, err := (&vlink.ListenConfig{Shm: true, Policy: vlink.Policy{Key: key}}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
+	for _, tc := range []struct {
+		shm  vlink.ShmMode
+		key  []byte
+		want string
+	}{
+		{vlink.ShmAuto, key, "shm"},
+		{vlink.ShmOff, key, "tcp"},
+		{vlink.ShmAuto, []byte("not the listener's key, not at all"), ""},
+	} {
+		d := &vlink.Dialer{Stack: vlink.MustParse("identity"), Key: tc.key, Shm: tc.shm}
+		c, err := d.DialContext(ctx, "tcp", l.Addr().String())
+		if tc.want == "" {
+			if err == nil {
+				c.Close()
+				t.Errorf("%s, wrong key: the dial succeeded", tc.shm)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.shm, err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: the listener on %q answered, %v; want %q", tc.shm, got, err, tc.want)
+		}
+	}
+	if _, err := (&vlink.ListenConfig{Shm: true, Stack: vlink.MustParse("shm")}).Listen(ctx, "tcp", "127.0.0.1:0"); !errors.Is(err, vlink.ErrBadStack) {
+		t.Errorf("Shm beside the shm factory: %v, want ErrBadStack", err)
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
@@ -104,57 +103,3 @@ func (o *nodeOptions) connect(ctx context.Context, e *env, networkKey []byte) (*
 	e.log.Info("accepting reverse connections", "addr", l.Addr().String())
 	return n, nil
 }
-
-// mergedListener accepts from several listeners: a server's own port
-// and its node's connections through the network.
-type mergedListener struct {
-	ls    []net.Listener
-	conns chan net.Conn
-	errs  chan error
-	done  chan struct{}
-	once  sync.Once
-}
-
-func mergeListeners(ls ...net.Listener) net.Listener {
-	m := &mergedListener{ls: ls, conns: make(chan net.Conn), errs: make(chan error, len(ls)), done: make(chan struct{})}
-	for _, l := range ls {
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					m.errs <- err
-					return
-				}
-				select {
-				case m.conns <- c:
-				case <-m.done:
-					c.Close()
-					return
-				}
-			}
-		}()
-	}
-	return m
-}
-
-// Accept returns the next connection from any listener; the first
-// listener to fail ends it (acceptLoop retries temporary failures).
-func (m *mergedListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-m.conns:
-		return c, nil
-	case err := <-m.errs:
-		return nil, err
-	}
-}
-
-func (m *mergedListener) Close() error {
-	m.once.Do(func() { close(m.done) })
-	var errs []error
-	for _, l := range m.ls {
-		errs = append(errs, l.Close())
-	}
-	return errors.Join(errs...)
-}
-
-func (m *mergedListener) Addr() net.Addr { return m.ls[0].Addr() }

@@ -258,6 +258,7 @@ func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Liste
 	s.log, s.t = e.log, t
 	lc := vlink.ListenConfig{
 		Stack:            f.listenStack,
+		Shm:              o.shm,
 		Policy:           policy,
 		HandshakeTimeout: o.handshakeTimeout,
 		Admit:            s.admit,
@@ -265,31 +266,17 @@ func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Liste
 		Logger:           e.log,
 		Observe:          t.m.handshook,
 	}
-	tl, err := lc.Listen(ctx, "tcp", o.listen)
+	var l net.Listener
+	l, err := lc.Listen(ctx, "tcp", o.listen)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	var l net.Listener = tl
 	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
 		e.log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
 			"addr", l.Addr().String())
 	}
 	if o.shm {
-		// The same listener's policy, on shared memory, at the TCP
-		// port's number: a local dialer reaches either.
-		_, port, _ := net.SplitHostPort(l.Addr().String())
-		slc := lc
-		if slc.Stack, err = vlink.Parse("shm"); err == nil {
-			var sl net.Listener
-			if sl, err = slc.Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", port)); err == nil {
-				e.log.Info("serving on shared memory too", "addr", sl.Addr().String())
-				l = mergeListeners(l, sl)
-			}
-		}
-		if err != nil {
-			l.Close()
-			return nil, nil, nil, fmt.Errorf("--shm: %w", err)
-		}
+		e.log.Info("serving on shared memory too", "addr", net.JoinHostPort("127.0.0.1", portOf(l.Addr())))
 	}
 	identity := "none"
 	if policy.Identity != nil {
@@ -320,7 +307,7 @@ func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Liste
 			nl.Close()
 		} else {
 			e.log.Info("serving as a node", "node", node.Name(), "addr", node.Name()+vlink.NodeSuffix, "seen as", node.Observed().String())
-			return mergeListeners(l, vl), handle, func() { node.Close() }, nil
+			return netconn.Merge(l, vl), handle, func() { node.Close() }, nil
 		}
 	}
 	l.Close()
@@ -628,4 +615,10 @@ func (s *server) handle(c *vlink.Conn) {
 	tc := a.Conn // unwrapped, so that relaying TCP to TCP takes the zero-copy path
 	s.log.Debug("forwarding", attrs...)
 	s.t.relay(s.log, stack, c, tc, attrs...)
+}
+
+// portOf returns the port of a listener's address.
+func portOf(a net.Addr) string {
+	_, port, _ := net.SplitHostPort(a.String())
+	return port
 }
