@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -146,7 +145,8 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, _ la
 }
 
 // Listen listens for shared-memory connections for address, a loopback
-// host:port; port 0 picks a free one.
+// host:port; port 0 picks a port free on TCP too, and holds it there
+// while the listener lives.
 func (f *Factory) Listen(ctx context.Context, network, address string, _ layer.ContextDialer) (net.Listener, error) {
 	opErr := func(err error) error {
 		return &net.OpError{Op: "listen", Net: "shm", Addr: Addr{address}, Err: err}
@@ -159,24 +159,45 @@ func (f *Factory) Listen(ctx context.Context, network, address string, _ layer.C
 		return nil, opErr(err)
 	}
 	host, _, _ := net.SplitHostPort(address)
-	var ul *net.UnixListener
-	for try := 0; ; try++ {
-		port := p
-		if p == 0 {
-			port = 49152 + rand.IntN(16384)
-		}
-		ul, err = f.listenUnix(port)
-		if err == nil {
-			p = port
-			break
-		}
-		if p != 0 || try == 100 || !errors.Is(err, unix.EADDRINUSE) {
+	reserved := -1
+	if p == 0 {
+		// A port of its own: dialers find a listener by its port's
+		// number, so the number is held on TCP too (bound, not
+		// listening: a TCP connect to it is refused), and no TCP
+		// listener of this machine's loopback can take it meanwhile
+		// and see its dialers sent here.
+		if reserved, p, err = reservePort(); err != nil {
 			return nil, opErr(err)
 		}
 	}
-	l := &listener{ul: ul, addr: Addr{net.JoinHostPort(host, strconv.Itoa(p))}, conns: make(chan net.Conn), done: make(chan struct{}), pending: map[*net.UnixConn]struct{}{}}
+	ul, err := f.listenUnix(p)
+	if err != nil {
+		if reserved >= 0 {
+			unix.Close(reserved)
+		}
+		return nil, opErr(err)
+	}
+	l := &listener{ul: ul, addr: Addr{net.JoinHostPort(host, strconv.Itoa(p))}, reserved: reserved,
+		conns: make(chan net.Conn), done: make(chan struct{}), pending: map[*net.UnixConn]struct{}{}}
 	go l.accept()
 	return l, nil
+}
+
+// reservePort binds a TCP socket to a free port of 127.0.0.1 without
+// listening, and returns it and the port.
+func reservePort() (fd, port int, err error) {
+	fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, err
+	}
+	if err = unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err == nil {
+		var sa unix.Sockaddr
+		if sa, err = unix.Getsockname(fd); err == nil {
+			return fd, sa.(*unix.SockaddrInet4).Port, nil
+		}
+	}
+	unix.Close(fd)
+	return -1, 0, err
 }
 
 // ownDir makes the sockets' folder, or checks the one there: it must be
@@ -222,11 +243,12 @@ func (f *Factory) listenUnix(port int) (*net.UnixListener, error) {
 // goroutine of its own, bounded by the handshake timeout, so a slow or
 // hostile dialer delays no other.
 type listener struct {
-	ul    *net.UnixListener
-	addr  Addr
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
+	ul       *net.UnixListener
+	reserved int // the TCP socket holding the port's number, or -1
+	addr     Addr
+	conns    chan net.Conn
+	done     chan struct{}
+	once     sync.Once
 
 	mu      sync.Mutex
 	pending map[*net.UnixConn]struct{} // in their set-up; closed with the listener
@@ -292,6 +314,9 @@ func (l *listener) Close() error {
 		}
 		l.mu.Unlock()
 		l.ul.Close() // removes the socket file
+		if l.reserved >= 0 {
+			unix.Close(l.reserved)
+		}
 	})
 	return nil
 }

@@ -170,3 +170,26 @@ func BenchmarkPingPong(b *testing.B) {
 		x.Read(buf)
 	}
 }
+
+// TestPortHeld: a listener on port 0 holds its port's number on TCP, so
+// that no TCP listener takes it and sees its dialers sent here.
+func TestPortHeld(t *testing.T) {
+	f, err := New(Options{Dir: filepath.Join(t.TempDir(), "shm")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl, err := net.Listen("tcp", l.Addr().String()); err == nil {
+		tl.Close()
+		t.Fatalf("a TCP listener took %s beside the shared-memory one", l.Addr())
+	}
+	l.Close()
+	tl, err := net.Listen("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatalf("the port is still held after Close: %v", err)
+	}
+	tl.Close()
+}
