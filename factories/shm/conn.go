@@ -228,14 +228,13 @@ func (c *conn) awaitData(block bool) (uint64, error) {
 func (c *conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if err := c.writeState(); err != nil {
+		return 0, c.opErr("write", err)
+	}
 	written := 0
-	for {
-		if len(p) == 0 {
-			if err := c.writeState(); err != nil {
-				return written, c.opErr("write", err)
-			}
-			return written, nil
-		}
+	for len(p) > 0 {
+		// What is in the ring is written: a peer that goes away after
+		// it fails the next write, not this one.
 		room, err := c.awaitRoom()
 		if err != nil {
 			return written, c.opErr("write", err)
@@ -245,6 +244,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		p = p[k:]
 		c.produced()
 	}
+	return written, nil
 }
 
 // ReadFrom reads r to its end straight into the ring: one copy fewer
