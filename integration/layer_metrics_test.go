@@ -3,44 +3,14 @@
 package integration
 
 import (
-	"bufio"
-	"fmt"
 	"net"
-	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
-
-// scrapeMetrics fetches a /metrics page: value by series, written as the
-// exposition writes it (name{label="v",...}).
-func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	series := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("bad metrics line %q", line)
-		}
-		series[line[:i]] = v
-	}
-	return series
-}
 
 var metricsAddrRE = regexp.MustCompile(`msg="serving metrics" addr=http://(\S+)/metrics`)
 
@@ -67,7 +37,7 @@ func TestLayerMetrics(t *testing.T) {
 	t.Run("zstd", func(t *testing.T) {
 		tun, tm, gm := metered(t, echo, "zstd")
 		checkEcho(t, tun, data)
-		a, b := scrapeMetrics(t, tm), scrapeMetrics(t, gm)
+		a, b := testnet.ScrapeMetrics(t, "http://"+tm+"/metrics"), testnet.ScrapeMetrics(t, "http://"+gm+"/metrics")
 		for _, want := range []struct {
 			who    string
 			m      map[string]float64
@@ -94,7 +64,7 @@ func TestLayerMetrics(t *testing.T) {
 	t.Run("adaptive", func(t *testing.T) {
 		tun, tm, _ := metered(t, echo, "adaptive")
 		checkEcho(t, tun, data)
-		m := scrapeMetrics(t, tm)
+		m := testnet.ScrapeMetrics(t, "http://"+tm+"/metrics")
 		var rungs float64
 		for k, v := range m {
 			if strings.HasPrefix(k, "vlink_adaptive_rung_bytes_total{") {
@@ -123,14 +93,14 @@ func TestLayerMetrics(t *testing.T) {
 		}
 		want := map[string]float64{"vlink_mux_sessions_total": 1, "vlink_mux_sessions_open": 1,
 			"vlink_mux_streams_total": 3, "vlink_mux_streams_open": 3}
-		waitSeries(t, "tunnel", tm, want)
-		waitSeries(t, "gateway", gm, want)
+		testnet.WaitMetrics(t, "tunnel", "http://"+tm+"/metrics", want)
+		testnet.WaitMetrics(t, "gateway", "http://"+gm+"/metrics", want)
 		for _, c := range conns {
 			c.Close()
 		}
 		want["vlink_mux_streams_open"] = 0
-		waitSeries(t, "tunnel", tm, want)
-		waitSeries(t, "gateway", gm, want)
+		testnet.WaitMetrics(t, "tunnel", "http://"+tm+"/metrics", want)
+		testnet.WaitMetrics(t, "gateway", "http://"+gm+"/metrics", want)
 	})
 
 	t.Run("parallel", func(t *testing.T) {
@@ -138,28 +108,7 @@ func TestLayerMetrics(t *testing.T) {
 		checkEcho(t, tun, data)
 		want := map[string]float64{"vlink_parallel_sessions_total": 1, "vlink_parallel_sessions_open": 0,
 			"vlink_parallel_substreams_total": 3}
-		waitSeries(t, "tunnel", tm, want)
-		waitSeries(t, "gateway", gm, want)
+		testnet.WaitMetrics(t, "tunnel", "http://"+tm+"/metrics", want)
+		testnet.WaitMetrics(t, "gateway", "http://"+gm+"/metrics", want)
 	})
-}
-
-// waitSeries scrapes addr until every series in want has its value.
-func waitSeries(t *testing.T, who, addr string, want map[string]float64) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		got := scrapeMetrics(t, addr)
-		var wrong []string
-		for k, v := range want {
-			if got[k] != v {
-				wrong = append(wrong, fmt.Sprintf("%s = %v, want %v", k, got[k], v))
-			}
-		}
-		if len(wrong) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's metrics:\n%s", who, strings.Join(wrong, "\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

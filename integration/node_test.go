@@ -58,9 +58,9 @@ func TestNodeThroughRelay(t *testing.T) {
 	// The relay's metrics: two nodes, and the connection it carried,
 	// its bytes both ways (the echo's 4 MiB each way, with the noise
 	// layer's framing on top) once it ended.
-	waitSeries(t, "relay", relayMetrics, map[string]float64{"vlink_relay_nodes": 2, "vlink_relay_connections_total": 1,
+	testnet.WaitMetrics(t, "relay", "http://"+relayMetrics+"/metrics", map[string]float64{"vlink_relay_nodes": 2, "vlink_relay_connections_total": 1,
 		"vlink_relay_connections_open": 0, `vlink_relay_refusals_total{reason="no such node"}`: 0})
-	if b := scrapeMetrics(t, relayMetrics)["vlink_relay_bytes_total"]; b < 8<<20 || b > 8.2*(1<<20) {
+	if b := testnet.ScrapeMetrics(t, "http://"+relayMetrics+"/metrics")["vlink_relay_bytes_total"]; b < 8<<20 || b > 8.2*(1<<20) {
 		t.Errorf("vlink_relay_bytes_total = %v, want the 8 MiB of the echo, framing included", b)
 	}
 	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
@@ -121,7 +121,7 @@ func TestNodeThroughRelay(t *testing.T) {
 			t.Fatalf("a node nobody runs answered %q", got)
 		}
 		tunnel.WaitFor(t, regexp.MustCompile(`msg="cannot reach destination"`), startTimeout)
-		waitSeries(t, "relay", relayMetrics, map[string]float64{`vlink_relay_refusals_total{reason="no such node"}`: 1})
+		testnet.WaitMetrics(t, "relay", "http://"+relayMetrics+"/metrics", map[string]float64{`vlink_relay_refusals_total{reason="no such node"}`: 1})
 	})
 	t.Run("another node's key", func(t *testing.T) {
 		_, stderr, err := run(startTimeout, nil, vlinkBin, "tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:"+echoPort,

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,57 +15,6 @@ import (
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 )
-
-// scrape fetches url's metrics in the text format: value by series, the
-// series written as the exposition writes it (name{label="v",...}).
-func scrape(t *testing.T, url string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
-		t.Fatalf("GET %s: %s, %s", url, resp.Status, resp.Header.Get("Content-Type"))
-	}
-	series := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("%s: bad line %q", url, line)
-		}
-		series[line[:i]] = v
-	}
-	return series
-}
-
-// waitMetrics scrapes url until every series in want has its value.
-func waitMetrics(t *testing.T, who, url string, want map[string]float64) map[string]float64 {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := scrape(t, url)
-		var wrong []string
-		for k, v := range want {
-			if got[k] != v {
-				wrong = append(wrong, fmt.Sprintf("%s = %v, want %v", k, got[k], v))
-			}
-		}
-		if len(wrong) == 0 {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's metrics:\n%s", who, strings.Join(wrong, "\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestMetrics carries connections through tunnel and serve, both with
 // --metrics, has serve refuse a dialer with the wrong key and the tunnel
@@ -119,7 +65,7 @@ func TestMetrics(t *testing.T) {
 		c.Close()
 	}
 
-	got := waitMetrics(t, "serve", srvMetrics, map[string]float64{
+	got := testnet.WaitMetrics(t, "serve", srvMetrics, map[string]float64{
 		`vlink_connections_total{outcome="ok",stack="zstd"}`:   conns,
 		`vlink_connections_open{stack="zstd"}`:                 0,
 		`vlink_bytes_total{direction="up",stack="zstd"}`:       conns * upSize,
@@ -131,7 +77,7 @@ func TestMetrics(t *testing.T) {
 	if _, ok := got[`go_goroutines`]; !ok {
 		t.Errorf("serve's metrics have no Go runtime metrics")
 	}
-	waitMetrics(t, "tunnel", tunMetrics, map[string]float64{
+	testnet.WaitMetrics(t, "tunnel", tunMetrics, map[string]float64{
 		`vlink_connections_total{outcome="ok",stack="zstd+tcp"}`: conns,
 		`vlink_bytes_total{direction="up",stack="zstd+tcp"}`:     conns * upSize,
 		`vlink_bytes_total{direction="down",stack="zstd+tcp"}`:   conns * downSize,
@@ -144,7 +90,7 @@ func TestMetrics(t *testing.T) {
 		io.Copy(io.Discard, c)
 		c.Close()
 	}
-	waitMetrics(t, "tunnel", tunMetrics, map[string]float64{
+	testnet.WaitMetrics(t, "tunnel", tunMetrics, map[string]float64{
 		`vlink_connections_total{outcome="unreachable",stack="zstd+tcp"}`: 1,
 	})
 	// The metrics listener goes with its command.

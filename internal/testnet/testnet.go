@@ -1,8 +1,9 @@
 // Package testnet holds the loopback servers and checks the project's
 // tests share: an accept loop that a test's cleanup stops and waits for,
 // an echo server, a SHA-256-checked echo round trip, loopback TCP pairs,
-// seeded random bytes and their sums, and a process's RSS and descriptors
-// (Linux). It is imported by tests only.
+// seeded random bytes and their sums, a process's RSS and descriptors
+// (Linux), and scrapes of a --metrics endpoint. It is imported by tests
+// only.
 package testnet
 
 import (

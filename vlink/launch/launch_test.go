@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -167,8 +166,6 @@ func TestJoinRefuses(t *testing.T) {
 		})
 	}
 }
-
-var _ net.Conn = (*vlink.Conn)(nil)
 
 // TestBarrier: no rank leaves a barrier before every rank reached it,
 // three times in a row, with rank 0 joining last.
