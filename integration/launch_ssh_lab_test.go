@@ -195,6 +195,35 @@ func TestLaunchSSH(t *testing.T) {
 		waitGone(t, "^sleep "+marker)
 		waitGone(t, "launch --worker")
 	})
+	t.Run("an agent is killed", func(t *testing.T) {
+		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
+		p.Strict = false
+		waitCount(t, p, started, 4, startTimeout)
+		// One of s2's agents, killed as the OOM killer would: the kernel
+		// kills its worker, its guard what the worker started.
+		var agent int
+		for _, pid := range realserver.Descendants(j.sshd["s2"].Pid()) {
+			if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmdline), "--worker") {
+				agent = pid
+				break
+			}
+		}
+		if agent == 0 {
+			t.Fatal("no agent under s2's sshd")
+		}
+		syscall.Kill(agent, syscall.SIGKILL)
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs after an agent was killed:\n%s", p.Output())
+		}
+		if !regexp.MustCompile(`vlink launch: rank [13] ended on ` + regexp.QuoteMeta(j.Addr("s2").String()) + ` without a word from its agent`).MatchString(p.Output()) {
+			t.Errorf("the job's failure does not name the rank whose agent was killed:\n%s", p.Output())
+		}
+		waitGone(t, "^sleep "+marker)
+		waitGone(t, "launch --worker")
+		waitGone(t, "launch --guard")
+	})
 	t.Run("vlink launch is killed", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		waitCount(t, p, started, 4, startTimeout)

@@ -88,7 +88,8 @@ the job ends. If vlink launch itself is killed, the kernel kills the
 local workers, and a guard process stops what they started and removes
 the job's key files; a remote worker's agent stops the worker, and what
 it started, when its SSH session or its connection to vlink launch ends
-(so does an SSH connection that drops, which fails the job). Workers
+(an SSH connection that drops fails the job), and a guard of its own
+does if the agent is killed. Workers
 read nothing: their standard input is /dev/null.
 `,
 	Examples: `

@@ -739,6 +739,11 @@ func runWorker(ctx context.Context, e *env, o *launchOptions) int {
 		return failed(err)
 	}
 	defer os.RemoveAll(dir)
+	// Should this agent be killed, its guard stops what the worker
+	// started (the kernel kills the worker) and removes the key.
+	g := startGuard(e, o.grace)
+	defer g.done()
+	g.remove(dir)
 	name := launch.RankName(int(a.Rank))
 	keyFile := filepath.Join(dir, name+".key")
 	if err := os.WriteFile(keyFile, a.Key, 0o600); err != nil {
@@ -762,6 +767,7 @@ func runWorker(ctx context.Context, e *env, o *launchOptions) int {
 		fmt.Fprintf(stderr, "vlink launch --worker on %s: %v\n", host, err)
 		return exit(jobwire.Exit{Code: 126})
 	}
+	g.watch(cmd.Process.Pid)
 	// vlink launch's signals, and the end of its stream: vlink launch,
 	// or the connection to it, is gone.
 	lost := make(chan struct{})
