@@ -29,7 +29,15 @@
 // connection's Read or Write: the Go runtime's poller is the progress
 // engine, and a posted operation costs a goroutine while it waits.
 //
-// The adapter that turns a packet transport into a stream with the whole
-// net.Conn contract is the second part, to come with the packet
-// transports themselves.
+// Its second part runs streams over packet transports, as PadicoTM's
+// VLink_Packet does. A [MessageConn] carries whole messages, reliably and
+// in order (a SOCK_SEQPACKET socket, [NewSeqPacket]; a high-speed
+// network's queues); [Stream] makes a net.Conn of it with the whole
+// contract: reads of any size, writes cut into messages, deadlines,
+// CloseWrite, and an end that cannot be mistaken, since each message
+// says whether it is data, the end of the stream or an abort. A
+// transport that ends without the stream's end, or that carries an
+// abort, is ErrReset for the reader, never io.EOF. A factory over a
+// packet transport returns Stream of its MessageConn, and the layers
+// above, and the conformance suite, see one more net.Conn.
 package vio
