@@ -229,6 +229,7 @@ func TestLaunchCustomBad(t *testing.T) {
 		name, template, script string
 		code                   int
 		stderr, stdout         []string
+		agents                 string // in the agents' errors
 	}{
 		{name: "no %C", template: "srun -n %N ./a.out", script: "true", code: 2,
 			stderr: []string{`it never runs %C, the command each worker must run`}},
@@ -238,17 +239,27 @@ func TestLaunchCustomBad(t *testing.T) {
 			stderr: []string{"vlink launch: the custom command exited with status 5 having started 0 of 3 workers"}},
 		{name: "fewer workers than N", template: "%C & %C & wait", script: "echo up; sleep " + marker, code: 1,
 			stderr: []string{"vlink launch: rank 0, rank 1 did not join the job's network within 2s", "; rank 2 never started within 2s (the spawner started 2 of 3 workers)"}},
-		{name: "more workers than N", template: "%C & %C & %C & %C & wait", script: "echo rank $VLINK_RANK", code: 0,
-			stderr: []string{"vlink launch gave this worker no rank: the job has all its workers"},
+		// The agents' own errors go to $AGENTS, which the ranked workers
+		// wait on, so the refusal comes while the job still runs.
+		{name: "more workers than N", template: "%C 2>>$AGENTS & %C 2>>$AGENTS & %C 2>>$AGENTS & %C 2>>$AGENTS & wait",
+			script: `echo rank $VLINK_RANK; until grep -q "no rank" "$AGENTS"; do sleep 0.05; done`, code: 0,
+			agents: "vlink launch gave this worker no rank: the job has all its workers",
 			stdout: []string{"rank 0\n", "rank 1\n", "rank 2\n"}},
-		{name: "an agent without the secret", template: "VLINK_LAUNCH_SECRET=" + badSecret + " %C & %C & %C & %C & wait", script: "echo rank $VLINK_RANK", code: 0,
-			stderr: []string{"vlink launch --worker: reaching vlink launch at"},
+		{name: "an agent without the secret", template: "VLINK_LAUNCH_SECRET=" + badSecret + " %C 2>>$AGENTS & %C 2>>$AGENTS & %C 2>>$AGENTS & %C 2>>$AGENTS & wait",
+			script: `echo rank $VLINK_RANK; until grep -q "authentication failed" "$AGENTS"; do sleep 0.05; done`, code: 0,
+			agents: "refused by peer: authentication failed: the proof does not match this listener's key",
 			stdout: []string{"rank 0\n", "rank 1\n", "rank 2\n"}},
 		{name: "a worker fails", template: "%C & %C & %C & wait", script: `if [ "$VLINK_RANK" = 1 ]; then exit 9; fi; sleep ` + marker, code: 9,
 			stderr: []string{"vlink launch: rank 1 exited with status 9 on "}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "3", "--grace", "1s", "--join-timeout", "2s",
+			agents := filepath.Join(t.TempDir(), "agents")
+			t.Setenv("AGENTS", agents)
+			joinTimeout := "2s"
+			if tc.agents != "" {
+				joinTimeout = "0" // the workers wait for the agents' errors
+			}
+			out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "3", "--grace", "1s", "--join-timeout", joinTimeout,
 				"--custom", tc.template, "--", "sh", "-c", tc.script)
 			code := 0
 			var ee *exec.ExitError
@@ -268,6 +279,11 @@ func TestLaunchCustomBad(t *testing.T) {
 			for _, s := range tc.stdout {
 				if strings.Count(string(out), s) != 1 {
 					t.Errorf("want %q once in stdout:\n%s", s, out)
+				}
+			}
+			if tc.agents != "" {
+				if b, _ := os.ReadFile(agents); strings.Count(string(b), tc.agents) != 1 {
+					t.Errorf("want %q once in the agents' errors:\n%s", tc.agents, b)
 				}
 			}
 			waitGone(t, "sleep "+marker)
