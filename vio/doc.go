@@ -31,7 +31,7 @@
 //
 // Its second part runs streams over packet transports, as PadicoTM's
 // VLink_Packet does. A [MessageConn] carries whole messages, reliably and
-// in order (a SOCK_SEQPACKET socket, [NewSeqPacket]; a high-speed
+// in order (a SOCK_SEQPACKET socket, [NewSeqPacket] on Linux; a high-speed
 // network's queues); [Stream] makes a net.Conn of it with the whole
 // contract: reads of any size, writes cut into messages, deadlines,
 // CloseWrite, and an end that cannot be mistaken, since each message
