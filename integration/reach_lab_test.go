@@ -386,7 +386,9 @@ func strictDial(t *testing.T, l *lab.Lab, keys map[string]string, relayAddr, fac
 		"--stack", "zstd+"+factory, "--node", name, "--relay", relayAddr, "--node-key-file", keys[name],
 		"--reverse-listen", fmt.Sprintf("%s:%d", l.Addr("a"), port))
 	tunnel.CleanExit = true
+	// Registered, then listening: the client connects once both are.
 	tunnel.WaitFor(t, regexp.MustCompile(`msg="control: registered"`), startTimeout)
+	tunnel.WaitFor(t, listenAddrRE, startTimeout)
 	got, err := exchangeIn(context.Background(), l, "a", listen, []byte("hello"), 15*time.Second)
 	if err == nil || !isReset(err) {
 		t.Fatalf("a client of a tunnel (%s) that cannot reach b: %q, %v; want a reset", factory, got, err)

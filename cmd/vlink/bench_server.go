@@ -81,6 +81,19 @@ func startBenchServers() (*benchServers, error) {
 	return s, nil
 }
 
+// waitIdle waits, for up to a few seconds, until every connection the
+// servers accepted has ended.
+func (s *benchServers) waitIdle() {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
+}
+
 func (s *benchServers) close() {
 	s.raw.Close()
 	s.vl.Close()
