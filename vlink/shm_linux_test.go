@@ -15,26 +15,29 @@ import (
 	"github.com/vlink-dev/vlink/vlink"
 )
 
+// listenBoth listens with lc on a loopback port, on TCP and on shared
+// memory (ListenConfig.Shm), each connection answering with the name of
+// the network it came by.
+func listenBoth(t *testing.T, lc vlink.ListenConfig) net.Listener {
+	t.Helper()
+	lc.Shm = true
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
+	return l
+}
+
 // TestShmSelection: a VLink dial to a listener on this machine that
-// also listens on shared memory (as vlink serve --shm does) takes shared
+// also listens on shared memory (ListenConfig.Shm, vlink serve --shm) takes shared
 // memory, unless told not to or its stack names its factory; a dial
 // without a hello never does; "on" fails where shared memory is not
 // offered, "auto" falls back to TCP.
 func TestShmSelection(t *testing.T) {
 	ctx := context.Background()
-	tl, err := (&vlink.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tl := listenBoth(t, vlink.ListenConfig{})
 	_, port, _ := net.SplitHostPort(tl.Addr().String())
-	sl, err := (&vlink.ListenConfig{Stack: vlink.MustParse("shm")}).Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Each listener answers with its network's name.
-	for _, l := range []net.Listener{tl, sl} {
-		testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
-	}
 	// A listener on TCP only.
 	other, err := (&vlink.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
@@ -94,18 +97,7 @@ func TestShmSelection(t *testing.T) {
 // TestShmConfig: the config file's shm key, under VLINK_SHM.
 func TestShmConfig(t *testing.T) {
 	ctx := context.Background()
-	tl, err := (&vlink.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(tl.Addr().String())
-	sl, err := (&vlink.ListenConfig{Stack: vlink.MustParse("shm")}).Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []net.Listener{tl, sl} {
-		testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
-	}
+	tl := listenBoth(t, vlink.ListenConfig{})
 	dir := t.TempDir()
 	for _, tc := range []struct{ file, env, want string }{
 		{"shm = \"off\"\n", "", "tcp"},
@@ -146,11 +138,7 @@ func TestShmConfig(t *testing.T) {
 // connections on one port number, under one policy.
 func TestListenShm(t *testing.T) {
 	ctx := context.Background()
-	l, err := (&vlink.ListenConfig{Shm: true, Policy: vlink.Policy{Key: key}}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testnet.Serve(t, l, func(c net.Conn) { io.WriteString(c, c.LocalAddr().Network()) })
+	l := listenBoth(t, vlink.ListenConfig{Policy: vlink.Policy{Key: key}})
 	for _, tc := range []struct {
 		shm  vlink.ShmMode
 		key  []byte

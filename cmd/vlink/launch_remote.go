@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -82,11 +83,11 @@ func (o *launchOptions) pickSpawner(e *env, routeSet bool) (spawner, bool, error
 			name = "custom"
 		}
 	}
-	o.sshServers = cmpOr(o.sshServers, seedEnv("SSH_SERVERS", "SSH_SERVERS"))
-	o.sshOptions = cmpOr(o.sshOptions, os.Getenv("VLINK_SSH_OPTIONS"))
-	o.remoteDir = cmpOr(o.remoteDir, seedEnv("REMOTE_DIR", "SSH_REMOTE_PATH"))
-	o.custom = cmpOr(o.custom, seedEnv("CSPAWN_CMD", "CSPAWN_CMD"))
-	o.customServers = cmpOr(o.customServers, seedEnv("CSPAWN_SERVERS", "CSPAWN_SERVERS"))
+	o.sshServers = cmp.Or(o.sshServers, seedEnv("SSH_SERVERS", "SSH_SERVERS"))
+	o.sshOptions = cmp.Or(o.sshOptions, os.Getenv("VLINK_SSH_OPTIONS"))
+	o.remoteDir = cmp.Or(o.remoteDir, seedEnv("REMOTE_DIR", "SSH_REMOTE_PATH"))
+	o.custom = cmp.Or(o.custom, seedEnv("CSPAWN_CMD", "CSPAWN_CMD"))
+	o.customServers = cmp.Or(o.customServers, seedEnv("CSPAWN_SERVERS", "CSPAWN_SERVERS"))
 	switch name {
 	case "", "local":
 		return localSpawner{}, o.routeOutput, nil
@@ -110,13 +111,6 @@ func (o *launchOptions) pickSpawner(e *env, routeSet bool) (spawner, bool, error
 		return &customSpawner{template: o.custom, servers: strings.Fields(o.customServers)}, route, nil
 	}
 	return nil, false, usagef("--spawner %q: want local, ssh or custom", name)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // workerCommand is the shell command that runs a worker's agent,
@@ -461,7 +455,7 @@ func (s *sshSpawner) serve(j *job, w *worker, server string, cmd *sshf.Command, 
 	var ee interface{ ExitStatus() int }
 	switch {
 	case errors.As(werr, &ee) && ee.ExitStatus() == 127:
-		return ending{w: w, code: exitFailure, why: fmt.Sprintf("could not start on %s: no vlink at %s there (give --worker-vlink the path of vlink on the servers)", server, cmpOr(j.o.workerVLink, "this vlink's path"))}
+		return ending{w: w, code: exitFailure, why: fmt.Sprintf("could not start on %s: no vlink at %s there (give --worker-vlink the path of vlink on the servers)", server, cmp.Or(j.o.workerVLink, "this vlink's path"))}
 	case errors.Is(werr, sshf.ErrLost):
 		return ending{w: w, code: exitFailure, why: fmt.Sprintf("was lost with the ssh connection to %s: %v", server, werr)}
 	}
