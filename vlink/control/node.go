@@ -60,6 +60,11 @@ type Config struct {
 	Advertise []netip.AddrPort
 	// Logger receives connection events. Nil discards them.
 	Logger *slog.Logger
+	// Handlers are installed before the node registers, so that no
+	// message of their types, sent the moment the node is seen online,
+	// arrives before its handler (Handle after Connect leaves that
+	// window: a message with no handler is dropped).
+	Handlers map[Type]Handler
 }
 
 // Validate reports whether the config is usable.
@@ -153,6 +158,11 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		reverse:   map[[tokenSize]byte]*reverseWait{},
 		syncs:     map[[tokenSize]byte]chan struct{}{},
 		connected: make(chan struct{}),
+	}
+	for t, h := range cfg.Handlers {
+		if h != nil {
+			n.handlers[t] = h
+		}
 	}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)

@@ -102,7 +102,15 @@ func JoinEnv(ctx context.Context, getenv func(string) string) (*Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("launch: %s: %w", EnvNodeKeyFile, err)
 	}
-	node, err := control.Connect(ctx, control.Config{Name: name, Key: key, Relays: []string{relay}})
+	j := &Job{Rank: rank, Size: size}
+	cfg := control.Config{Name: name, Key: key, Relays: []string{relay}}
+	if rank == 0 {
+		// In place before rank 0 registers: the other ranks send their
+		// arrivals as soon as the relay knows it.
+		j.arrivals = &arrivals{by: map[uint64]map[string]*control.Message{}, changed: make(chan struct{})}
+		cfg.Handlers = map[control.Type]control.Handler{typeArrive: j.arrivals.arrive}
+	}
+	node, err := control.Connect(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("launch: joining the job's relay at %s as %s: %w", relay, name, err)
 	}
@@ -123,26 +131,24 @@ func JoinEnv(ctx context.Context, getenv func(string) string) (*Job, error) {
 		node.Close()
 		return nil, err
 	}
-	j := &Job{Rank: rank, Size: size, node: node, l: l, d: &vlink.Dialer{Network: node}}
-	if rank == 0 {
-		a := &arrivals{by: map[uint64]map[string]*control.Message{}, changed: make(chan struct{})}
-		j.arrivals = a
-		node.Handle(typeArrive, func(m *control.Message) {
-			if len(m.Payload) != 8 || m.Via != "" {
-				return
-			}
-			gen := binary.BigEndian.Uint64(m.Payload)
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			if a.by[gen] == nil {
-				a.by[gen] = map[string]*control.Message{}
-			}
-			a.by[gen][m.From] = m // a rank's node name is proven: it counts once
-			close(a.changed)
-			a.changed = make(chan struct{})
-		})
-	}
+	j.node, j.l, j.d = node, l, &vlink.Dialer{Network: node}
 	return j, nil
+}
+
+// arrive takes a rank's arrival at one of rank 0's barriers.
+func (a *arrivals) arrive(m *control.Message) {
+	if len(m.Payload) != 8 || m.Via != "" {
+		return
+	}
+	gen := binary.BigEndian.Uint64(m.Payload)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.by[gen] == nil {
+		a.by[gen] = map[string]*control.Message{}
+	}
+	a.by[gen][m.From] = m // a rank's node name is proven: it counts once
+	close(a.changed)
+	a.changed = make(chan struct{})
 }
 
 // Barrier returns once every rank of the job has called it as many
