@@ -24,7 +24,7 @@ import (
 // an error. The plain tcp stack has none (it is TCP byte for byte, as
 // socat or ssh -L are): there a killed hop's FIN is all the next one
 // sees, so it is tested only with the cuts that reset.
-var abortStacks = []string{"zstd", "lz4", "s2", "deflate", "adaptive", "mux", "parallel", "noise", "shm"}
+var abortStacks = []string{"zstd", "lz4", "s2", "deflate", "adaptive", "mux", "parallel", "noise", "shm", "quic:idle=3s"}
 
 // A cut ends a hop of tunnel -> serve in the middle of a transfer.
 type cut struct {
@@ -81,8 +81,8 @@ func TestCutMidStream(t *testing.T) {
 				if cut.framed && stack == "tcp" {
 					t.Skip("the plain stack has no end marker: a killed hop's FIN is all the next one sees")
 				}
-				if stack == "shm" && strings.Contains(cut.name, "connection reset") {
-					t.Skip("shm has no TCP connection between tunnel and serve to reset")
+				if (stack == "shm" || strings.HasPrefix(stack, "quic")) && strings.Contains(cut.name, "connection reset") {
+					t.Skipf("%s has no TCP connection between tunnel and serve to reset", stack)
 				}
 				if cut.upload {
 					cutUpload(t, stack, data, cut)
@@ -163,10 +163,13 @@ func cutUpload(t *testing.T, stack string, data []byte, cut cut) {
 }
 
 // serveArgs returns what vlink serve needs for stack: the key, and for
-// shm, a shared-memory listener.
+// shm and quic, a listener on that transport.
 func serveArgs(t *testing.T, stack string) []string {
 	if stack == "shm" {
 		return []string{"--listen-stack", "shm"}
+	}
+	if strings.HasPrefix(stack, "quic") {
+		return []string{"--listen-stack", "quic"}
 	}
 	return keyArgs(t, stack)
 }

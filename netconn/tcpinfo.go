@@ -1,6 +1,9 @@
 package netconn
 
-import "net"
+import (
+	"net"
+	"net/netip"
+)
 
 // TCPBelow returns the TCP connection at the bottom of c's wrappers (the
 // ones that implement Unwrapper or NetConn, as filters do), or nil when
@@ -33,4 +36,18 @@ type TCPCounts struct {
 // kernel does not say (not Linux, a closed connection).
 func ReadTCPCounts(c *net.TCPConn) (counts TCPCounts, ok bool) {
 	return readTCPCounts(c)
+}
+
+// AddrPort returns the IP address and port of a TCP or UDP address (a
+// QUIC stream's peer is UDP), unmapped from IPv4-in-IPv6.
+func AddrPort(a net.Addr) (netip.AddrPort, bool) {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
+	case *net.UDPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
+	}
+	return netip.AddrPort{}, false
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -122,10 +123,8 @@ func (t *table) dropLocked(p *pendingSession) {
 // the unit a dialer cannot multiply at will. Addresses that are not IP
 // share the zero address.
 func sourceOf(a net.Addr) netip.Addr {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
+	ap, _ := netconn.AddrPort(a)
+	return ap.Addr()
 }
 
 // admit reads c's join header and files c with its session.

@@ -486,7 +486,7 @@ func (r *route) encrypted(address string) (*route, error) {
 	for _, v := range vias {
 		local = local && isLoopbackHost(v)
 	}
-	if r.key == nil || !sendsHello || keyedLayer(mirrored) != "" || local {
+	if r.key == nil || !sendsHello || keyedLayer(mirrored) != "" || local || r.boundChannel(vias) {
 		return r, nil
 	}
 	if lookup(EncryptionLayer) == nil {
@@ -504,6 +504,19 @@ func (r *route) encrypted(address string) (*route, error) {
 	out := *r
 	out.stack, out.via = Stack{Layers: layers}, via
 	return &out, nil
+}
+
+// boundChannel reports whether r's hello runs straight on a channel its
+// factory encrypts and binds to the hello's proofs (layer.Spec.Encrypted):
+// no route node in between, and no pinned listener identity, which only
+// the encryption layer proves.
+func (r *route) boundChannel(vias []string) bool {
+	factories := r.stack.factories()
+	if len(vias) > 0 || r.peerKey != nil || len(factories) != 1 {
+		return false
+	}
+	spec := lookup(factories[0].Name)
+	return spec != nil && spec.Encrypted
 }
 
 // isLoopbackHost reports whether address (host:port) names this host
@@ -526,8 +539,8 @@ func isLoopback(a net.Addr) bool {
 	if a != nil && a.Network() == "shm" {
 		return true // shared memory: a process of this machine, by construction
 	}
-	ta, ok := a.(*net.TCPAddr)
-	return ok && ta.AddrPort().Addr().Unmap().IsLoopback()
+	ap, ok := netconn.AddrPort(a)
+	return ok && ap.Addr().IsLoopback()
 }
 
 // dial builds the stack's dialer chain and dials through it. Multi-link
@@ -761,7 +774,11 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if v, ok := c.(Vouched); ok {
 		node, key = "", v.VouchedKey() // the relay vouched for both ends
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup}, key)
+	var binding []byte
+	if d.hops == 0 {
+		binding = channelBinding(c) // the peer is the channel's other end
+	}
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup}, key, binding)
 	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
 		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
 	}
@@ -789,14 +806,14 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 // context's deadline (or DefaultHandshakeTimeout) and interrupted by its
 // cancellation, and returns its transcript and the listener's accept
 // (see clientHandshake).
-func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key []byte) (transcript []byte, acc *message, err error) {
+func handshakeWithContext(ctx context.Context, c net.Conn, hello *message, key, binding []byte) (transcript []byte, acc *message, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
 		c.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	}
 	stop := netconn.InterruptOnDone(ctx, c)
-	transcript, acc, herr := clientHandshake(c, hello, key)
+	transcript, acc, herr := clientHandshake(c, hello, key, binding)
 	if !stop() && ctx.Err() != nil {
 		return nil, nil, fmt.Errorf("handshake: %w", ctx.Err())
 	}

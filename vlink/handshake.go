@@ -25,21 +25,37 @@ const (
 	labelLookup = "vlink-v1 lookup answer\x00"
 )
 
-// proof binds the key to this hello and this challenge.
-func proof(key []byte, label string, helloBody, serverNonce []byte) []byte {
+// proof binds the key to this hello and this challenge, and to the
+// channel below when the factory secured one (binding; see
+// channelBinding).
+func proof(key []byte, label string, helloBody, serverNonce, binding []byte) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(label))
 	m.Write(helloBody)
 	m.Write(serverNonce)
+	m.Write(binding)
 	return m.Sum(nil)
+}
+
+// channelBinding returns the binding of c's channel, if c comes straight
+// from a factory that secured it (layer.ChannelBinder): both proofs of
+// the hello cover it, so a man in the middle of that channel fails
+// them. Only the hello with the channel's other end is bound: hellos
+// relayed through a node run over more than one channel.
+func channelBinding(c net.Conn) []byte {
+	if b, ok := c.(layer.ChannelBinder); ok {
+		return b.ChannelBinding()
+	}
+	return nil
 }
 
 // clientHandshake sends hello on c and waits for the listener's answer.
 // A hello that names a node proves that node's key (NodeKey). It returns
 // the transcript: every handshake byte sent and received, in order (see
 // layer.Handshake), and the accept (with the static key it announced, if
-// any). The caller sets c's deadline.
-func clientHandshake(c net.Conn, hello *message, key []byte) (transcript []byte, acc *message, err error) {
+// any). binding is the channel's, for a hello with the channel's other
+// end (see channelBinding). The caller sets c's deadline.
+func clientHandshake(c net.Conn, hello *message, key, binding []byte) (transcript []byte, acc *message, err error) {
 	buf := helloBytes(hello, key)
 	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
@@ -58,7 +74,7 @@ func clientHandshake(c net.Conn, hello *message, key []byte) (transcript []byte,
 			return nil, nil, fmt.Errorf("%w: challenge without a nonce", ErrBadHello)
 		}
 		transcript = appendFrameBytes(transcript, m.typ, body)
-		auth := (&message{typ: msgAuth, proof: proof(key, labelClient, helloBody, m.nonce)}).appendFrame(nil)
+		auth := (&message{typ: msgAuth, proof: proof(key, labelClient, helloBody, m.nonce, binding)}).appendFrame(nil)
 		if _, err := c.Write(auth); err != nil {
 			return nil, nil, fmt.Errorf("sending proof: %w", err)
 		}
@@ -67,9 +83,9 @@ func clientHandshake(c net.Conn, hello *message, key []byte) (transcript []byte,
 		if m, body, err = readFrame(c, msgAccept, msgRefuse); err != nil {
 			return nil, nil, answerError(err)
 		}
-		want := proof(key, labelServer, helloBody, serverNonce)
+		want := proof(key, labelServer, helloBody, serverNonce, binding)
 		if hello.lookup {
-			want = lookupProof(key, helloBody, serverNonce, m.family)
+			want = lookupProof(key, helloBody, serverNonce, m.family, binding)
 		}
 		if m.typ == msgAccept && !hmac.Equal(m.proof, want) {
 			return nil, nil, fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
@@ -201,7 +217,10 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 			return nil, fmt.Errorf("reading proof: %w", err)
 		}
 		// h.key is Policy.Key, or the named node's key derived from it.
-		if !hmac.Equal(a.proof, proof(h.key, labelClient, helloBody, nonce)) {
+		if j == nil && via == nil {
+			h.binding = channelBinding(c) // the hello of the channel's other end
+		}
+		if !hmac.Equal(a.proof, proof(h.key, labelClient, helloBody, nonce, h.binding)) {
 			if m.node != "" {
 				return nil, sendRefusal(c, refuse(CodeAuthFailed, "the proof does not match the key of node %q on this listener's network", m.node))
 			}
@@ -212,7 +231,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		if vouched != nil {
 			h.Node = vouched.VouchedPeer()
 		}
-		h.serverProof = proof(h.key, labelServer, helloBody, nonce)
+		h.serverProof = proof(h.key, labelServer, helloBody, nonce, h.binding)
 		h.helloBody, h.nonce = helloBody, nonce
 		h.transcript = appendFrameBytes(append(h.transcript, challenge...), msgAuth, authBody)
 	}
@@ -232,7 +251,9 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	// layer when it comes from beyond loopback.
 	// A hello that goes on to other nodes carries the end-to-end hello
 	// after it, which is checked where it ends.
-	if h.key != nil && !p.InsecurePlaintext && j == nil && !h.routed() && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" {
+	// A channel whose binding the proofs covered (QUIC's) is encrypted
+	// and authenticated already.
+	if h.key != nil && !p.InsecurePlaintext && j == nil && !h.routed() && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" && h.binding == nil {
 		return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: add %s to the stack (vlink adds it when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
 	}
 	// The encryption layer of a connection's own hello (not a nested

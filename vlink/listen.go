@@ -35,6 +35,15 @@ type ListenConfig struct {
 	// this machine take it by themselves (see ShmMode). Listen only,
 	// with the tcp factory.
 	Shm bool
+	// Quic also takes QUIC connections (the "quic" layer, package
+	// factories/quic) on the UDP port of the TCP port's number and host,
+	// under the same Policy; dialers choose it with a stack ending in
+	// quic. Listen only, with the tcp factory.
+	Quic bool
+	// QuicCert keeps the QUIC listener's certificate and key (the quic
+	// layer's cert parameter), so its pin survives restarts. Empty means
+	// a new key each time.
+	QuicCert string
 	// Policy decides what dialers may ask for.
 	Policy Policy
 	// HandshakeTimeout bounds each connection's handshake, from accept to
@@ -116,6 +125,7 @@ type Hello struct {
 	serverProof []byte
 	helloBody   []byte // with nonce, for a lookup's proof (lookupProof)
 	nonce       []byte
+	binding     []byte // the channel's, when the proofs cover it (channelBinding)
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 	static      bool   // the accept announces the listener's identity
 }
@@ -211,6 +221,12 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (*L
 	inner, err := ListenStack(ctx, stack, network, address)
 	if err != nil {
 		return nil, err
+	}
+	lc.logPin(inner)
+	if lc.Quic {
+		if inner, err = lc.listenQuic(ctx, stack, inner); err != nil {
+			return nil, err
+		}
 	}
 	if lc.Shm {
 		if inner, err = listenShm(ctx, stack, inner); err != nil {

@@ -132,8 +132,8 @@ type lookupAnswer struct {
 
 // lookupProof binds a lookup's answer to the key, the hello and the
 // challenge, as the server proof does for a connection's accept.
-func lookupProof(key, helloBody, serverNonce []byte, f Families) []byte {
-	return proof(key, labelLookup, helloBody, append(append([]byte(nil), serverNonce...), byte(f)))
+func lookupProof(key, helloBody, serverNonce []byte, f Families, binding []byte) []byte {
+	return proof(key, labelLookup, helloBody, append(append([]byte(nil), serverNonce...), byte(f)), binding)
 }
 
 // answerLookup answers a lookup's hello whose target the policy allowed,
@@ -161,7 +161,7 @@ func (l *Listener) answerLookup(raw net.Conn, h *Hello, deadline time.Time) erro
 	}
 	m := &message{typ: msgAccept, family: f}
 	if h.serverProof != nil {
-		m.proof = lookupProof(h.key, h.helloBody, h.nonce, f)
+		m.proof = lookupProof(h.key, h.helloBody, h.nonce, f, h.binding)
 	}
 	if _, err := raw.Write(m.appendFrame(nil)); err != nil {
 		return fmt.Errorf("sending the lookup's answer: %w", err)

@@ -99,7 +99,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		}
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup}, nil)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup}, nil, nil)
 	if err != nil {
 		c.Close()
 		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}

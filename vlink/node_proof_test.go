@@ -60,13 +60,17 @@ func TestNodeChecksListenerProof(t *testing.T) {
 		proof func(helloBody, nonce []byte, m *message) []byte
 		ok    bool
 	}{
-		{"node key", func(b, n []byte, m *message) []byte { return proof(NodeKey(testNetworkKey, m.node), labelServer, b, n) }, true},
-		{"network key", func(b, n []byte, m *message) []byte { return proof(testNetworkKey, labelServer, b, n) }, false},
+		{"node key", func(b, n []byte, m *message) []byte {
+			return proof(NodeKey(testNetworkKey, m.node), labelServer, b, n, nil)
+		}, true},
+		{"network key", func(b, n []byte, m *message) []byte { return proof(testNetworkKey, labelServer, b, n, nil) }, false},
 		{"another network", func(b, n []byte, m *message) []byte {
-			return proof(NodeKey([]byte("another network key, 16+ bytes"), m.node), labelServer, b, n)
+			return proof(NodeKey([]byte("another network key, 16+ bytes"), m.node), labelServer, b, n, nil)
 		}, false},
-		{"another node", func(b, n []byte, m *message) []byte { return proof(NodeKey(testNetworkKey, "bob"), labelServer, b, n) }, false},
-		{"the dialer's own proof", func(b, n []byte, m *message) []byte { return proof(alice, labelClient, b, n) }, false},
+		{"another node", func(b, n []byte, m *message) []byte {
+			return proof(NodeKey(testNetworkKey, "bob"), labelServer, b, n, nil)
+		}, false},
+		{"the dialer's own proof", func(b, n []byte, m *message) []byte { return proof(alice, labelClient, b, n, nil) }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

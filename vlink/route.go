@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -102,10 +103,10 @@ func (h *Hello) DialNextHop(ctx context.Context, forward layer.ContextDialer) (n
 	m := &message{hops: h.Hops[1:]}
 	m.trail = append(append(make([]byte, 0, len(h.trail)+trailIDSize), h.trail...), h.listener.id[:]...)
 	key := h.listener.cfg.Policy.Key
-	if ta, ok := h.RemoteAddr.(*net.TCPAddr); ok && key != nil {
-		m.origin = ta.AddrPort().String()
+	if ap, ok := netconn.AddrPort(h.RemoteAddr); ok && key != nil {
+		m.origin = ap.String()
 	}
-	if _, _, err := handshakeWithContext(ctx, c, m, key); err != nil {
+	if _, _, err := handshakeWithContext(ctx, c, m, key, channelBinding(c)); err != nil {
 		c.Close()
 		var re *RefusedError
 		if errors.As(err, &re) {
@@ -145,7 +146,7 @@ func (t *fwdTransport) DialContext(ctx context.Context, network, peer string) (n
 		return nil, err
 	}
 	path := append(t.vias[:len(t.vias):len(t.vias)], peer)
-	if _, _, err := handshakeWithContext(ctx, c, &message{hops: path[1:], node: t.node}, t.key); err != nil {
+	if _, _, err := handshakeWithContext(ctx, c, &message{hops: path[1:], node: t.node}, t.key, channelBinding(c)); err != nil {
 		c.Close()
 		var re *RefusedError
 		if errors.As(err, &re) {

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
 )
 
 // A shedder bounds the handshakes a listener runs at once without ever
@@ -279,8 +281,6 @@ func (s *shedder) unqueueLocked(sl *slot) {
 // port: the unit a dialer cannot multiply at will. Connections that are
 // not IP share the zero address.
 func sourceOf(a net.Addr) netip.Addr {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
+	ap, _ := netconn.AddrPort(a)
+	return ap.Addr()
 }

@@ -107,6 +107,8 @@ type serveOptions struct {
 	identityFile                           string
 	listenStack, hopStack                  string
 	shm                                    bool
+	quic                                   bool
+	quicCert                               string
 	allow, limits, hops, proxyProtocol     listFlag
 	handshakeTimeout, dialTimeout          time.Duration
 	idleTimeout                            time.Duration
@@ -147,6 +149,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
+	fs.BoolVar(&o.quic, "quic", false, "also accept QUIC (reliable UDP) on --listen's UDP port: for lossy, long paths (vlink tunnel --stack quic, or a stack ending in quic); dialers check the listener by the key, or by the pin it logs")
+	fs.StringVar(&o.quicCert, "quic-cert", "", "with --quic: a `FILE` keeping the QUIC certificate and key, made (mode 600) if missing, so the pin dialers may hold survives restarts")
 	fs.BoolVar(&o.shm, "shm", false, "also accept connections over shared memory from this machine's processes of the same user, on --listen's port number (vlink tunnel --stack shm, or a stack ending in shm; Linux)")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
@@ -239,6 +243,12 @@ func (o *serveOptions) prepare(e *env) (forward, error) {
 	if o.shm && o.listenStack != "" {
 		return nil, usagef("--shm listens beside this host's port; with --listen-stack there is none")
 	}
+	if o.quic && o.listenStack != "" {
+		return nil, usagef("--quic listens beside this host's port; with --listen-stack there is none (--listen-stack quic takes QUIC only)")
+	}
+	if o.quicCert != "" && !o.quic {
+		return nil, usagef("--quic-cert is the certificate of --quic; give --quic too")
+	}
 	if o.listenStack != "" {
 		if f.listenStack, err = vlink.Parse(o.listenStack); err != nil {
 			return nil, usagef("--listen-stack: %v", err)
@@ -259,6 +269,8 @@ func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Liste
 	lc := vlink.ListenConfig{
 		Stack:            f.listenStack,
 		Shm:              o.shm,
+		Quic:             o.quic,
+		QuicCert:         o.quicCert,
 		Policy:           policy,
 		HandshakeTimeout: o.handshakeTimeout,
 		Admit:            s.admit,

@@ -50,3 +50,13 @@ type HandshakeFilter interface {
 // pre-shared key (a HandshakeFilter) and no key is configured. Package
 // vlink returns the same error as vlink.ErrKeyRequired.
 var ErrKeyRequired = errors.New("layer needs a pre-shared key")
+
+// A ChannelBinder is a connection whose factory secured the channel
+// itself (QUIC's TLS 1.3). ChannelBinding returns a value both ends of
+// that channel compute alike and a man in the middle cannot make alike
+// on his two sides (a TLS exporter, as RFC 9266's tls-exporter binding).
+// Package vlink covers it with the hello's proofs of the pre-shared key,
+// so a keyed dialer and listener refuse a channel someone sits in.
+type ChannelBinder interface {
+	ChannelBinding() []byte
+}

@@ -23,6 +23,11 @@ type Spec struct {
 	// Terminal marks a factory that reaches the network itself and must be
 	// the last layer of a stack.
 	Terminal bool
+	// Encrypted marks a terminal factory whose connections are encrypted
+	// and integrity-protected by a reviewed construction (QUIC's TLS 1.3)
+	// and are ChannelBinders: the hello's proofs of the key cover the
+	// channel, so a keyed stack on it needs no encryption layer.
+	Encrypted bool
 	// Nodes marks a factory that reaches the nodes of a vlink network
 	// (NODE.vlink.alt:PORT) through the network itself: its forward is
 	// the dialer's network (vlink.Dialer.Network, a *control.Node), and

@@ -9,6 +9,7 @@ package layers
 
 import (
 	_ "github.com/vlink-dev/vlink/factories/httpconnect"
+	_ "github.com/vlink-dev/vlink/factories/quic"
 	_ "github.com/vlink-dev/vlink/factories/rendezvous"
 	_ "github.com/vlink-dev/vlink/factories/shm"
 	_ "github.com/vlink-dev/vlink/factories/socks"

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package quic
+
+import "net"
+
+func forceBuffers(*net.UDPConn, int) {}

@@ -1,0 +1,168 @@
+package quic
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink/layer"
+)
+
+// ErrReset is matched when the peer reset the stream (its Abort, or its
+// Close with this side still sending): the stream failed, it did not end.
+// It matches syscall.ECONNRESET too, as a TCP connection's reset does.
+var ErrReset = errors.New("quic: stream reset by peer")
+
+// ErrWriteClosed is matched by a write after CloseWrite.
+var ErrWriteClosed = errors.New("quic: write after CloseWrite")
+
+// conn is one stream as a net.Conn.
+type conn struct {
+	s    *quic.Stream
+	p    *path
+	once sync.Once // gives the path's hold back
+
+	// wmu serializes Write, CloseWrite and Close's FIN: quic-go wants no
+	// Close of a stream while a Write runs.
+	wmu     sync.Mutex
+	wclosed bool // under wmu
+	closed  atomic.Bool
+}
+
+var (
+	_ net.Conn            = (*conn)(nil)
+	_ netconn.Aborter     = (*conn)(nil)
+	_ layer.ChannelBinder = (*conn)(nil)
+)
+
+func newConn(s *quic.Stream, p *path) *conn { return &conn{s: s, p: p} }
+
+func (c *conn) Read(b []byte) (int, error) {
+	n, err := c.s.Read(b)
+	if err != nil && err != io.EOF {
+		err = c.opError("read", err)
+	}
+	return n, err
+}
+
+func (c *conn) Write(b []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed.Load() {
+		return 0, c.opError("write", net.ErrClosed)
+	}
+	if c.wclosed {
+		return 0, c.opError("write", ErrWriteClosed)
+	}
+	n, err := c.s.Write(b)
+	if err != nil {
+		err = c.opError("write", err)
+	}
+	return n, err
+}
+
+// CloseWrite sends the stream's FIN after what was written; reading goes on.
+func (c *conn) CloseWrite() error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed.Load() {
+		return c.opError("close", net.ErrClosed)
+	}
+	if c.wclosed {
+		return nil
+	}
+	c.wclosed = true
+	return c.s.Close()
+}
+
+// Close ends the stream: the FIN after what was written, and the read
+// side stopped (the peer's further writes fail). A Close while a Write
+// is blocked resets the stream instead, so the peer never takes the cut
+// stream for a whole one.
+func (c *conn) Close() error {
+	if c.closed.Swap(true) {
+		return c.opError("close", net.ErrClosed)
+	}
+	if c.wmu.TryLock() {
+		if !c.wclosed {
+			c.wclosed = true
+			c.s.Close()
+		}
+		c.wmu.Unlock()
+	} else {
+		c.s.CancelWrite(codeClosed)
+	}
+	c.s.CancelRead(codeClosed)
+	c.once.Do(c.p.release)
+	return nil
+}
+
+// Abort resets the stream both ways: the peer's reads fail with
+// ErrReset rather than end.
+func (c *conn) Abort() error {
+	if c.closed.Swap(true) {
+		return c.opError("close", net.ErrClosed)
+	}
+	c.s.CancelWrite(codeAbort)
+	c.s.CancelRead(codeAbort)
+	c.once.Do(c.p.release)
+	return nil
+}
+
+// ChannelBinding returns the TLS exporter of the stream's QUIC
+// connection (see the package comment).
+func (c *conn) ChannelBinding() []byte { return c.p.binding }
+
+func (c *conn) LocalAddr() net.Addr  { return c.p.qc.LocalAddr() }
+func (c *conn) RemoteAddr() net.Addr { return c.p.qc.RemoteAddr() }
+
+func (c *conn) SetDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return c.opError("set deadline", net.ErrClosed)
+	}
+	return c.s.SetDeadline(t)
+}
+
+func (c *conn) SetReadDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return c.opError("set deadline", net.ErrClosed)
+	}
+	return c.s.SetReadDeadline(t)
+}
+
+func (c *conn) SetWriteDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return c.opError("set deadline", net.ErrClosed)
+	}
+	return c.s.SetWriteDeadline(t)
+}
+
+// opError names the hop, and says what a stream error means here: the
+// peer's reset is ErrReset; this side's own cancel follows its Close or
+// Abort, so it is net.ErrClosed. Errors of the QUIC connection (the
+// path went silent: *quic.IdleTimeoutError; the peer closed it:
+// *quic.ApplicationError) stay as quic-go gives them.
+func (c *conn) opError(op string, err error) error {
+	var se *quic.StreamError
+	switch {
+	case errors.As(err, &se) && se.Remote:
+		err = &resetError{se}
+	case errors.As(err, &se), c.closed.Load() && !errors.Is(err, net.ErrClosed):
+		err = net.ErrClosed
+	}
+	return &net.OpError{Op: op, Net: "quic", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// resetError is a reset by the peer: ErrReset, with quic-go's error inside.
+type resetError struct{ se *quic.StreamError }
+
+func (e *resetError) Error() string        { return ErrReset.Error() + " (" + e.se.Error() + ")" }
+func (e *resetError) Is(target error) bool { return target == ErrReset || target == syscall.ECONNRESET }
+func (e *resetError) Unwrap() error        { return e.se }

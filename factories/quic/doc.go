@@ -1,0 +1,40 @@
+// Package quic is vlink's reliable-UDP factory: QUIC (RFC 9000, through
+// github.com/quic-go/quic-go) for lossy, high-latency paths, where one
+// TCP flow's congestion control and head-of-line blocking cost most. It
+// is the udp-conduit idea of GASNet with a well-kept implementation in
+// place of a home-made protocol.
+//
+// One QUIC connection per path (remote address and options) is made by
+// the first dial that needs it and shared by every later one; each
+// vlink connection is a bidirectional stream on it, so filters, hellos
+// and multi-link layers stack on a stream as on a TCP connection. A
+// stream has the whole net.Conn contract: deadlines, CloseWrite (the
+// stream's FIN), and Abort, which resets the stream so the peer reads an
+// error. A stream ends cleanly only with its FIN; a reset, or the path
+// going silent for the idle timeout (a black hole, a killed peer), is an
+// error for every stream on it, never a clean end.
+//
+// A listener takes QUIC on the UDP port of the same number as a vlink
+// listener's TCP port (vlink.ListenConfig.Quic, vlink serve --quic).
+//
+// # Trust
+//
+// QUIC always runs TLS 1.3. Authentication stays the stack's: the
+// listener presents a certificate of its own (generated at Listen, or
+// kept in the file its cert parameter names), and the dialer checks it
+// in one of two ways:
+//
+//   - pin: the SHA-256 of the listener's public key, as the listener
+//     logs it; any other key is refused before a byte of the stream is
+//     sent;
+//   - the hello's key: each stream offers the TLS exporter of its QUIC
+//     connection as a channel binding (ChannelBinding), and the vlink
+//     hello covers it with both proofs of the pre-shared key, so a
+//     dialer and a listener holding the key see a man in the middle of
+//     the QUIC connection as a failed proof.
+//
+// Without a pin and without a key nothing is authenticated, as over a
+// tcp stack without a key.
+//
+// Importing the package registers the layer "quic" with package vlink.
+package quic

@@ -1,0 +1,190 @@
+package quic_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/factories/quic"
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink"
+	_ "github.com/vlink-dev/vlink/vlink/layers"
+)
+
+var testKey = []byte("a pre-shared key of 16+ bytes, for tests")
+
+// echoListener is a keyed vlink listener on QUIC that echoes each
+// connection; it returns its address.
+func echoListener(t *testing.T, key []byte) string {
+	t.Helper()
+	inner, err := vlink.ListenStack(context.Background(), vlink.MustParse("quic"), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := (&vlink.ListenConfig{Policy: vlink.Policy{Key: key}}).NewListener(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return inner.Addr().String()
+}
+
+// mitm takes QUIC streams with a certificate of its own and relays each
+// to target on a QUIC connection of its own: what someone between a
+// dialer and a listener could do, since neither checks the other's
+// certificate without a pin.
+func mitm(t *testing.T, target string) string {
+	t.Helper()
+	l, err := vlink.ListenStack(context.Background(), vlink.MustParse("quic"), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	d := &vlink.Dialer{Stack: vlink.MustParse("quic")}
+	t.Cleanup(func() { d.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				up, err := d.Dial("tcp", target)
+				if err != nil {
+					c.Close()
+					return
+				}
+				netconn.Relay(c, up)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+func echoOnce(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo: %q, %v", buf, err)
+	}
+}
+
+// TestHelloBinding: the hello's proofs cover the QUIC connection's
+// channel binding, so a keyed dial works straight to the listener and
+// fails through a man in the middle.
+func TestHelloBinding(t *testing.T) {
+	t.Cleanup(quic.CloseAll)
+	for _, stack := range []string{"identity+quic", "lz4+mux+quic"} {
+		t.Run(stack, func(t *testing.T) {
+			srv := echoListener(t, testKey)
+			d := &vlink.Dialer{Stack: vlink.MustParse(stack), Key: testKey}
+			defer d.Close()
+			c, err := d.Dial("tcp", srv)
+			if err != nil {
+				t.Fatalf("direct: %v", err)
+			}
+			echoOnce(t, c)
+			c.Close()
+
+			_, err = d.Dial("tcp", mitm(t, srv))
+			if !errors.Is(err, vlink.ErrAuth) {
+				t.Fatalf("through a man in the middle: %v, want vlink.ErrAuth", err)
+			}
+		})
+	}
+}
+
+// nonLoopback returns an IPv4 address of this machine that is not
+// loopback, or skips.
+func nonLoopback(t *testing.T) string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	t.Skip("this machine has no IPv4 address beyond loopback")
+	return ""
+}
+
+// TestEncryptionRule: beyond loopback, a keyed stack over quic runs
+// without the noise layer (QUIC's TLS encrypts, the bound proofs
+// authenticate) and the keyed listener takes it; over tcp the dialer
+// adds noise. A dialer that pins the listener's identity still adds
+// noise, which is what proves it.
+func TestEncryptionRule(t *testing.T) {
+	t.Cleanup(quic.CloseAll)
+	host := nonLoopback(t)
+	for _, tc := range []struct {
+		factory string
+		pinned  bool
+		want    string
+	}{
+		{"quic", false, "identity"},
+		{"tcp", false, "identity+noise"},
+		{"quic", true, "identity+noise"},
+	} {
+		t.Run(tc.factory, func(t *testing.T) {
+			inner, err := vlink.ListenStack(context.Background(), vlink.MustParse(tc.factory), "tcp", net.JoinHostPort(host, "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := (&vlink.ListenConfig{Policy: vlink.Policy{Key: testKey}}).NewListener(inner)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			acc := make(chan *vlink.Conn, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					acc <- nil
+					return
+				}
+				acc <- c.(*vlink.Conn)
+			}()
+			d := &vlink.Dialer{Stack: vlink.MustParse("identity+" + tc.factory), Key: testKey}
+			if tc.pinned {
+				d.PeerKey = func(string, []byte) error { return nil }
+			}
+			defer d.Close()
+			c, err := d.Dial("tcp", inner.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			sc := <-acc
+			if sc == nil {
+				t.Fatal("the listener took nothing")
+			}
+			defer sc.Close()
+			if got := sc.Hello().Stack.String(); got != tc.want {
+				t.Fatalf("the listener got stack %s, want %s", got, tc.want)
+			}
+			go io.Copy(sc, sc)
+			echoOnce(t, c)
+		})
+	}
+}

@@ -1,0 +1,242 @@
+package quic
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
+)
+
+const (
+	// openTimeout bounds how long an accepted stream may take to send
+	// its first byte.
+	openTimeout = 10 * time.Second
+	// drainTime, plus a few round trips, is how long a closed
+	// listener's path outlives its last stream.
+	drainTime = time.Second
+	// MaxListenerPaths bounds the QUIC connections one listener keeps
+	// (each costs memory before any stream is authenticated); more are
+	// closed at once.
+	MaxListenerPaths = 4096
+)
+
+// Listen takes QUIC connections on address's UDP port and returns a
+// listener of their streams.
+func (f *Factory) Listen(_ context.Context, network, address string, _ layer.ContextDialer) (net.Listener, error) {
+	opErr := func(err error) error {
+		return &net.OpError{Op: "listen", Net: "quic", Addr: addrString(address), Err: err}
+	}
+	cert, err := newCertificate()
+	if f.o.CertFile != "" {
+		cert, err = loadCertificate(f.o.CertFile)
+	}
+	if err != nil {
+		return nil, opErr(err)
+	}
+	pin, err := PinOf(cert.Certificate[0])
+	if err != nil {
+		return nil, opErr(err)
+	}
+	laddr, err := net.ResolveUDPAddr(udpNetwork(network), address)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	udp, err := net.ListenUDP(udpNetwork(network), laddr)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	setBuffers(udp)
+	tr := &quic.Transport{Conn: udp}
+	ql, err := tr.Listen(&tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		NextProtos:   []string{alpn},
+		Certificates: []tls.Certificate{cert},
+	}, f.config())
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, opErr(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{tr: tr, ql: ql, pin: pin, streams: make(chan net.Conn),
+		ctx: ctx, cancel: cancel, paths: map[*path]struct{}{}}
+	l.wg.Add(1)
+	go l.acceptPaths()
+	return l, nil
+}
+
+// A listener hands out the streams of the QUIC connections it accepts.
+// Closing it stops taking connections and streams; those it handed out
+// live on, and the socket closes when the last of them has ended.
+type listener struct {
+	tr      *quic.Transport
+	ql      *quic.Listener
+	pin     Pin
+	streams chan net.Conn
+	ctx     context.Context // cancelled by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	mu     sync.Mutex
+	paths  map[*path]struct{}
+	closed bool
+}
+
+var _ net.Listener = (*listener)(nil)
+
+// Pin returns the listener's key as dialers pin it.
+func (l *listener) Pin() string { return l.pin.String() }
+
+func (l *listener) Addr() net.Addr { return l.tr.Conn.LocalAddr() }
+
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.streams:
+		return c, nil
+	case <-l.ctx.Done():
+		return nil, &net.OpError{Op: "accept", Net: "quic", Addr: l.Addr(), Err: net.ErrClosed}
+	}
+}
+
+func (l *listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return &net.OpError{Op: "close", Net: "quic", Addr: l.Addr(), Err: net.ErrClosed}
+	}
+	l.closed = true
+	var unused []*path
+	for p := range l.paths {
+		p.mu.Lock()
+		if p.refs == 0 {
+			unused = append(unused, p)
+		}
+		p.mu.Unlock()
+	}
+	empty := len(l.paths) == 0
+	l.mu.Unlock()
+	l.cancel()
+	l.ql.Close()
+	for _, p := range unused {
+		p.drain()
+	}
+	if empty {
+		l.closeSocket()
+	}
+	return nil
+}
+
+func (l *listener) closeSocket() {
+	l.tr.Close()
+	l.tr.Conn.Close()
+}
+
+func (l *listener) acceptPaths() {
+	defer l.wg.Done()
+	for {
+		qc, err := l.ql.Accept(l.ctx)
+		if err != nil {
+			return
+		}
+		binding, err := exporter(qc)
+		if err != nil {
+			continue
+		}
+		p := &path{ready: closedChan, qc: qc, binding: binding, unused: l.unused}
+		l.mu.Lock()
+		if l.closed || len(l.paths) >= MaxListenerPaths {
+			l.mu.Unlock()
+			qc.CloseWithError(codeGone, "too many connections")
+			continue
+		}
+		l.paths[p] = struct{}{}
+		l.mu.Unlock()
+		l.wg.Add(1)
+		go l.acceptStreams(p)
+	}
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// unused is a listener path's unused hook: once the listener is closed, a
+// path without streams closes, after a drain time for what its last
+// streams sent to reach the peer (closing the QUIC connection would
+// drop it: this process, not the kernel, retransmits it).
+func (l *listener) unused(p *path) {
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		p.drain()
+	}
+}
+
+// acceptStreams takes p's streams until the listener or the connection
+// closes, then waits for the connection's end to forget it.
+func (l *listener) acceptStreams(p *path) {
+	defer l.wg.Done()
+	for {
+		s, err := p.qc.AcceptStream(l.ctx)
+		if err != nil {
+			break
+		}
+		p.hold()
+		l.wg.Add(1)
+		go l.open(s, p)
+	}
+	<-p.qc.Context().Done()
+	l.mu.Lock()
+	delete(l.paths, p)
+	last := l.closed && len(l.paths) == 0
+	l.mu.Unlock()
+	if last {
+		l.closeSocket()
+	}
+}
+
+// open checks a new stream's first byte and hands the stream out.
+func (l *listener) open(s *quic.Stream, p *path) {
+	defer l.wg.Done()
+	c := newConn(s, p)
+	s.SetDeadline(time.Now().Add(openTimeout))
+	var b [1]byte
+	_, err := s.Read(b[:])
+	if err == nil && b[0] == streamOpen {
+		_, err = s.Write(b[:])
+	}
+	if err != nil || b[0] != streamOpen {
+		s.CancelRead(codeBad)
+		s.CancelWrite(codeBad)
+		c.closed.Store(true)
+		c.once.Do(p.release)
+		return
+	}
+	s.SetDeadline(time.Time{})
+	select {
+	case l.streams <- c:
+	case <-l.ctx.Done():
+		c.Abort()
+	}
+}
+
+func (l *listener) String() string { return fmt.Sprintf("quic listener %s (%s)", l.Addr(), l.pin) }
+
+// drain closes p once it has had no stream for drainTime and a few
+// round trips.
+func (p *path) drain() {
+	st := p.qc.ConnectionStats()
+	time.AfterFunc(drainTime+4*st.SmoothedRTT, func() {
+		p.mu.Lock()
+		unused := p.refs == 0
+		p.mu.Unlock()
+		if unused {
+			p.shut(codeGone, "listener closed")
+		}
+	})
+}

@@ -1,0 +1,371 @@
+package quic
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/net/nettest"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	CloseAll()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func newFactory(t testing.TB, o Options) *Factory {
+	t.Helper()
+	f, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func listen(t testing.TB, f *Factory) *listener {
+	t.Helper()
+	l, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l.(*listener)
+}
+
+// pair returns a stream's two ends, the dialer's first, over l.
+func pair(t testing.TB, f *Factory, l net.Listener) (net.Conn, net.Conn, error) {
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	acc := make(chan res, 1)
+	go func() {
+		c, err := l.Accept()
+		acc <- res{c, err}
+	}()
+	d, err := f.DialContext(context.Background(), "tcp", l.Addr().String(), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := <-acc
+	if r.err != nil {
+		d.Close()
+		return nil, nil, r.err
+	}
+	return d, r.c, nil
+}
+
+func mustPair(t testing.TB, f *Factory, l net.Listener) (net.Conn, net.Conn) {
+	t.Helper()
+	a, b, err := pair(t, f, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestConformance(t *testing.T) {
+	f := newFactory(t, Options{})
+	l := listen(t, f)
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		a, b, err := pair(t, f, l)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return a, b, func() { a.Close(); b.Close() }, nil
+	})
+}
+
+// TestTransfer sends random bytes both ways at once, each way closed
+// with CloseWrite, and checks each side got exactly what the other sent.
+func TestTransfer(t *testing.T) {
+	f := newFactory(t, Options{})
+	l := listen(t, f)
+	for _, size := range []int{0, 1, 1200, 64<<10 + 7, 3 << 20} {
+		a, b := mustPair(t, f, l)
+		var wg sync.WaitGroup
+		send := func(c net.Conn, seed uint64, sum *[32]byte, werr *error) {
+			defer wg.Done()
+			data := make([]byte, size)
+			r := rand.New(rand.NewPCG(seed, uint64(size)))
+			for i := range data {
+				data[i] = byte(r.Uint32())
+			}
+			*sum = sha256.Sum256(data)
+			if _, *werr = c.Write(data); *werr == nil {
+				*werr = c.(interface{ CloseWrite() error }).CloseWrite()
+			}
+		}
+		recv := func(c net.Conn, sum *[32]byte, rerr *error) {
+			defer wg.Done()
+			h := sha256.New()
+			_, *rerr = io.Copy(h, c)
+			copy(sum[:], h.Sum(nil))
+		}
+		var sentA, sentB, gotA, gotB [32]byte
+		var e [4]error
+		wg.Add(4)
+		go send(a, 1, &sentA, &e[0])
+		go send(b, 2, &sentB, &e[1])
+		go recv(b, &gotB, &e[2])
+		go recv(a, &gotA, &e[3])
+		wg.Wait()
+		for i, err := range e {
+			if err != nil {
+				t.Fatalf("%d bytes: step %d: %v", size, i, err)
+			}
+		}
+		if gotB != sentA || gotA != sentB {
+			t.Fatalf("%d bytes: checksums differ", size)
+		}
+	}
+}
+
+// TestAbort: the peer of an aborted stream reads its bytes, then ErrReset
+// (also ECONNRESET), never a clean end.
+func TestAbort(t *testing.T) {
+	f := newFactory(t, Options{})
+	l := listen(t, f)
+	for _, side := range []string{"dialer", "listener"} {
+		t.Run(side, func(t *testing.T) {
+			a, b := mustPair(t, f, l)
+			if side == "listener" {
+				a, b = b, a
+			}
+			if _, err := a.Write([]byte("part")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "part" {
+				t.Fatalf("read %q, %v", buf, err)
+			}
+			if err := a.(interface{ Abort() error }).Abort(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := b.Read(buf)
+			if !errors.Is(err, ErrReset) || !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("read after the peer's abort: %v, want ErrReset", err)
+			}
+			if _, err := a.Read(buf); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("read after own abort: %v, want net.ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestCloseWhileWriting: a Close that cuts a blocked Write short resets
+// the stream, so the peer cannot take the cut stream for a whole one.
+func TestCloseWhileWriting(t *testing.T) {
+	f := newFactory(t, Options{Window: 64 << 10})
+	l := listen(t, f)
+	a, b := mustPair(t, f, l)
+	werr := make(chan error, 1)
+	go func() {
+		_, err := a.Write(make([]byte, 8<<20)) // far beyond the window: blocks
+		werr <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	a.Close()
+	if err := <-werr; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("blocked write after Close: %v, want net.ErrClosed", err)
+	}
+	_, err := io.Copy(io.Discard, b)
+	if !errors.Is(err, ErrReset) {
+		t.Fatalf("the peer read to %v, want ErrReset", err)
+	}
+}
+
+// TestOnePath: many streams to one listener share one QUIC connection,
+// which closes after its linger once they are closed.
+func TestOnePath(t *testing.T) {
+	f := newFactory(t, Options{Linger: 200 * time.Millisecond})
+	l := listen(t, f)
+	before := Paths()
+	var conns []net.Conn
+	for range 20 {
+		a, b := mustPair(t, f, l)
+		conns = append(conns, a, b)
+	}
+	if n := Paths() - before; n != 1 {
+		t.Fatalf("20 streams made %d QUIC connections, want 1", n)
+	}
+	l.mu.Lock()
+	n := len(l.paths)
+	l.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the listener holds %d paths, want 1", n)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for Paths() != before {
+		if time.Now().After(deadline) {
+			t.Fatalf("the path did not close after its linger: %d paths", Paths())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestListenerCloseKeepsStreams: closing a listener stops new streams but
+// leaves those it handed out working, as a TCP listener does.
+func TestListenerCloseKeepsStreams(t *testing.T) {
+	f := newFactory(t, Options{})
+	lis, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, err := pair(t, f, lis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	lis.Close()
+	if _, err := lis.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("accept after close: %v", err)
+	}
+	if _, err := a.Write([]byte("still")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "still" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	b.Close()
+	a.Close()
+}
+
+func TestPin(t *testing.T) {
+	lf := newFactory(t, Options{})
+	l := listen(t, lf)
+	pin, err := ParsePin(l.Pin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("right", func(t *testing.T) {
+		f := newFactory(t, Options{Pin: &pin, Linger: time.Millisecond})
+		a, b := mustPair(t, f, l)
+		checkEcho(t, a, b)
+	})
+	t.Run("wrong", func(t *testing.T) {
+		other := pin
+		other[0] ^= 1
+		f := newFactory(t, Options{Pin: &other})
+		_, err := f.DialContext(context.Background(), "tcp", l.Addr().String(), nil)
+		if !errors.Is(err, ErrPin) {
+			t.Fatalf("dial with a wrong pin: %v, want ErrPin", err)
+		}
+	})
+}
+
+func checkEcho(t *testing.T, a, b net.Conn) {
+	t.Helper()
+	if _, err := a.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+}
+
+// TestChannelBinding: both ends of a stream see the same binding, and
+// different QUIC connections see different ones.
+func TestChannelBinding(t *testing.T) {
+	l := listen(t, newFactory(t, Options{}))
+	a, b := mustPair(t, newFactory(t, Options{}), l)
+	c, d := mustPair(t, newFactory(t, Options{Window: 1 << 20}), l) // other options: another path
+	ba, bb := a.(layer.ChannelBinder).ChannelBinding(), b.(layer.ChannelBinder).ChannelBinding()
+	if len(ba) != 32 || !bytes.Equal(ba, bb) {
+		t.Fatalf("the ends' bindings differ: %x, %x", ba, bb)
+	}
+	if bc := c.(layer.ChannelBinder).ChannelBinding(); bytes.Equal(ba, bc) || !bytes.Equal(bc, d.(layer.ChannelBinder).ChannelBinding()) {
+		t.Fatalf("two QUIC connections share a binding, or one's ends differ")
+	}
+}
+
+// TestBadOpen: a stream that opens with anything but the stream byte is
+// refused, and the listener goes on.
+func TestBadOpen(t *testing.T) {
+	f := newFactory(t, Options{})
+	l := listen(t, f)
+	p, _, err := f.path(context.Background(), "tcp", l.Addr().String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.qc.OpenStreamSync(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Write([]byte("GET / HTTP/1.0\r\n"))
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := s.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a bad stream was not refused: %v", err)
+	}
+	s.CancelWrite(0)
+	p.release()
+	a, b := mustPair(t, f, l)
+	checkEcho(t, a, b)
+}
+
+// TestRestartedListener: a path whose listener died without a word (its
+// process restarted on the same port) is found out by the next dial,
+// which goes on a new path in a few round trips, not at its deadline.
+func TestRestartedListener(t *testing.T) {
+	f := newFactory(t, Options{})
+	old, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := old.Addr().String()
+	a, b := mustPair(t, f, old)
+	checkEcho(t, a, b)
+	a.Close()
+	b.Close()
+	// Gone without a CONNECTION_CLOSE, as a killed process is.
+	ol := old.(*listener)
+	ol.cancel()
+	ol.closeSocket()
+	ol.ql.Close()
+
+	lis, err := f.Listen(context.Background(), "tcp", addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	acc := acc2(lis)
+	c, err := f.DialContext(ctx, "tcp", addr, nil)
+	if err != nil {
+		t.Fatalf("dial after the listener restarted: %v", err)
+	}
+	defer c.Close()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the dial took %v to leave the dead path", took)
+	}
+	d := <-acc
+	defer d.Close()
+	checkEcho(t, c, d)
+}
