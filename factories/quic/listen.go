@@ -5,10 +5,13 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/vlink-dev/vlink/netconn"
 
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -21,9 +24,14 @@ const (
 	// listener's path outlives its last stream.
 	drainTime = time.Second
 	// MaxListenerPaths bounds the QUIC connections one listener keeps
-	// (each costs memory before any stream is authenticated); more are
-	// closed at once.
-	MaxListenerPaths = 4096
+	// (each costs memory before any stream is authenticated), and
+	// MaxPathsPerSource those from one IP address; more are closed at
+	// once.
+	MaxListenerPaths  = 4096
+	MaxPathsPerSource = 256
+	// MaxOpening bounds the streams waiting for their first byte; more
+	// are refused at once, so silent streams cannot pile up.
+	MaxOpening = 256
 )
 
 // Listen takes QUIC connections on address's UDP port and returns a
@@ -65,7 +73,8 @@ func (f *Factory) Listen(_ context.Context, network, address string, _ layer.Con
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &listener{tr: tr, ql: ql, pin: pin, streams: make(chan net.Conn),
-		ctx: ctx, cancel: cancel, paths: map[*path]struct{}{}}
+		ctx: ctx, cancel: cancel, paths: map[*path]struct{}{}, sources: map[netip.Addr]int{},
+		opening: make(chan struct{}, MaxOpening)}
 	l.wg.Add(1)
 	go l.acceptPaths()
 	return l, nil
@@ -79,13 +88,15 @@ type listener struct {
 	ql      *quic.Listener
 	pin     Pin
 	streams chan net.Conn
+	opening chan struct{}   // a slot per stream waiting for its first byte
 	ctx     context.Context // cancelled by Close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
-	mu     sync.Mutex
-	paths  map[*path]struct{}
-	closed bool
+	mu      sync.Mutex
+	paths   map[*path]struct{}
+	sources map[netip.Addr]int // paths by the peer's address
+	closed  bool
 }
 
 var _ net.Listener = (*listener)(nil)
@@ -149,13 +160,15 @@ func (l *listener) acceptPaths() {
 			continue
 		}
 		p := &path{ready: closedChan, qc: qc, binding: binding, unused: l.unused}
+		src, _ := netconn.AddrPort(qc.RemoteAddr())
 		l.mu.Lock()
-		if l.closed || len(l.paths) >= MaxListenerPaths {
+		if l.closed || len(l.paths) >= MaxListenerPaths || l.sources[src.Addr()] >= MaxPathsPerSource {
 			l.mu.Unlock()
-			qc.CloseWithError(codeGone, "too many connections")
+			qc.CloseWithError(codeBusy, "too many connections")
 			continue
 		}
 		l.paths[p] = struct{}{}
+		l.sources[src.Addr()]++
 		l.mu.Unlock()
 		l.wg.Add(1)
 		go l.acceptStreams(p)
@@ -186,13 +199,24 @@ func (l *listener) acceptStreams(p *path) {
 		if err != nil {
 			break
 		}
+		select {
+		case l.opening <- struct{}{}:
+		default:
+			s.CancelRead(codeBusyStream)
+			s.CancelWrite(codeBusyStream)
+			continue
+		}
 		p.hold()
 		l.wg.Add(1)
 		go l.open(s, p)
 	}
 	<-p.qc.Context().Done()
+	src, _ := netconn.AddrPort(p.qc.RemoteAddr())
 	l.mu.Lock()
 	delete(l.paths, p)
+	if l.sources[src.Addr()]--; l.sources[src.Addr()] <= 0 {
+		delete(l.sources, src.Addr())
+	}
 	last := l.closed && len(l.paths) == 0
 	l.mu.Unlock()
 	if last {
@@ -210,6 +234,7 @@ func (l *listener) open(s *quic.Stream, p *path) {
 	if err == nil && b[0] == streamOpen {
 		_, err = s.Write(b[:])
 	}
+	<-l.opening
 	if err != nil || b[0] != streamOpen {
 		s.CancelRead(codeBad)
 		s.CancelWrite(codeBad)

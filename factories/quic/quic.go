@@ -47,11 +47,13 @@ const (
 	exporterLabel = "EXPORTER-vlink-quic-channel-binding"
 
 	// Stream and connection error codes on the wire.
-	codeClosed quic.StreamErrorCode      = 0x100 // Close with the other direction unfinished
-	codeAbort  quic.StreamErrorCode      = 0x101 // Abort: the stream failed
-	codeBad    quic.StreamErrorCode      = 0x102 // a stream that did not open with streamOpen
-	codeIdle   quic.ApplicationErrorCode = 0x0   // a path closed with no stream left
-	codeGone   quic.ApplicationErrorCode = 0x1   // the listener or the program went away
+	codeClosed     quic.StreamErrorCode      = 0x100 // Close with the other direction unfinished
+	codeAbort      quic.StreamErrorCode      = 0x101 // Abort: the stream failed
+	codeBad        quic.StreamErrorCode      = 0x102 // a stream that did not open with streamOpen
+	codeBusyStream quic.StreamErrorCode      = 0x103 // too many streams opening at once
+	codeIdle       quic.ApplicationErrorCode = 0x0   // a path closed with no stream left
+	codeGone       quic.ApplicationErrorCode = 0x1   // the listener or the program went away
+	codeBusy       quic.ApplicationErrorCode = 0x2   // the listener has too many connections
 )
 
 func init() {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
@@ -368,4 +369,31 @@ func TestRestartedListener(t *testing.T) {
 	d := <-acc
 	defer d.Close()
 	checkEcho(t, c, d)
+}
+
+// TestPathsPerSource: one address gets MaxPathsPerSource QUIC
+// connections to a listener; the next is closed at once, with an error
+// its dialer sees, and the listener goes on serving the others.
+func TestPathsPerSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("makes 257 QUIC connections")
+	}
+	l := listen(t, newFactory(t, Options{}))
+	defer CloseAll()
+	var first [2]net.Conn
+	for i := range MaxPathsPerSource {
+		// Options differ, so each dial makes a path of its own.
+		f := newFactory(t, Options{Linger: time.Minute + time.Duration(i)})
+		a, b := mustPair(t, f, l)
+		if i == 0 {
+			first = [2]net.Conn{a, b}
+		}
+	}
+	f := newFactory(t, Options{Linger: 2 * time.Minute})
+	_, err := f.DialContext(context.Background(), "tcp", l.Addr().String(), nil)
+	var ae *quic.ApplicationError
+	if !errors.As(err, &ae) || ae.ErrorCode != codeBusy {
+		t.Fatalf("dial %d from one address: %v, want the listener's refusal", MaxPathsPerSource+1, err)
+	}
+	checkEcho(t, first[0], first[1])
 }
