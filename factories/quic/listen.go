@@ -12,7 +12,6 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/vlink-dev/vlink/netconn"
-
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -40,9 +39,12 @@ func (f *Factory) Listen(_ context.Context, network, address string, _ layer.Con
 	opErr := func(err error) error {
 		return &net.OpError{Op: "listen", Net: "quic", Addr: addrString(address), Err: err}
 	}
-	cert, err := newCertificate()
+	var cert tls.Certificate
+	var err error
 	if f.o.CertFile != "" {
 		cert, err = loadCertificate(f.o.CertFile)
+	} else {
+		cert, err = newCertificate()
 	}
 	if err != nil {
 		return nil, opErr(err)

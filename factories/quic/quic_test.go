@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -396,4 +398,30 @@ func TestPathsPerSource(t *testing.T) {
 		t.Fatalf("dial %d from one address: %v, want the listener's refusal", MaxPathsPerSource+1, err)
 	}
 	checkEcho(t, first[0], first[1])
+}
+
+// TestCertFile: a listener given a certificate file makes it (mode 600)
+// and keeps its pin across listens; a file others can read is refused.
+func TestCertFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "quic.pem")
+	f := newFactory(t, Options{CertFile: path})
+	pins := make([]string, 2)
+	for i := range pins {
+		l, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pins[i] = l.(*listener).Pin()
+		l.Close()
+	}
+	if pins[0] != pins[1] {
+		t.Fatalf("the pin changed across listens: %s, %s", pins[0], pins[1])
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the certificate file: %v, %v", fi.Mode(), err)
+	}
+	os.Chmod(path, 0o644)
+	if _, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("a world-readable key file: %v, want a refusal", err)
+	}
 }
