@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"log"
 	"log/slog"
 	"os"
 	"strings"
@@ -35,7 +36,14 @@ const (
 	exitUsage   = cli.ExitUsage   // a usage error: bad flag, missing or conflicting flags
 )
 
-func main() { program.Main() }
+func main() {
+	// The standard logger is quic-go's alone, which uses it once to say
+	// that the system keeps UDP socket buffers smaller than it wants (a
+	// tuning hint, in ARCHITECTURE §14): not for the stderr of a program
+	// run under vlink exec.
+	log.SetOutput(io.Discard)
+	program.Main()
+}
 
 // env is what a command runs with.
 type env struct {

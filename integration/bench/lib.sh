@@ -21,6 +21,10 @@
 #   lab HOST CMD...      run CMD in a lab host (vlink-lab exec)
 #   lab_start HOST CMD...  start CMD in the background there, print its pid
 #   lab_wait_port HOST PORT  wait until something listens on PORT there
+#   lab_iperf RESULTS PROFILE PATH [PID...] -- ARGS...  run iperf3 -J ARGS
+#                        in the lab's client and append a row to RESULTS:
+#                        profile, path, Mbit/s received, bytes, the iperf3
+#                        ends' CPU seconds and the PIDs' (read by wan_report.py)
 #
 # Targets are checked by targets.py (see there), which the scripts' Python
 # reports import: a script that ran to the end but missed a target exits
@@ -142,4 +146,25 @@ lab_wait_port() {
   done
   echo "nothing listens on port $2 in $1" >&2
   exit 1
+}
+
+lab_iperf() {
+  local results=$1 profile=$2 path=$3 procs=() before=0 after=0
+  shift 3
+  while [ "$1" != -- ]; do procs+=("$1"); shift; done
+  shift
+  [ ${#procs[@]} -gt 0 ] && before=$(cpu_ticks "${procs[@]}")
+  lab client iperf3 -J "$@" >"$work/run.json" || true
+  [ ${#procs[@]} -gt 0 ] && after=$(cpu_ticks "${procs[@]}")
+  python3 - "$profile" "$path" $((after - before)) "$(getconf CLK_TCK)" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
+import json, sys
+profile, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+r = json.load(open(sys.argv[5]))
+end = r["end"]
+recv = end["sum_received"]
+cpu = end["cpu_utilization_percent"]
+iperf_cpu = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
+print(profile, path, recv["bits_per_second"] / 1e6, recv["bytes"], iperf_cpu, ticks / hz)
+PY
+  printf '  %-12s %s\n' "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s", $3}')" >&2
 }

@@ -27,7 +27,6 @@ need iperf3 python3
 build_vlink
 build_vlink_lab
 
-hz=$(getconf CLK_TCK)
 results=$work/results.txt
 : >"$results"
 
@@ -49,27 +48,12 @@ for profile in $PROFILES; do
 
   echo "== $profile: ${#paths[@]} paths, $REPS rounds of ${DURATION}s" >&2
   for rep in $(seq "$REPS"); do
+    echo " round $rep" >&2
     for path in $(printf '%s\n' "${paths[@]}" | shuf); do
       case $path in
-        tcp) args=(-c "$server" -P 1); procs=() ;;
-        *) args=(-c 127.0.0.1 -p "${port[$path]}"); procs=("$serve" "${tunnels[@]}") ;;
+        tcp) lab_iperf "$results" "$profile" "$path" -- -t "$DURATION" -c "$server" -P 1 ;;
+        *) lab_iperf "$results" "$profile" "$path" "$serve" "${tunnels[@]}" -- -t "$DURATION" -c 127.0.0.1 -p "${port[$path]}" ;;
       esac
-      before=0
-      [ ${#procs[@]} -gt 0 ] && before=$(cpu_ticks "${procs[@]}")
-      lab client iperf3 -J -t "$DURATION" "${args[@]}" >"$work/run.json" || true
-      after=0
-      [ ${#procs[@]} -gt 0 ] && after=$(cpu_ticks "${procs[@]}")
-      python3 - "$profile" "$path" $((after - before)) "$hz" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
-import json, sys
-profile, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-r = json.load(open(sys.argv[5]))
-end = r["end"]
-recv = end["sum_received"]
-cpu = end["cpu_utilization_percent"]
-iperf_cpu = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
-print(profile, path, recv["bits_per_second"] / 1e6, recv["bytes"], iperf_cpu, ticks / hz)
-PY
-      printf '  round %s %-12s %s\n' "$rep" "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s", $3}')" >&2
     done
   done
   lab server pkill iperf3 || true
@@ -80,20 +64,7 @@ PY
 done
 
 python3 - "$results" <<'PY'
-import statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    profile, path, mbps, nbytes, icpu, vcpu = line.split()
-    rows.setdefault(profile, {}).setdefault(path, []).append((float(mbps), int(nbytes), float(icpu), float(vcpu)))
-for profile, paths in rows.items():
-    base = statistics.median(m for m, *_ in paths.get("tcp", [(float("nan"), 1, 0, 0)]))
-    print(f"{profile}")
-    print(f"  {'path':<12} {'Mbit/s':>8} {'min..max':>16} {'x tcp':>7} {'CPU s/GB':>9} {'(vlink)':>8}")
-    for path, runs in paths.items():
-        m = [r[0] for r in runs]
-        gb = sum(r[1] for r in runs) / 1e9
-        cpu = sum(r[2] + r[3] for r in runs) / gb if gb else float("nan")
-        vcpu = sum(r[3] for r in runs) / gb if gb else float("nan")
-        med = statistics.median(m)
-        print(f"  {path:<12} {med:8.1f} {min(m):7.1f}..{max(m):7.1f} {med / base:7.2f} {cpu:9.2f} {vcpu:8.2f}")
+import sys
+import wan_report
+wan_report.report(wan_report.read(sys.argv[1]))
 PY

@@ -1,0 +1,34 @@
+"""The table of the WAN lab scripts (parallel_wan.sh, quic_wan.sh).
+
+read() takes the rows lab_iperf (lib.sh) appended; report() prints, per
+profile and path, the median Mbit/s over the rounds (min..max), the ratio
+to the path "tcp" (one TCP flow), and the CPU seconds per GB received of
+everything (both iperf3 ends and the vlink processes) and of vlink alone.
+"""
+import statistics
+
+
+def read(path):
+    rows = {}
+    for line in open(path):
+        profile, p, mbps, nbytes, icpu, vcpu = line.split()
+        rows.setdefault(profile, {}).setdefault(p, []).append((float(mbps), int(nbytes), float(icpu), float(vcpu)))
+    return rows
+
+
+def median(runs):
+    return statistics.median(r[0] for r in runs)
+
+
+def report(rows):
+    for profile, paths in rows.items():
+        base = median(paths.get("tcp", [(float("nan"), 1, 0, 0)]))
+        print(f"{profile}")
+        print(f"  {'path':<12} {'Mbit/s':>8} {'min..max':>16} {'x tcp':>7} {'CPU s/GB':>9} {'(vlink)':>8}")
+        for path, runs in paths.items():
+            m = [r[0] for r in runs]
+            gb = sum(r[1] for r in runs) / 1e9
+            cpu = sum(r[2] + r[3] for r in runs) / gb if gb else float("nan")
+            vcpu = sum(r[3] for r in runs) / gb if gb else float("nan")
+            med = median(runs)
+            print(f"  {path:<12} {med:8.1f} {min(m):7.1f}..{max(m):7.1f} {med / base:7.2f} {cpu:9.2f} {vcpu:8.2f}")
