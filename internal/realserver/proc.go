@@ -119,8 +119,14 @@ func (p *Proc) stop(tb testing.TB) {
 	tb.Helper()
 	pgid := p.Pid()
 	exitedEarly := !p.Running()
-	// Take the whole tree now, before the children are orphaned.
+	// Take the whole tree now, before the children are orphaned, with
+	// each one's start time: a pid seen again later is the same process
+	// only if it started at the same time.
 	tree := Descendants(pgid)
+	started := make(map[int]string, len(tree))
+	for _, pid := range tree {
+		started[pid] = startTime(pid)
+	}
 	signal := func(sig syscall.Signal) {
 		syscall.Kill(-pgid, sig)
 		for _, pid := range tree {
@@ -141,8 +147,16 @@ func (p *Proc) stop(tb testing.TB) {
 		signal(syscall.SIGKILL)
 		<-p.done
 	}
-	// Children that outlived the leader.
+	// Children that outlived the leader: those in its group, and those
+	// that left it (a daemon's per-connection processes call setsid),
+	// which would otherwise outlive the test with what they hold open:
+	// an sshd session and the ports it forwards, say.
 	syscall.Kill(-pgid, syscall.SIGKILL)
+	for _, pid := range tree {
+		if s := startTime(pid); s != "" && s == started[pid] {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	switch {
 	case p.killed:
 	case exitedEarly && p.Strict:
@@ -235,6 +249,25 @@ func Descendants(pid int) []int {
 		}
 	}
 	return out
+}
+
+// startTime returns a process's start time (field 22 of /proc/PID/stat),
+// or "" if it is gone.
+func startTime(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19] // field 22: fields 3.. start at f[0]
 }
 
 // Tail returns the last n bytes of s, marked as cut if they are not all.
