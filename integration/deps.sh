@@ -21,7 +21,7 @@ packages=(
   redis-server:redis-server redis-tools:redis-cli
   iproute2:ip nftables:nft iptables:iptables
   nginx:nginx gcc:gcc libc6-dev:
-  zsh:zsh groff-base:groff systemd:systemd-analyze procps:pgrep
+  zsh:zsh groff-base:groff systemd:systemd-analyze procps:pgrep util-linux:setsid
 )
 
 if [ "${1:-}" = --list ]; then

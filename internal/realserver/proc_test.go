@@ -9,15 +9,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // TestStopKillsWhatLeftTheGroup: a child that left the leader's process
 // group (setsid, as a daemon's per-connection processes do) and ignores
 // SIGTERM is gone once Stop returns, not left running past the test.
 func TestStopKillsWhatLeftTheGroup(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/setsid"); err != nil {
-		t.Skip("needs setsid (util-linux)")
-	}
+	testenv.Programs(t, "setsid")
 	// The child lets go of the output, as a daemon's processes do, so the
 	// leader's end is Stop's signal to finish.
 	p := Start(t, "sh", "-c", `setsid sh -c 'trap "" TERM; echo child $$; exec >/dev/null 2>&1; while :; do sleep 1; done' & wait`)

@@ -120,6 +120,7 @@ var packages = map[string]string{
 	"nc":              "netcat-openbsd",
 	"nft":             "nftables",
 	"pgrep":           "procps",
+	"setsid":          "util-linux",
 	"python3":         "python3",
 	"redis-benchmark": "redis-tools",
 	"redis-cli":       "redis-tools",
