@@ -3,8 +3,11 @@ package quic_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -186,5 +189,38 @@ func TestEncryptionRule(t *testing.T) {
 			go io.Copy(sc, sc)
 			echoOnce(t, c)
 		})
+	}
+}
+
+// TestRule: QUIC is chosen by a route of the config file, as any stack
+// is; a destination no route sends over quic is dialed as the default
+// says (here directly, on TCP, where this listener does not listen).
+func TestRule(t *testing.T) {
+	t.Cleanup(quic.CloseAll)
+	srv := echoListener(t, testKey)
+	_, port, _ := net.SplitHostPort(srv)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "vlink.key"), testKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "vlink.toml")
+	conf := fmt.Sprintf("key_file = \"vlink.key\"\n\n[[route]]\nhost = \"127.0.0.1\"\nports = \"%s\"\nstack = \"zstd+quic\"\n", port)
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := vlink.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &vlink.Dialer{Config: cfg}
+	defer d.Close()
+	c, err := d.Dial("tcp", srv)
+	if err != nil {
+		t.Fatalf("the route's dial: %v", err)
+	}
+	echoOnce(t, c)
+	c.Close()
+	if _, err := d.Dial("tcp", net.JoinHostPort("localhost", port)); err == nil {
+		t.Fatal("a destination no route names went over quic")
 	}
 }
