@@ -17,6 +17,14 @@
 // A listener takes QUIC on the UDP port of the same number as a vlink
 // listener's TCP port (vlink.ListenConfig.Quic, vlink serve --quic).
 //
+// QUIC runs in this process, not in the kernel: what a stream sent is
+// retransmitted by this process until the peer acknowledges it. A
+// program that closes a stream and exits at once may take unacknowledged
+// bytes with it, where TCP's kernel would still deliver them; the peer
+// then sees the path fail (an error, never a clean end). A program that
+// must not lose them reads the peer's end first, as a protocol's answer
+// or the peer's own Close brings it.
+//
 // # Trust
 //
 // QUIC always runs TLS 1.3. Authentication stays the stack's: the
