@@ -327,12 +327,76 @@ func (f *Factory) path(ctx context.Context, network, address string, stale *path
 	return p, first, nil
 }
 
-// connect makes a QUIC connection to address from a UDP socket of its own.
+// fallbackDelay is how long a connection attempt to one of a name's
+// addresses has before the next address is tried beside it (RFC 8305's
+// Happy Eyeballs, as net.Dialer does for TCP).
+const fallbackDelay = 300 * time.Millisecond
+
+// connect makes a QUIC connection to address. A name with several
+// addresses is tried address after address, each attempt started
+// fallbackDelay after the last or when it failed; the first connection
+// made wins and the others are closed.
 func (f *Factory) connect(ctx context.Context, network, address string) (*quic.Conn, *quic.Transport, error) {
-	raddr, err := resolve(ctx, network, address)
+	addrs, err := resolve(ctx, network, address)
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(addrs) == 1 {
+		return f.connectTo(ctx, network, addrs[0])
+	}
+	type result struct {
+		qc  *quic.Conn
+		tr  *quic.Transport
+		err error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan result, len(addrs))
+	next, running := 0, 0
+	var firstErr error
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+			if next < len(addrs) {
+				a := addrs[next]
+				next++
+				running++
+				go func() {
+					qc, tr, err := f.connectTo(ctx, network, a)
+					results <- result{qc, tr, err}
+				}()
+				timer.Reset(fallbackDelay)
+			}
+		case r := <-results:
+			running--
+			if r.err == nil {
+				cancel()
+				go func() { // the attempts still running lose
+					for ; running > 0; running-- {
+						if r := <-results; r.err == nil {
+							r.qc.CloseWithError(codeGone, "")
+							r.tr.Close()
+							r.tr.Conn.Close()
+						}
+					}
+				}()
+				return r.qc, r.tr, nil
+			}
+			firstErr = cmp.Or(firstErr, r.err)
+			if next == len(addrs) && running == 0 {
+				return nil, nil, firstErr
+			}
+			if next < len(addrs) {
+				timer.Reset(0) // the next address now
+			}
+		}
+	}
+}
+
+// connectTo makes a QUIC connection to raddr from a UDP socket of its own.
+func (f *Factory) connectTo(ctx context.Context, network string, raddr *net.UDPAddr) (*quic.Conn, *quic.Transport, error) {
 	udp, err := net.ListenUDP(udpNetwork(network), nil)
 	if err != nil {
 		return nil, nil, err
@@ -370,8 +434,13 @@ func udpNetwork(network string) string {
 	return "udp"
 }
 
-// resolve returns address's UDP address, looking its host up under ctx.
-func resolve(ctx context.Context, network, address string) (*net.UDPAddr, error) {
+// lookupNetIP looks names up; a test replaces it.
+var lookupNetIP = net.DefaultResolver.LookupNetIP
+
+// resolve returns address's UDP addresses, looking its host up under
+// ctx, in the order to try them: the resolver's first, then the families
+// alternating (RFC 8305).
+func resolve(ctx context.Context, network, address string) ([]*net.UDPAddr, error) {
 	host, ps, err := net.SplitHostPort(address)
 	if err != nil {
 		return nil, err
@@ -380,25 +449,44 @@ func resolve(ctx context.Context, network, address string) (*net.UDPAddr, error)
 	if err != nil {
 		return nil, fmt.Errorf("port %q: %w", ps, err)
 	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		nw := "ip"
-		switch udpNetwork(network) {
-		case "udp4":
-			nw = "ip4"
-		case "udp6":
-			nw = "ip6"
-		}
-		ips, lerr := net.DefaultResolver.LookupNetIP(ctx, nw, host)
-		if lerr != nil {
-			return nil, lerr
-		}
-		if len(ips) == 0 {
-			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-		}
-		ip = ips[0]
+	udp := func(ip netip.Addr) *net.UDPAddr {
+		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip.Unmap(), uint16(port)))
 	}
-	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip.Unmap(), uint16(port))), nil
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return []*net.UDPAddr{udp(ip)}, nil
+	}
+	nw := "ip"
+	switch udpNetwork(network) {
+	case "udp4":
+		nw = "ip4"
+	case "udp6":
+		nw = "ip6"
+	}
+	ips, err := lookupNetIP(ctx, nw, host)
+	if err != nil {
+		return nil, err
+	}
+	if len(ips) == 0 {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	var first, other []netip.Addr
+	for _, ip := range ips {
+		if ip.Unmap().Is4() == ips[0].Unmap().Is4() {
+			first = append(first, ip)
+		} else {
+			other = append(other, ip)
+		}
+	}
+	out := make([]*net.UDPAddr, 0, len(ips))
+	for i := 0; i < len(first) || i < len(other); i++ {
+		if i < len(first) {
+			out = append(out, udp(first[i]))
+		}
+		if i < len(other) {
+			out = append(out, udp(other[i]))
+		}
+	}
+	return out, nil
 }
 
 // setBuffers asks for socket buffers that hold a path's window, as

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -424,4 +425,33 @@ func TestCertFile(t *testing.T) {
 	if _, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Fatalf("a world-readable key file: %v, want a refusal", err)
 	}
+}
+
+// TestHappyEyeballs: a name whose first address does not answer (a
+// QUIC handshake there goes unanswered, or cannot be sent) is dialed on
+// its next address 300 ms later, not after the handshake's timeout.
+func TestHappyEyeballs(t *testing.T) {
+	f := newFactory(t, Options{})
+	l := listen(t, f)
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	lookupNetIP = func(context.Context, string, string) ([]netip.Addr, error) {
+		// 192.0.2.1 is TEST-NET-1: nothing answers there.
+		return []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	defer func() { lookupNetIP = net.DefaultResolver.LookupNetIP }()
+	acc := acc2(l)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	c, err := f.DialContext(ctx, "tcp", net.JoinHostPort("two.example", port), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the dial took %v", took)
+	}
+	d := <-acc
+	defer d.Close()
+	checkEcho(t, c, d)
 }
