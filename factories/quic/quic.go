@@ -549,7 +549,7 @@ func (p *path) release() {
 	}
 }
 
-// linger is a dialer path's unused hook: the path closes once it has
+// lingerOn is a dialer path's unused hook: the path closes once it has
 // had no stream for its linger time.
 func (p *path) lingerOn() {
 	p.mu.Lock()
