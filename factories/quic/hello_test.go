@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/quic"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
@@ -31,19 +32,7 @@ func echoListener(t *testing.T, key []byte) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testnet.Serve(t, l, testnet.Echo)
 	return inner.Addr().String()
 }
 
@@ -57,25 +46,14 @@ func mitm(t *testing.T, target string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
 	d := &vlink.Dialer{Stack: vlink.MustParse("quic")}
 	t.Cleanup(func() { d.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				up, err := d.Dial("tcp", target)
-				if err != nil {
-					c.Close()
-					return
-				}
-				netconn.Relay(c, up)
-			}()
+	testnet.Serve(t, l, func(c net.Conn) {
+		up, err := d.Dial("tcp", target)
+		if err == nil {
+			netconn.Relay(c, up)
 		}
-	}()
+	})
 	return l.Addr().String()
 }
 
