@@ -2,6 +2,7 @@ package procnet
 
 import (
 	"net"
+	"os"
 	"testing"
 )
 
@@ -19,6 +20,12 @@ func TestTCPListening(t *testing.T) {
 			port := l.Addr().(*net.TCPAddr).Port
 			if !TCPListening(port) {
 				t.Fatalf("port %d listens but TCPListening says no", port)
+			}
+			if inodes := TCPListeners(port); len(inodes) != 1 || !Holds(os.Getpid(), inodes) {
+				t.Fatalf("port %d: listener inodes %v, held by this process: %v", port, inodes, Holds(os.Getpid(), inodes))
+			}
+			if Holds(os.Getppid(), TCPListeners(port)) {
+				t.Fatalf("the parent process holds this process's listener")
 			}
 			// A connected socket on another port is not a listener.
 			c, err := net.Dial(network, l.Addr().String())

@@ -165,12 +165,37 @@ func (p *Proc) stop(tb testing.TB) {
 		tb.Errorf("%s on SIGTERM: %v, want exit status 0", p, p.err)
 	}
 	for _, port := range p.Ports {
-		if procnet.TCPListening(port) {
-			tb.Errorf("%s stopped but port %d is still listening", p, port)
+		if pid := holder(port, tree, started); pid != 0 {
+			tb.Errorf("%s stopped but port %d is still listening, held by pid %d of its tree", p, port, pid)
 		}
 	}
 	if tb.Failed() {
 		tb.Logf("output of %s:\n%s", p, Tail(p.out.String(), 6000))
+	}
+}
+
+// holder returns a process of the stopped tree that still holds a socket
+// listening on port, once the processes killed had a second to go; 0 if
+// none does. A listener of another process is not a leak: tests running in
+// parallel may be handed the port the moment it is free.
+func holder(port int, tree []int, started map[int]string) int {
+	deadline := time.Now().Add(time.Second)
+	for {
+		inodes := procnet.TCPListeners(port)
+		if len(inodes) == 0 {
+			return 0
+		}
+		pid := 0
+		for _, t := range tree {
+			if s := startTime(t); s != "" && s == started[t] && procnet.Holds(t, inodes) {
+				pid = t
+				break
+			}
+		}
+		if pid == 0 || time.Now().After(deadline) {
+			return pid
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -3,6 +3,7 @@
 package realserver
 
 import (
+	"net"
 	"os"
 	"regexp"
 	"strconv"
@@ -40,4 +41,24 @@ func TestStopKillsWhatLeftTheGroup(t *testing.T) {
 func zombie(pid int) bool {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	return regexp.MustCompile(`\) Z `).Match(b)
+}
+
+// Stop reports a port still listening only when the stopped tree holds it:
+// a parallel test may be handed the port the moment it is free, as CI saw.
+func TestStopPortReused(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	p := Start(t, "sh", "-c", "echo up; exec sleep 30")
+	p.WaitFor(t, regexp.MustCompile(`up`), 10*time.Second)
+	// The port the process "listened on" is held by this test process,
+	// as another test's listener would hold it.
+	p.Ports = append(p.Ports, port)
+	p.Stop(t)
+	if pid := holder(port, []int{os.Getpid()}, map[int]string{os.Getpid(): startTime(os.Getpid())}); pid != os.Getpid() {
+		t.Errorf("holder says pid %d holds this process's listener on port %d, want %d", pid, port, os.Getpid())
+	}
 }
