@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -44,6 +45,18 @@ const (
 	maxChannels   = 4096
 	peerWait      = time.Second
 	maxOrphans    = 1024
+	// closeDrain is how long Close lets relays end by themselves before it
+	// aborts them (see Close).
+	closeDrain = time.Second
+	// releaseTimeout bounds the simultaneous open that wakes a held
+	// socket: microseconds on loopback, or a reset at once if the program
+	// closed it.
+	releaseTimeout = 2 * time.Second
+	// maxFailed bounds the errnos kept for the shims' msgWhy; each is
+	// asked for within microseconds of its reset, and forgotten after
+	// failedKeep.
+	maxFailed  = 4096
+	failedKeep = time.Minute
 )
 
 // AgentConfig configures an Agent. The zero value sends every connection
@@ -79,6 +92,9 @@ type AgentConfig struct {
 	// Observe, if set, is told how each of the program's connects was
 	// answered, once it is. It must not block: it is meant for metrics.
 	Observe func(ConnectOutcome)
+	// Serve, if set, makes the program's listeners on its ports take
+	// VLink clients (served_linux.go). Nil: listeners are left alone.
+	Serve *ServeConfig
 }
 
 // A ConnectOutcome is how the agent answered a program's connect.
@@ -125,6 +141,8 @@ type Agent struct {
 	ln     *net.UnixListener
 	relay4 *net.TCPListener
 	relay6 *net.TCPListener // nil without IPv6 loopback
+	held4  *heldListener    // non-blocking connects wait here (held_linux.go)
+	held6  *heldListener    // nil without IPv6 loopback
 
 	mu        sync.Mutex
 	closed    bool
@@ -134,7 +152,13 @@ type Agent struct {
 	byLocal   map[netip.AddrPort]*pending // attached, by the program side's address
 	orphans   map[netip.AddrPort]orphan   // relay connections whose attach has not come yet
 	peers     map[netip.AddrPort]sockAddr // live relays: program side -> what it asked for
+	failed    map[uint64]failure          // held connects reset, by token, until the shim asks why
+	serve     *ServeConfig                // nil: listeners are the program's own
+	served    map[netip.AddrPort]*served  // listening in the program's place, by the address it bound
+	handed    map[netip.AddrPort]*handed  // clients handed to the program, by the agent's end
 	conns     map[io.Closer]struct{}      // channels and connections, closed by Close
+	relaying  int                         // relays running
+	drained   chan struct{}               // closed when the last relay ends, once Close waits
 
 	ctx    context.Context // cancelled by Close: aborts dials
 	cancel context.CancelFunc
@@ -149,13 +173,21 @@ type orphan struct {
 	timer *time.Timer
 }
 
+// A failure is a held connect's dial error, kept for the shim to ask.
+type failure struct {
+	errno syscall.Errno
+	at    time.Time
+}
+
 // A pending connection is a dial (in progress or done) waiting for the
 // program's relay connection, or the other way round.
 type pending struct {
 	token   uint64
 	channel uint64 // the channel that got the token: only it may attach
 	dest    sockAddr
-	prog    chan net.Conn // the program's relay connection, once attached and accepted
+	held    bool                // a non-blocking connect, held in SYN-SENT: attach goes to at
+	prog    chan net.Conn       // the program's relay connection, once attached and accepted
+	at      chan netip.AddrPort // the held socket's address, once attached
 	local   netip.AddrPort
 }
 
@@ -165,6 +197,11 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 	r, err := newRouter(c.Config)
 	if err != nil {
 		return nil, err
+	}
+	if c.Serve != nil {
+		if err := c.Serve.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	var rnd [16]byte
 	rand.Read(rnd[:])
@@ -192,6 +229,10 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		byLocal: map[netip.AddrPort]*pending{},
 		orphans: map[netip.AddrPort]orphan{},
 		peers:   map[netip.AddrPort]sockAddr{},
+		failed:  map[uint64]failure{},
+		serve:   c.Serve,
+		served:  map[netip.AddrPort]*served{},
+		handed:  map[netip.AddrPort]*handed{},
 		conns:   map[io.Closer]struct{}{},
 	}
 	if a.timeout <= 0 {
@@ -212,6 +253,17 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 	// IPv6 loopback may be missing (disabled IPv6): IPv6 sockets then reach
 	// the IPv4 listener through an IPv4-mapped address.
 	a.relay6, _ = net.ListenTCP("tcp6", &net.TCPAddr{IP: net.IPv6loopback})
+	if a.held4, err = heldListen("tcp4", netip.AddrFrom4([4]byte{127, 0, 0, 1})); err != nil {
+		a.ln.Close()
+		a.relay4.Close()
+		if a.relay6 != nil {
+			a.relay6.Close()
+		}
+		return nil, fmt.Errorf("preload: %w", err)
+	}
+	if a.relay6 != nil {
+		a.held6, _ = heldListen("tcp6", netip.IPv6Loopback())
+	}
 	a.wg.Add(1)
 	go a.serveChannels()
 	for _, l := range []*net.TCPListener{a.relay4, a.relay6} {
@@ -233,10 +285,16 @@ func (a *Agent) Env() []string {
 	return []string{EnvAgent + "=" + a.name, EnvAgentToken + "=" + hex.EncodeToString(a.token[:])}
 }
 
-// Close stops the agent: it closes its sockets and the shims' channels,
-// aborts every connection it relays (a reset: a program must not take a
-// cut stream for a complete one) and the dials in progress, and waits for
-// its goroutines.
+// Close stops the agent: it closes its sockets, lets the relays whose ends
+// are done finish (for up to closeDrain), then aborts every connection it
+// still relays (a reset: a program must not take a cut stream for a
+// complete one), the shims' channels and the dials in progress, and waits
+// for its goroutines.
+//
+// The drain matters because vlink exec closes the agent once the program
+// has exited: the kernel closed the program's sockets cleanly, and a relay
+// that has not yet read that end would otherwise reset a far side that got
+// every byte, where without vlink it would have seen the program's FIN.
 func (a *Agent) Close() error {
 	a.once.Do(func() {
 		a.mu.Lock()
@@ -246,6 +304,26 @@ func (a *Agent) Close() error {
 		if a.relay6 != nil {
 			a.relay6.Close()
 		}
+		a.held4.Close()
+		if a.held6 != nil {
+			a.held6.Close()
+		}
+		a.closeServed()
+		var drained chan struct{}
+		if a.relaying > 0 {
+			a.drained = make(chan struct{})
+			drained = a.drained
+		}
+		a.mu.Unlock()
+		if drained != nil {
+			timer := time.NewTimer(closeDrain)
+			select {
+			case <-drained:
+			case <-timer.C:
+			}
+			timer.Stop()
+		}
+		a.mu.Lock()
 		for c := range a.conns {
 			if nc, ok := c.(net.Conn); ok {
 				netconn.Abort(nc)
@@ -396,6 +474,15 @@ func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
 			out = a.resolve(out, pid, req.resolve)
 		case msgPeer:
 			out = a.peer(out, req.addr)
+		case msgWhy:
+			out = appendFrame(out, msgErrno, binary.BigEndian.AppendUint16(nil, uint16(a.why(req.why))))
+		case msgListen:
+			out = appendFrame(out, msgErrno, binary.BigEndian.AppendUint16(nil, uint16(a.listen(req.listen))))
+		case msgAccepted:
+			if err := a.accepted(c, req.addr); err != nil {
+				return
+			}
+			continue
 		case msgAddrName:
 			name, ok := a.fakes.nameOf(req.addr.Addr())
 			body := []byte{0}
@@ -420,6 +507,10 @@ func (a *Agent) welcome(b []byte) []byte {
 	if a.relay6 != nil {
 		w.relay6 = uint16(a.relay6.Addr().(*net.TCPAddr).Port)
 	}
+	w.held4 = uint16(a.held4.Addr().(*net.TCPAddr).Port)
+	if a.held6 != nil {
+		w.held6 = uint16(a.held6.Addr().(*net.TCPAddr).Port)
+	}
 	if a.router.ipsDirect {
 		w.flags |= welcomeIPsDirect
 	}
@@ -430,9 +521,15 @@ func (a *Agent) welcome(b []byte) []byte {
 	if table != nil {
 		w.flags |= welcomeIPTable
 	}
+	if a.serve != nil && len(a.serve.Ports) > 0 {
+		w.flags |= welcomeServed
+	}
 	b = appendFrame(b, msgWelcome, w.append(nil))
 	if table != nil {
 		b = appendFrame(b, msgIPTable, table)
+	}
+	if w.flags&welcomeServed != 0 {
+		b = appendFrame(b, msgServed, appendServed(nil, a.serve.Ports))
 	}
 	return b
 }
@@ -574,7 +671,7 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		attrs = append(attrs, "stack", "direct")
 	}
 	if req.mode == modeAsync {
-		p := a.newPending(channel, req.dest)
+		p := a.newPending(channel, req.dest, true)
 		if err := writeResult(c, result{kind: resultRelay, token: p.token}); err != nil {
 			a.dropPending(p)
 			return err
@@ -583,7 +680,7 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		go func() {
 			defer a.wg.Done()
 			conn, err := dial()
-			a.finish(p, conn, err, attrs)
+			a.finishHeld(p, conn, err, attrs)
 		}()
 		return nil
 	}
@@ -602,7 +699,7 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		a.log.Debug("passed a descriptor", attrs...)
 		return err
 	}
-	p := a.newPending(channel, req.dest)
+	p := a.newPending(channel, req.dest, false)
 	if err := writeResult(c, result{kind: resultRelay, token: p.token}); err != nil {
 		a.dropPending(p)
 		conn.Close()
@@ -611,7 +708,7 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		a.finish(p, conn, nil, attrs)
+		a.finish(p, conn, attrs)
 	}()
 	return nil
 }
@@ -645,11 +742,16 @@ func plainTCP(c net.Conn) *net.TCPConn {
 	}
 }
 
-func (a *Agent) newPending(channel uint64, dest sockAddr) *pending {
+func (a *Agent) newPending(channel uint64, dest sockAddr, held bool) *pending {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.nextToken++
-	p := &pending{token: a.nextToken, channel: channel, dest: dest, prog: make(chan net.Conn, 1)}
+	p := &pending{token: a.nextToken, channel: channel, dest: dest, held: held}
+	if held {
+		p.at = make(chan netip.AddrPort, 1)
+	} else {
+		p.prog = make(chan net.Conn, 1)
+	}
 	a.pending[p.token] = p
 	return p
 }
@@ -674,6 +776,10 @@ func (a *Agent) attach(channel uint64, m attachReq) {
 	}
 	p.local = local
 	a.peers[local] = p.dest
+	if p.held {
+		p.at <- local
+		return
+	}
 	if o, ok := a.orphans[local]; ok {
 		o.timer.Stop()
 		delete(a.orphans, local)
@@ -725,57 +831,144 @@ func (a *Agent) observed(o ConnectOutcome) {
 	}
 }
 
-// finish joins a dial's outcome with the program's relay connection and
-// relays until both ends are done.
-func (a *Agent) finish(p *pending, conn net.Conn, err error, attrs []any) {
-	defer func() {
-		a.mu.Lock()
-		if p.local.IsValid() && a.peers[p.local] == p.dest {
-			delete(a.peers, p.local)
-		}
-		a.mu.Unlock()
-	}()
-	var prog net.Conn
-	timer := time.NewTimer(attachTimeout)
-	select {
-	case prog = <-p.prog:
-	case <-timer.C:
-	case <-a.ctx.Done():
-	}
-	timer.Stop()
+// finish joins a blocking connect's dialed connection with the program's
+// relay connection and relays until both ends are done.
+func (a *Agent) finish(p *pending, conn net.Conn, attrs []any) {
+	defer a.forgetPeer(p)
+	prog := await(a, p.prog)
 	a.dropPending(p)
-	if err != nil {
-		a.observed(ConnectFailed)
-		a.log.Info("cannot connect", append(attrs, "err", err)...)
-		if prog != nil {
-			// The program's connect returned EINPROGRESS long ago: the
-			// failure reaches it as a reset on its first read or write.
-			if tc, ok := prog.(*net.TCPConn); ok {
-				tc.SetLinger(0)
-			}
-			prog.Close()
-		}
-		return
-	}
-	a.observed(ConnectRouted)
 	if prog == nil {
 		conn.Close()
 		a.log.Info("the program's relay connection never came", attrs...)
 		return
 	}
-	if !a.track(prog) {
+	a.relay(prog, conn, attrs)
+}
+
+// await returns what ch brings within attachTimeout, or the zero value if
+// nothing came or the agent closed.
+func await[T any](a *Agent, ch <-chan T) (v T) {
+	timer := time.NewTimer(attachTimeout)
+	defer timer.Stop()
+	select {
+	case v = <-ch:
+	case <-timer.C:
+	case <-a.ctx.Done():
+	}
+	return v
+}
+
+// forgetPeer drops what getpeername answers for p's program socket.
+func (a *Agent) forgetPeer(p *pending) {
+	a.mu.Lock()
+	if p.local.IsValid() && a.peers[p.local] == p.dest {
+		delete(a.peers, p.local)
+	}
+	a.mu.Unlock()
+}
+
+// finishHeld completes a non-blocking connect held in SYN-SENT
+// (held_linux.go): released into a relay once the dial succeeded, or
+// reset, with the dial's errno kept for the shim to ask.
+func (a *Agent) finishHeld(p *pending, conn net.Conn, err error, attrs []any) {
+	defer a.forgetPeer(p)
+	local := await(a, p.at)
+	a.dropPending(p)
+	if err != nil {
+		a.observed(ConnectFailed)
+		a.log.Info("cannot connect", append(attrs, "err", err)...)
+		if local.IsValid() {
+			a.fail(p.token, errnoOf(err))
+			if prog, err := a.release(local, true); err == nil {
+				prog.SetLinger(0)
+				prog.Close()
+			}
+		}
+		return
+	}
+	a.observed(ConnectRouted)
+	if !local.IsValid() {
+		conn.Close()
+		a.log.Info("the program's connect never came", attrs...)
+		return
+	}
+	prog, err := a.release(local, false)
+	if err != nil {
+		conn.Close()
+		a.log.Info("the program's socket left before its connect completed", append(attrs, "err", err)...)
+		return
+	}
+	a.relay(prog, conn, attrs)
+}
+
+// release connects to the program's held socket at local (see release in
+// held_linux.go).
+func (a *Agent) release(local netip.AddrPort, fail bool) (*net.TCPConn, error) {
+	held := a.held4
+	if local.Addr().Is6() {
+		held = a.held6
+	}
+	if held == nil {
+		return nil, fmt.Errorf("preload: no held listener for %v", local)
+	}
+	// Not a.ctx: a closing agent still wakes the held sockets, with a
+	// reset, rather than leave them to their SYN's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	return release(ctx, held, local, fail)
+}
+
+// fail keeps a held connect's errno until the shim asks (why).
+func (a *Agent) fail(token uint64, errno syscall.Errno) {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.failed) >= maxFailed {
+		for t, f := range a.failed {
+			if now.Sub(f.at) > failedKeep {
+				delete(a.failed, t)
+			}
+		}
+		if len(a.failed) >= maxFailed {
+			return // the shim reports the reset itself
+		}
+	}
+	a.failed[token] = failure{errno: errno, at: now}
+}
+
+// why returns and forgets the errno of a held connect that failed, or 0.
+func (a *Agent) why(token uint64) syscall.Errno {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f := a.failed[token]
+	delete(a.failed, token)
+	return f.errno
+}
+
+// relay carries bytes between the program's connection and the dialed one
+// until both ends are done.
+func (a *Agent) relay(prog, conn net.Conn, attrs []any) {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		prog.Close()
 		conn.Close()
 		return
 	}
-	if !a.track(conn) {
-		a.untrack(prog)
-		prog.Close()
-		return
-	}
+	a.conns[prog] = struct{}{}
+	a.conns[conn] = struct{}{}
+	a.relaying++
+	a.mu.Unlock()
 	a.log.Debug("relaying", attrs...)
 	up, down, rerr := netconn.Relay(prog, conn)
 	a.untrack(prog)
 	a.untrack(conn)
+	a.mu.Lock()
+	if a.relaying--; a.relaying == 0 && a.drained != nil {
+		close(a.drained)
+		a.drained = nil
+	}
+	a.mu.Unlock()
 	if rerr != nil && !errors.Is(rerr, net.ErrClosed) {
 		// The program sees the failure itself; say it only at debug.
 		a.log.Debug("relay failed", append(attrs, "bytes_up", up, "bytes_down", down, "err", rerr)...)

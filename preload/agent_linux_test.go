@@ -1,6 +1,7 @@
 package preload
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -276,7 +277,10 @@ func (lb *lab) routes() []struct{ name, host, port string } {
 
 func TestNonBlockingConnect(t *testing.T) {
 	lb := newLab(t)
-	for _, r := range lb.routes() {
+	// An IPv6 socket to an IPv4-mapped address waits on the IPv4 held
+	// listener, and is woken over IPv4.
+	mapped := struct{ name, host, port string }{"relay-mapped", "::ffff:127.0.0.2", lb.port4}
+	for _, r := range append(lb.routes(), mapped) {
 		t.Run(r.name, func(t *testing.T) {
 			out := lb.mustRun(t, "nonblock", r.host, r.port)
 			for _, want := range []string{"ok writable under epoll", "ok SO_ERROR 0", "ok connect after completion",
@@ -368,8 +372,9 @@ func TestGatewayDown(t *testing.T) {
 	}
 }
 
-// A non-blocking connect through a stack returns at once; a failure of the
-// far side reaches the program as a reset once it is known.
+// A non-blocking connect through a stack returns at once, and reports the
+// far side's failure where event loops look for it: SO_ERROR once the
+// socket wakes, and a second connect.
 func TestNonBlockingFailure(t *testing.T) {
 	lb := newLab(t)
 	closed := strconv.Itoa(closedPort(t))
@@ -377,14 +382,56 @@ func TestNonBlockingFailure(t *testing.T) {
 	if !strings.Contains(out, "so_error=ECONNREFUSED") {
 		t.Errorf("direct: want SO_ERROR ECONNREFUSED, got:\n%s", out)
 	}
-	out = lb.mustRun(t, "nberrno", "127.0.0.2", closed)
-	// The reset may come before or after the program looks at SO_ERROR.
-	if !strings.Contains(out, "so_error=0\nread=ECONNRESET") && !strings.Contains(out, "so_error=ECONNRESET") {
-		t.Errorf("relayed: want a reset, got:\n%s", out)
+	for _, host := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.5"} { // relayed, descriptor, mux
+		out = lb.mustRun(t, "nberrno", host, closed)
+		if !strings.Contains(out, "so_error=ECONNREFUSED\n") {
+			t.Errorf("%s: want SO_ERROR ECONNREFUSED, as direct, got:\n%s", host, out)
+		}
+		out = lb.mustRun(t, "nbconnect", host, closed)
+		if !strings.Contains(out, "connect=ECONNREFUSED\n") {
+			t.Errorf("%s: want a second connect's ECONNREFUSED, as direct, got:\n%s", host, out)
+		}
 	}
 	out = lb.mustRun(t, "nberrno", "127.0.0.4", lb.port4)
 	if !strings.Contains(out, "connect=EPERM") {
 		t.Errorf("refused by the rules: want EPERM at once, got:\n%s", out)
+	}
+}
+
+// A non-blocking connect through a stack completes when the far side does:
+// not while the gateway keeps the dial waiting, and then with the dial's
+// error. Before the held listener, the socket was writable at once with
+// SO_ERROR 0.
+func TestNonBlockingWaitsForFarSide(t *testing.T) {
+	shim, prog := needBuilds(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, silent, func(c net.Conn) { io.Copy(io.Discard, c) }) // takes the hello, never answers
+	cfg, err := vlink.NewConfig(nil, selector.Rule{Stack: "zstd", Via: silent.Addr().String()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAgent(AgentConfig{Config: cfg, DialTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, host := range []string{"192.0.2.1", "2001:db8::1"} {
+		t.Run(host, func(t *testing.T) {
+			cmd := exec.Command(prog, "nbwait", host, "80", "500")
+			cmd.Env = append(append(os.Environ(), "LD_PRELOAD="+shim), a.Env()...)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("conntest: %v\n%s", err, out)
+			}
+			for _, want := range []string{"within=pending\n", "getpeername_pending=ENOTCONN\n", "so_error=ETIMEDOUT\n"} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("no %q in:\n%s", want, out)
+				}
+			}
+		})
 	}
 }
 
@@ -766,5 +813,137 @@ func TestAgentBadInput(t *testing.T) {
 	c.Write(appendRequest(nil, &request{typ: msgPeer, addr: netip.MustParseAddrPort("127.0.0.1:1")}))
 	if typ, body, err := readFrame(c, &buf); err != nil || typ != msgPeerAddr || body[0] != 0 {
 		t.Fatalf("peer of an unknown connection: %v %v %x", typ, err, body)
+	}
+}
+
+// freePort returns a TCP port nothing listens on, for a server to take.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// An unmodified epoll server takes plain and VLink clients on its own port:
+// a plain client's own socket reaches its accept4 (the kernel's getpeername
+// is the client's), a VLink client's connection is relayed with the client's
+// address in getpeername, and a local process connecting to the private
+// port behind the agent's back gets nowhere.
+func TestServe(t *testing.T) {
+	shim, prog := needBuilds(t)
+	for _, fam := range []string{"4", "6"} {
+		t.Run("ipv"+fam, func(t *testing.T) {
+			port := freePort(t)
+			logs := &testnet.Buffer{}
+			a, err := NewAgent(AgentConfig{
+				Serve: &ServeConfig{
+					Ports:  []uint16{uint16(port)},
+					Listen: vlink.ListenConfig{Policy: vlink.Policy{Plain: vlink.PlainAllow}},
+				},
+				Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				a.Close()
+				if t.Failed() {
+					t.Logf("agent log:\n%s", logs.String())
+				}
+			}()
+			cmd := exec.Command(prog, "server", fam, strconv.Itoa(port), "3")
+			cmd.Env = append(append(os.Environ(), "LD_PRELOAD="+shim, "VLINK_PRELOAD_DEBUG=1"), a.Env()...)
+			cmd.Stderr = os.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			lines := bufio.NewScanner(out)
+			next := func() string {
+				t.Helper()
+				if !lines.Scan() {
+					t.Fatalf("the server said no more (%v)", lines.Err())
+				}
+				return lines.Text()
+			}
+			fields := func(line string) map[string]string {
+				m := map[string]string{}
+				for _, f := range strings.Fields(line) {
+					if k, v, ok := strings.Cut(f, "="); ok {
+						m[k] = v
+					}
+				}
+				return m
+			}
+			addr := func(s string) netip.AddrPort {
+				ap, err := netip.ParseAddrPort(s)
+				if err != nil {
+					t.Fatalf("address %q: %v", s, err)
+				}
+				return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+			}
+			ready := fields(next())
+			if addr(ready["bound"]).Port() != uint16(port) || addr(ready["private"]).Port() == uint16(port) {
+				t.Fatalf("listening: getsockname %s (want port %d), the kernel's %s (want another)", ready["bound"], port, ready["private"])
+			}
+			target := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			check := func(c net.Conn, want netip.AddrPort, kernelToo bool) {
+				t.Helper()
+				testnet.RoundTrip(t, c, 1<<20+3)
+				got := fields(next())
+				if addr(got["peer"]) != want {
+					t.Errorf("getpeername %s, want the client's %s", got["peer"], want)
+				}
+				if (addr(got["kernel_peer"]) == want) != kernelToo {
+					t.Errorf("the kernel's getpeername %s, client %s: want the client's own socket %v", got["kernel_peer"], want, kernelToo)
+				}
+				if addr(got["local"]).Port() != uint16(port) || got["nonblock"] != "1" || got["cloexec"] != "1" {
+					t.Errorf("getsockname %s (want port %d), nonblock %s, cloexec %s: want accept4's flags", got["local"], port, got["nonblock"], got["cloexec"])
+				}
+			}
+
+			plain, err := net.Dial("tcp", target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(plain, addr(plain.LocalAddr().String()), true)
+			plain.Close()
+
+			d := vlink.Dialer{Stack: vlink.MustParse("zstd")}
+			vc, err := d.Dial("tcp", target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(vc, addr(vc.LocalAddr().String()), false)
+			vc.Close()
+
+			// Behind the agent's back: the server's accept drops it.
+			sneak, err := net.Dial("tcp", addr(ready["private"]).String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			sneak.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := sneak.Read(make([]byte, 1)); n != 0 || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("a connection to the private port: read %d, %v; want it closed", n, err)
+			}
+			sneak.Close()
+
+			last, err := net.Dial("tcp", target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(last, addr(last.LocalAddr().String()), true)
+			last.Close()
+			if err := cmd.Wait(); err != nil {
+				t.Errorf("server: %v", err)
+			}
+		})
 	}
 }

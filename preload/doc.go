@@ -12,6 +12,10 @@
 // resolve get addresses from private ranges ([FakeIPv4], [FakeIPv6]) that
 // the agent maps back to the name.
 //
+// With [AgentConfig.Serve], the program's listeners on the ports it names
+// take VLink clients besides their own: the agent listens in their place
+// and hands each client over (vlink exec --serve).
+//
 // [Inspect] tells the programs the shim cannot reach (static, Go, setuid).
 // The agent and the shim are Linux-only; docs/ARCHITECTURE.md ("Preload")
 // gives the design and its reasons.

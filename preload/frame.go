@@ -19,43 +19,55 @@ import (
 // msgResolve and msgNameOf. The C decoder in shim/vlink_preload.c checks
 // the same limits as this one: a frame is at most headerSize+maxBody bytes.
 const (
-	protoVersion = 1
+	protoVersion = 2
 	headerSize   = 4
 	maxBody      = 512
 	maxName      = 253 // a DNS name without its trailing dot
 
-	addrSize    = 19 // family u8 | port u16 | ip [16]
-	tokenSize   = 16
-	helloSize   = 4 + tokenSize
-	welcomeSize = 34
-	connectSize = addrSize + 6
-	resultSize  = 12
-	attachSize  = 8 + addrSize
-	nameSize    = 21
-	peerSize    = addrSize
-	peerAddrSz  = 1 + addrSize
+	addrSize     = 19 // family u8 | port u16 | ip [16]
+	tokenSize    = 16
+	helloSize    = 4 + tokenSize
+	welcomeSize  = 38
+	connectSize  = addrSize + 6
+	resultSize   = 12
+	attachSize   = 8 + addrSize
+	nameSize     = 21
+	peerSize     = addrSize
+	peerAddrSz   = 1 + addrSize
+	whySize      = 8
+	errnoSize    = 2
+	listenSize   = 2 * addrSize
+	acceptSize   = addrSize
+	acceptInfoSz = 1 + 2*addrSize
+	maxServed    = 64 // ports in a msgServed
 )
 
 type msgType uint8
 
 // Message types. Requests come from the shim, replies from the agent.
 const (
-	msgHello    msgType = 1  // shim: pid u32 | token [16] (EnvAgentToken)
-	msgWelcome  msgType = 2  // agent: what the shim needs to know once (welcome)
-	msgConnect  msgType = 3  // shim: a connect to decide, and dial unless direct
-	msgResult   msgType = 4  // agent: direct, error, relay, or a descriptor (SCM_RIGHTS)
-	msgAttach   msgType = 5  // shim: the relay connection from this address is for this token (no reply)
-	msgResolve  msgType = 6  // shim: a name to resolve, and the port if known
-	msgName     msgType = 7  // agent: resolve locally, a fake address pair, or no such name
-	msgPeer     msgType = 8  // shim: whom did the relay connection from this address ask for?
-	msgPeerAddr msgType = 9  // agent: the address the program connected to
-	msgAddrName msgType = 10 // shim: the name behind a fake address (getnameinfo)
-	msgNameOf   msgType = 11 // agent: found u8 | name
-	msgIPTable  msgType = 12 // agent, after the welcome if flagged: the rules for IP destinations (iptable.go)
+	msgHello      msgType = 1  // shim: pid u32 | token [16] (EnvAgentToken)
+	msgWelcome    msgType = 2  // agent: what the shim needs to know once (welcome)
+	msgConnect    msgType = 3  // shim: a connect to decide, and dial unless direct
+	msgResult     msgType = 4  // agent: direct, error, relay, or a descriptor (SCM_RIGHTS)
+	msgAttach     msgType = 5  // shim: the relay connection from this address is for this token (no reply)
+	msgResolve    msgType = 6  // shim: a name to resolve, and the port if known
+	msgName       msgType = 7  // agent: resolve locally, a fake address pair, or no such name
+	msgPeer       msgType = 8  // shim: whom did the relay connection from this address ask for?
+	msgPeerAddr   msgType = 9  // agent: the address the program connected to
+	msgAddrName   msgType = 10 // shim: the name behind a fake address (getnameinfo)
+	msgNameOf     msgType = 11 // agent: found u8 | name
+	msgIPTable    msgType = 12 // agent, after the welcome if flagged: the rules for IP destinations (iptable.go)
+	msgWhy        msgType = 13 // shim: how did the dial for this token fail? (a held connect that was reset)
+	msgErrno      msgType = 14 // agent: errno u16, 0 if the token failed for no reason it knows
+	msgServed     msgType = 15 // agent, after the welcome if flagged: count u8 | the ports it serves, u16 each
+	msgListen     msgType = 16 // shim: a served socket listens: the address the program bound | where it really listens (agent: msgErrno)
+	msgAccepted   msgType = 17 // shim: whose is the connection accepted from this address (the agent's end)?
+	msgAcceptInfo msgType = 18 // agent: kind u8 | remote | local; a plain client's descriptor comes with it (SCM_RIGHTS)
 )
 
 func (t msgType) String() string {
-	names := [...]string{"", "hello", "welcome", "connect", "result", "attach", "resolve", "name", "peer", "peer-addr", "addr-name", "name-of", "ip-table"}
+	names := [...]string{"", "hello", "welcome", "connect", "result", "attach", "resolve", "name", "peer", "peer-addr", "addr-name", "name-of", "ip-table", "why", "errno", "served", "listen", "accepted", "accept-info"}
 	if int(t) < len(names) && t != 0 {
 		return names[t]
 	}
@@ -198,7 +210,7 @@ func parseConnect(b []byte) (connectReq, error) {
 const (
 	resultDirect = 1 // connect by yourself
 	resultError  = 2 // fail with errno
-	resultRelay  = 3 // connect to the relay listener and attach with token
+	resultRelay  = 3 // connect to the relay listener (blocking) or the held listener (non-blocking) and attach with token
 	resultFD     = 4 // the descriptor that comes with this frame replaces yours
 )
 
@@ -290,6 +302,8 @@ type welcome struct {
 	timeoutMs uint32 // the agent's dial timeout
 	fake4     netip.Prefix
 	fake6     netip.Prefix
+	held4     uint16 // port of the held listener on 127.0.0.1 (held_linux.go)
+	held6     uint16 // port of the held listener on [::1]; 0 if none
 }
 
 // Welcome flags.
@@ -299,7 +313,43 @@ const (
 	welcomeIPsDirect = 1
 	// welcomeIPTable: a msgIPTable frame follows the welcome.
 	welcomeIPTable = 2
+	// welcomeServed: a msgServed frame follows the welcome (and the IP
+	// table): the ports on which the program's listeners take VLink
+	// clients (served_linux.go).
+	welcomeServed = 4
 )
+
+// Accept kinds (msgAcceptInfo).
+const (
+	acceptUnknown = 0 // the agent did not make this connection: drop it
+	acceptPlain   = 1 // a plain client: its own socket comes with the frame
+	acceptRelayed = 2 // a VLink client, relayed over this connection
+)
+
+type listenReq struct {
+	bound   sockAddr // what the program bound (its port is served)
+	private sockAddr // the loopback address its socket listens on instead
+}
+
+type acceptInfo struct {
+	kind          uint8
+	remote, local sockAddr // the client's address, and the one it connected to
+}
+
+func (m *acceptInfo) append(b []byte) []byte {
+	b = append(b, m.kind)
+	b = appendAddr(b, m.remote)
+	return appendAddr(b, m.local)
+}
+
+// appendServed encodes the served ports (at most maxServed).
+func appendServed(b []byte, ports []uint16) []byte {
+	b = append(b, byte(len(ports)))
+	for _, p := range ports {
+		b = binary.BigEndian.AppendUint16(b, p)
+	}
+	return b
+}
 
 func (m *welcome) append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, m.flags)
@@ -311,7 +361,9 @@ func (m *welcome) append(b []byte) []byte {
 	b = append(b, byte(m.fake4.Bits()))
 	v6 := m.fake6.Addr().As16()
 	b = append(b, v6[:]...)
-	return append(b, byte(m.fake6.Bits()))
+	b = append(b, byte(m.fake6.Bits()))
+	b = binary.BigEndian.AppendUint16(b, m.held4)
+	return binary.BigEndian.AppendUint16(b, m.held6)
 }
 
 func parseHello(b []byte) (pid uint32, token [tokenSize]byte, err error) {
@@ -330,7 +382,9 @@ type request struct {
 	connect connectReq
 	attach  attachReq
 	resolve resolveReq
-	addr    sockAddr // msgPeer (the program's local address), msgAddrName
+	addr    sockAddr // msgPeer (the program's local address), msgAddrName, msgAccepted (the agent's end)
+	why     uint64   // msgWhy: a relay token
+	listen  listenReq
 }
 
 // parseRequest decodes a request body of type t.
@@ -353,6 +407,23 @@ func parseRequest(t msgType, body []byte) (request, error) {
 			return r, badFrame("addr-name of %d bytes, want %d", len(body), addrSize)
 		}
 		r.addr, err = parseAddr(body)
+	case msgWhy:
+		if len(body) != whySize {
+			return r, badFrame("why of %d bytes, want %d", len(body), whySize)
+		}
+		r.why = binary.BigEndian.Uint64(body)
+	case msgListen:
+		if len(body) != listenSize {
+			return r, badFrame("listen of %d bytes, want %d", len(body), listenSize)
+		}
+		if r.listen.bound, err = parseAddr(body); err == nil {
+			r.listen.private, err = parseAddr(body[addrSize:])
+		}
+	case msgAccepted:
+		if len(body) != acceptSize {
+			return r, badFrame("accepted of %d bytes, want %d", len(body), acceptSize)
+		}
+		r.addr, err = parseAddr(body)
 	default:
 		return r, badFrame("unexpected %v from the shim", t)
 	}
@@ -373,8 +444,12 @@ func appendRequest(b []byte, r *request) []byte {
 		body = r.attach.append(nil)
 	case msgResolve:
 		body = r.resolve.append(nil)
-	case msgPeer, msgAddrName:
+	case msgPeer, msgAddrName, msgAccepted:
 		body = appendAddr(nil, r.addr)
+	case msgListen:
+		body = appendAddr(appendAddr(nil, r.listen.bound), r.listen.private)
+	case msgWhy:
+		body = binary.BigEndian.AppendUint64(nil, r.why)
 	}
 	return appendFrame(b, r.typ, body)
 }

@@ -17,6 +17,9 @@ func sampleRequests() []request {
 		{typ: msgResolve, resolve: resolveReq{port: 80, name: "far.example"}},
 		{typ: msgPeer, addr: netip.MustParseAddrPort("127.0.0.1:50000")},
 		{typ: msgAddrName, addr: netip.MustParseAddrPort("198.18.0.9:0")},
+		{typ: msgWhy, why: 1<<40 + 9},
+		{typ: msgListen, listen: listenReq{bound: netip.MustParseAddrPort("[::]:8080"), private: netip.MustParseAddrPort("[::1]:41000")}},
+		{typ: msgAccepted, addr: netip.MustParseAddrPort("127.0.0.1:42000")},
 	}
 }
 
@@ -55,22 +58,25 @@ func TestFrameErrors(t *testing.T) {
 		want error
 	}{
 		{"empty", nil, io.EOF},
-		{"short header", []byte{1, 3}, io.ErrUnexpectedEOF},
-		{"version", frame(2, 1, []byte{0, 0, 0, 1}), ErrBadFrame},
-		{"too long", []byte{1, 6, 0xff, 0xff}, ErrBadFrame},
-		{"short body", []byte{1, 6, 0, 10, 'a'}, io.ErrUnexpectedEOF},
-		{"unknown type", frame(1, 99, nil), ErrBadFrame},
-		{"reply type from shim", frame(1, byte(msgResult), make([]byte, resultSize)), ErrBadFrame},
-		{"hello size", frame(1, 1, []byte{1, 2, 3}), ErrBadFrame},
-		{"hello without a token", frame(1, 1, []byte{0, 0, 0, 1}), ErrBadFrame},
-		{"connect size", frame(1, 3, addr4), ErrBadFrame},
-		{"connect family", frame(1, 3, append(append([]byte{}, addr4...), 5, 1, 0, 0, 0, 0)), ErrBadFrame},
-		{"connect mode", frame(1, 3, append(append([]byte{}, addr4...), 4, 9, 0, 0, 0, 0)), ErrBadFrame},
-		{"address family", frame(1, 8, append([]byte{7}, addr4[1:]...)), ErrBadFrame},
-		{"IPv4 trailing bytes", frame(1, 8, func() []byte { b := append([]byte{}, addr4...); b[18] = 1; return b }()), ErrBadFrame},
-		{"mapped as IPv6", frame(1, 8, appendAddr(nil, netip.AddrPortFrom(netip.MustParseAddr("::ffff:1.2.3.4"), 1))), ErrBadFrame},
-		{"resolve empty name", frame(1, 6, []byte{0, 80}), ErrBadFrame},
-		{"resolve long name", frame(1, 6, append([]byte{0, 80}, bytes.Repeat([]byte("a"), 255)...)), ErrBadFrame},
+		{"short header", []byte{protoVersion, 3}, io.ErrUnexpectedEOF},
+		{"version", frame(protoVersion+1, 1, []byte{0, 0, 0, 1}), ErrBadFrame},
+		{"too long", []byte{protoVersion, 6, 0xff, 0xff}, ErrBadFrame},
+		{"short body", []byte{protoVersion, 6, 0, 10, 'a'}, io.ErrUnexpectedEOF},
+		{"unknown type", frame(protoVersion, 99, nil), ErrBadFrame},
+		{"reply type from shim", frame(protoVersion, byte(msgResult), make([]byte, resultSize)), ErrBadFrame},
+		{"hello size", frame(protoVersion, 1, []byte{1, 2, 3}), ErrBadFrame},
+		{"hello without a token", frame(protoVersion, 1, []byte{0, 0, 0, 1}), ErrBadFrame},
+		{"connect size", frame(protoVersion, 3, addr4), ErrBadFrame},
+		{"connect family", frame(protoVersion, 3, append(append([]byte{}, addr4...), 5, 1, 0, 0, 0, 0)), ErrBadFrame},
+		{"connect mode", frame(protoVersion, 3, append(append([]byte{}, addr4...), 4, 9, 0, 0, 0, 0)), ErrBadFrame},
+		{"address family", frame(protoVersion, 8, append([]byte{7}, addr4[1:]...)), ErrBadFrame},
+		{"IPv4 trailing bytes", frame(protoVersion, 8, func() []byte { b := append([]byte{}, addr4...); b[18] = 1; return b }()), ErrBadFrame},
+		{"mapped as IPv6", frame(protoVersion, 8, appendAddr(nil, netip.AddrPortFrom(netip.MustParseAddr("::ffff:1.2.3.4"), 1))), ErrBadFrame},
+		{"listen size", frame(protoVersion, byte(msgListen), addr4), ErrBadFrame},
+		{"accepted size", frame(protoVersion, byte(msgAccepted), append(append([]byte{}, addr4...), 0)), ErrBadFrame},
+		{"why size", frame(protoVersion, byte(msgWhy), []byte{0, 0, 0, 1}), ErrBadFrame},
+		{"resolve empty name", frame(protoVersion, 6, []byte{0, 80}), ErrBadFrame},
+		{"resolve long name", frame(protoVersion, 6, append([]byte{0, 80}, bytes.Repeat([]byte("a"), 255)...)), ErrBadFrame},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf [headerSize + maxBody]byte
@@ -92,8 +98,9 @@ func FuzzRequest(f *testing.F) {
 	for _, r := range sampleRequests() {
 		f.Add(appendRequest(nil, &r))
 	}
-	f.Add([]byte{1, 6, 0, 3, 0, 80, 'x'})
-	f.Add([]byte{1, 3, 0x02, 0x00})
+	f.Add([]byte{protoVersion, 6, 0, 3, 0, 80, 'x'})
+	f.Add([]byte{protoVersion, 3, 0x02, 0x00})
+	f.Add([]byte{protoVersion, 13, 0, 7, 1, 2, 3, 4, 5, 6, 7})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var buf [headerSize + maxBody]byte
 		r := bytes.NewReader(data)
@@ -118,13 +125,14 @@ func FuzzRequest(f *testing.F) {
 }
 
 func TestWelcomeLayout(t *testing.T) {
-	w := welcome{flags: welcomeIPsDirect, relay4: 1, relay6: 2, timeoutMs: 3, fake4: FakeIPv4, fake6: FakeIPv6}
+	w := welcome{flags: welcomeIPsDirect, relay4: 1, relay6: 2, timeoutMs: 3, fake4: FakeIPv4, fake6: FakeIPv6, held4: 0x1234, held6: 0x5678}
 	b := w.append(nil)
 	if len(b) != welcomeSize {
 		t.Fatalf("welcome is %d bytes, the shim reads %d", len(b), welcomeSize)
 	}
 	// The offsets the shim reads (ch_open in shim/vlink_preload.c).
-	if b[16] != 15 || b[33] != 96 || !bytes.Equal(b[12:16], []byte{198, 18, 0, 0}) || b[17] != 0xfd {
+	if b[16] != 15 || b[33] != 96 || !bytes.Equal(b[12:16], []byte{198, 18, 0, 0}) || b[17] != 0xfd ||
+		!bytes.Equal(b[34:38], []byte{0x12, 0x34, 0x56, 0x78}) {
 		t.Errorf("welcome layout: %x", b)
 	}
 	if n := len((&result{}).append(nil)); n != resultSize {

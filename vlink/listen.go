@@ -676,7 +676,10 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 }
 
 // sniff reads exactly as many bytes as it takes to tell the magic from a
-// plain client's first bytes, which it returns so they are not lost.
+// plain client's first bytes, which it returns so they are not lost. On a
+// socket it first peeks: a plain client whose first byte is not the
+// magic's (no text protocol's is: it is 0x89) keeps every byte in its
+// socket, so the connection can be handed on as it is, descriptor and all.
 func (l *Listener) sniff(c net.Conn, deadline time.Time) (vlink bool, prefix []byte, err error) {
 	sniffBy := deadline
 	if l.cfg.SniffTimeout > 0 {
@@ -684,6 +687,16 @@ func (l *Listener) sniff(c net.Conn, deadline time.Time) (vlink bool, prefix []b
 	}
 	if err := c.SetReadDeadline(sniffBy); err != nil {
 		return false, nil, err
+	}
+	if first, n, ok, err := peekFirst(c); ok {
+		switch {
+		case err != nil && isTimeout(err) && l.cfg.SniffTimeout > 0 && time.Now().Before(deadline):
+			return false, nil, nil // silent: a server-speaks-first client
+		case err != nil:
+			return false, nil, fmt.Errorf("sniffing: %w", err)
+		case n == 0 || first != magic[0]:
+			return false, nil, nil // plain, or a plain client that only half-closed
+		}
 	}
 	var buf [len(magic)]byte
 	n := 0

@@ -121,6 +121,49 @@ func TestListenerAcceptsPlain(t *testing.T) {
 	})
 }
 
+// A plain client whose first byte is not the magic's leaves all its bytes
+// in its socket: the accepted connection is the *net.TCPConn itself, which
+// can be handed on (vlink exec passes its descriptor to a server).
+func TestPlainUntouched(t *testing.T) {
+	lc := vlink.ListenConfig{SniffTimeout: 50 * time.Millisecond}
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, tc := range []struct {
+		name, send string
+		untouched  bool
+	}{
+		{"text", "GET / HTTP/1.0\r\n\r\n", true},
+		{"silent", "", true},
+		{"magic's first byte", "\x89PNG", false}, // read to tell it from a hello: relayed with its prefix
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write([]byte(tc.send))
+			a, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			inner := a.(*vlink.Conn).UnwrapConn()
+			if _, ok := inner.(*net.TCPConn); ok != tc.untouched {
+				t.Fatalf("accepted %T below vlink.Conn, want the *net.TCPConn itself: %v", inner, tc.untouched)
+			}
+			c.Write([]byte("!"))
+			c.(*net.TCPConn).CloseWrite()
+			if b, err := io.ReadAll(a); err != nil || string(b) != tc.send+"!" {
+				t.Fatalf("read %q, %v; want %q", b, err, tc.send+"!")
+			}
+		})
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	tests := []struct {
 		name    string

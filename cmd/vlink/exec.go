@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vlink-dev/vlink/internal/cli"
@@ -33,8 +36,9 @@ where the rules say, as vlink.Dial would for a Go program: direct, through
 a stack (and a vlink serve gateway), or refused. Nothing in the program
 changes; its connect, name resolution and getpeername behave as without
 the shim. A blocking connect through a stack waits for the far side and
-returns its errno; a non-blocking one (event loops) completes at once, and
-should the far side fail, the program sees a connection reset.
+returns its errno; a non-blocking one (event loops) returns at once, and
+its socket becomes writable when the far side accepted, or reports the far
+side's errno in SO_ERROR.
 
   - --stack STACK [--via GATEWAY]: every destination goes through STACK,
     except loopback (localhost, 127.0.0.0/8, ::1), which stays direct. With
@@ -63,6 +67,13 @@ the gateway whether the name exists and with which address families (one
 round trip per name, cached; a name it does not know fails to resolve, as
 without the shim). --stand-ins skips the question. UDP is not carried:
 datagrams go out as without the shim, except to those addresses.
+
+With --serve PORTS, the program's listeners on those ports take VLink
+clients besides their own: the shim binds the program's socket to a
+loopback port, vlink exec listens on the address the program asked for
+(with the policy of --serve-key-file, --serve-layers and --serve-plain),
+and hands each client over: a plain one as its own socket, a VLink one
+relayed, with its address in accept and getpeername.
 
 The shim is C, built once with the system's C compiler (cc) into the user's
 cache directory; VLINK_PRELOAD names a prebuilt one instead. Statically
@@ -93,6 +104,9 @@ to PROGRAM itself.
   # The routes of a config file, for any program:
   vlink exec --config ~/.config/vlink/work.toml -- git clone http://git.corp/repo.git
 
+  # redis takes VLink clients (with the key in k) besides its own:
+  vlink exec --serve 6379 --serve-key-file k -- redis-server --port 6379
+
   # See every decision the agent makes:
   vlink exec --log-level debug --stack lz4 --via 10.0.0.1:7000 -- ssh build.corp
 `,
@@ -113,6 +127,57 @@ type execOptions struct {
 	metrics                     string
 	m                           *metrics // once serving
 	buildShim                   string
+	serve                       execServeOptions
+	servePorts                  []uint16     // from serve, once checked
+	servePolicy                 vlink.Policy // likewise
+}
+
+// execServeOptions are the flags of --serve: the program's listeners
+// taking VLink clients.
+type execServeOptions struct {
+	ports, keyFile, layers, plain string
+}
+
+// config builds what the agent needs to serve in the program's place; nil
+// without --serve.
+func (o *execServeOptions) config() (ports []uint16, policy vlink.Policy, err error) {
+	if o.ports == "" {
+		if o.keyFile != "" || o.layers != "" || o.plain != "allow" {
+			return nil, policy, usagef("--serve-key-file, --serve-layers and --serve-plain need --serve")
+		}
+		return nil, policy, nil
+	}
+	for p := range strings.SplitSeq(o.ports, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(p), 10, 16)
+		if err != nil || n == 0 {
+			return nil, policy, usagef("--serve: %q is not a port (1-65535); give a comma list, e.g. 8080,6379", p)
+		}
+		if !slices.Contains(ports, uint16(n)) {
+			ports = append(ports, uint16(n))
+		}
+	}
+	if len(ports) > 64 {
+		return nil, policy, usagef("--serve: %d ports, at most 64", len(ports))
+	}
+	if o.layers != "" {
+		if policy.Layers, err = parseLayerList("--serve-layers", o.layers); err != nil {
+			return nil, policy, err
+		}
+	}
+	if o.keyFile != "" {
+		if policy.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, policy, err
+		}
+	}
+	switch o.plain {
+	case "allow":
+		policy.Plain = vlink.PlainAllow
+	case "refuse":
+		policy.Plain = vlink.PlainRefuse
+	default:
+		return nil, policy, usagef("--serve-plain: %q, want allow or refuse", o.plain)
+	}
+	return ports, policy, nil
 }
 
 func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
@@ -130,6 +195,10 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	nodeFlags(fs, &o.node, "so that the program reaches other nodes' ports as NODE.vlink.alt:PORT through the relay")
 	reverseFlag(fs, &o.node)
 	metricsVar(fs, &o.metrics)
+	fs.StringVar(&o.serve.ports, "serve", "", "let the program's listeners on `PORTS` (a comma list) take VLink clients besides their own: vlink exec listens there in their place and hands each client over, a plain one as its own socket (default: none)")
+	fs.StringVar(&o.serve.keyFile, "serve-key-file", "", "with --serve: require VLink clients to prove they hold the pre-shared key in `FILE` (default: no authentication)")
+	fs.StringVar(&o.serve.layers, "serve-layers", "", "with --serve: let VLink clients ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
+	fs.StringVar(&o.serve.plain, "serve-plain", "allow", "with --serve: what to do with plain clients (no hello), `MODE`: allow (hand them to the program, as without vlink) or refuse (VLink clients only)")
 	fs.StringVar(&o.buildShim, "build-shim", "", "compile the shim into `FILE` and exit, running no program: for a machine where vlink exec cannot compile it (no cc), copy FILE there and set VLINK_PRELOAD=FILE (same architecture and C library)")
 	return func(ctx context.Context, e *env) int {
 		return o.run(ctx, e)
@@ -210,6 +279,10 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 		e.level = level
 	}
 	warnPassword(e, "--stack", o.stack)
+	var err error
+	if o.servePorts, o.servePolicy, err = o.serve.config(); err != nil {
+		return fail(e, "vlink exec", err)
+	}
 	cfg, err := o.routes()
 	if err != nil {
 		code := fail(e, "vlink exec", err)
@@ -232,7 +305,7 @@ func (o *execOptions) run(ctx context.Context, e *env) int {
 		}
 		defer node.Close()
 		o.network = node
-	} else if cfg.Selector() == nil {
+	} else if cfg.Selector() == nil && o.serve.ports == "" {
 		e.log.Warn("no --stack, --config or vlink configuration: every connection goes direct")
 	}
 	m, stopMetrics, err := serveMetrics(ctx, e, o.metrics)

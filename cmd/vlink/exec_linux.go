@@ -55,9 +55,13 @@ func execProgram(ctx context.Context, e *env, o *execOptions, cfg *vlink.Config)
 	if err != nil {
 		return exitExecFailed, err
 	}
-	agent, err := preload.NewAgent(preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log, Network: o.network,
+	ac := preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.log, Network: o.network,
 		InsecurePlaintext: o.plaintext, StandIns: o.standIns,
-		Observe: func(c preload.ConnectOutcome) { o.m.connected(c.String()) }})
+		Observe: func(c preload.ConnectOutcome) { o.m.connected(c.String()) }}
+	if o.servePorts != nil {
+		ac.Serve = &preload.ServeConfig{Ports: o.servePorts, Listen: vlink.ListenConfig{Policy: o.servePolicy, Logger: e.log}}
+	}
+	agent, err := preload.NewAgent(ac)
 	if err != nil {
 		return exitExecFailed, err
 	}

@@ -327,6 +327,21 @@ func (f *serveForward) start(ctx context.Context, e *env, t *tracker) (net.Liste
 	return nil, nil, nil, err
 }
 
+// parseLayerList reads a comma-separated list of the layers a dialer may
+// ask for, given in flag.
+func parseLayerList(flag, list string) ([]string, error) {
+	layers := []string{}
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		spec, ok := layer.Lookup(name)
+		if !ok || !spec.Kind.Mirrored() {
+			return nil, usagef("%s: %q is not a layer a dialer can ask for (known: %s)", flag, name, strings.Join(mirroredNames(), ", "))
+		}
+		layers = append(layers, name)
+	}
+	return layers, nil
+}
+
 // policy builds the listener's policy from the flags.
 func (o *serveOptions) policy() (vlink.Policy, error) {
 	p := vlink.Policy{InsecurePlaintext: o.insecurePlaintext}
@@ -350,14 +365,9 @@ func (o *serveOptions) policy() (vlink.Policy, error) {
 		p.Hops = append(p.Hops, r)
 	}
 	if o.layers != "" {
-		p.Layers = []string{}
-		for name := range strings.SplitSeq(o.layers, ",") {
-			name = strings.TrimSpace(name)
-			spec, ok := layer.Lookup(name)
-			if !ok || !spec.Kind.Mirrored() {
-				return p, usagef("--layers: %q is not a layer a dialer can ask for (known: %s)", name, strings.Join(mirroredNames(), ", "))
-			}
-			p.Layers = append(p.Layers, name)
+		var err error
+		if p.Layers, err = parseLayerList("--layers", o.layers); err != nil {
+			return p, err
 		}
 	}
 	for _, l := range o.limits {

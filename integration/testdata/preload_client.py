@@ -48,9 +48,9 @@ def outcome(timeout):
         return type(e).__name__
 
 
-# The far side's closed port: a blocking connect gets the refusal itself;
-# a non-blocking one (a timeout makes Python poll) connects to the agent
-# and sees the refusal as a reset.
+# The far side's closed port: a blocking connect gets the refusal itself,
+# and so does a non-blocking one (a timeout makes Python poll, then read
+# SO_ERROR).
 res["refused_blocking"] = outcome(None)
 res["refused_nonblocking"] = outcome(10)
 

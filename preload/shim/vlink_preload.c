@@ -12,7 +12,10 @@
  *     program's descriptor, keeping its number, flags and options;
  *   - a relay: otherwise the program's own socket connects to the agent's
  *     loopback relay listener; a non-blocking connect returns EINPROGRESS at
- *     once and the agent dials in the background;
+ *     once, and its socket waits in SYN-SENT on the agent's held listener
+ *     while the agent dials: it becomes writable when the far side
+ *     answered, or fails with the far side's errno in SO_ERROR
+ *     (preload/held_linux.go);
  *   - an error: the errno the kernel would give (EPERM for a destination
  *     the rules refuse).
  *
@@ -22,6 +25,11 @@
  * path to it. The agent being unreachable fails closed:
  * ENETUNREACH, never a silent direct connect, unless the rules already said
  * direct.
+ *
+ * With vlink exec --serve, a socket bound to a served port listens on a
+ * loopback port instead, the agent listens in its place, and accept hands
+ * the program each client the agent passes on: a plain one's own socket,
+ * or a VLink one relayed, with its addresses (preload/served_linux.go).
  *
  * Rules this file keeps: no Go runtime; the real symbols are resolved once;
  * the descriptor table and the agent channels are guarded by one mutex,
@@ -85,12 +93,12 @@
 
 /* ---- protocol (preload/frame.go) ---- */
 
-#define VL_VERSION 1
+#define VL_VERSION 2
 #define VL_HDR 4
 #define VL_MAXBODY 512
 #define VL_MAXNAME 253
 #define VL_ADDR 19
-#define VL_WELCOME 34
+#define VL_WELCOME 38
 #define VL_TOKEN 16
 #define VL_HELLO (4 + VL_TOKEN)
 #define VL_CONNECT (VL_ADDR + 6)
@@ -98,10 +106,16 @@
 #define VL_ATTACH (8 + VL_ADDR)
 #define VL_NAME 21
 #define VL_PEERADDR (1 + VL_ADDR)
+#define VL_WHY 8
+#define VL_ERRNO 2
+#define VL_LISTEN (2 * VL_ADDR)
+#define VL_ACCEPTINFO (1 + 2 * VL_ADDR)
+#define MAX_SERVED 64
 
 enum {
 	M_HELLO = 1, M_WELCOME, M_CONNECT, M_RESULT, M_ATTACH, M_RESOLVE,
-	M_NAME, M_PEER, M_PEERADDR, M_ADDRNAME, M_NAMEOF, M_IPTABLE
+	M_NAME, M_PEER, M_PEERADDR, M_ADDRNAME, M_NAMEOF, M_IPTABLE, M_WHY, M_ERRNO,
+	M_SERVED, M_LISTEN, M_ACCEPTED, M_ACCEPTINFO
 };
 enum { MODE_ASYNC = 1, MODE_SYNC = 2 };
 enum { R_DIRECT = 1, R_ERROR = 2, R_RELAY = 3, R_FD = 4 };
@@ -110,6 +124,8 @@ enum { N_LOCAL = 1, N_FAKE = 2, N_NONE = 3 };
 #define RESULT_CACHE 1
 #define WELCOME_IPS_DIRECT 1
 #define WELCOME_IP_TABLE 2
+#define WELCOME_SERVED 4
+enum { A_UNKNOWN = 0, A_PLAIN = 1, A_RELAYED = 2 };
 #define MAX_IPRULES 32 /* preload/iptable.go */
 #define MAX_IPPORTS 16
 enum { IP_DIRECT = 1, IP_REFUSE = 2, IP_ASK = 3 };
@@ -127,7 +143,11 @@ static struct {
 	int (*fcntl64)(int, int, ...);
 	int (*getpeername)(int, struct sockaddr *, socklen_t *);
 	int (*getsockname)(int, struct sockaddr *, socklen_t *);
+	int (*getsockopt)(int, int, int, void *, socklen_t *);
 	int (*setsockopt)(int, int, int, const void *, socklen_t);
+	int (*bind)(int, const struct sockaddr *, socklen_t);
+	int (*listen)(int, int);
+	int (*accept4)(int, struct sockaddr *, socklen_t *, int);
 	int (*getaddrinfo)(const char *, const char *, const struct addrinfo *, struct addrinfo **);
 	struct hostent *(*gethostbyname)(const char *);
 	struct hostent *(*gethostbyname2)(const char *, int);
@@ -166,6 +186,23 @@ static int sys_setsockopt(int fd, int level, int name, const void *val, socklen_
 	return real.setsockopt ? real.setsockopt(fd, level, name, val, len)
 			       : (int)syscall(SYS_setsockopt, fd, level, name, val, len);
 }
+static int sys_bind(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	return real.bind ? real.bind(fd, sa, len) : (int)syscall(SYS_bind, fd, sa, len);
+}
+static int sys_listen(int fd, int backlog)
+{
+	return real.listen ? real.listen(fd, backlog) : (int)syscall(SYS_listen, fd, backlog);
+}
+static int sys_accept4(int fd, struct sockaddr *sa, socklen_t *len, int flags)
+{
+	return real.accept4 ? real.accept4(fd, sa, len, flags) : (int)syscall(SYS_accept4, fd, sa, len, flags);
+}
+static int sys_getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	return real.getsockopt ? real.getsockopt(fd, level, name, val, len)
+			       : (int)syscall(SYS_getsockopt, fd, level, name, val, len);
+}
 static int sys_getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 {
 	return real.getpeername ? real.getpeername(fd, sa, len) : (int)syscall(SYS_getpeername, fd, sa, len);
@@ -194,11 +231,11 @@ static pid_t g_pid;
 static struct {
 	int known;
 	uint32_t flags;
-	uint16_t relay4, relay6;
+	uint16_t relay4, relay6, held4, held6;
 	uint32_t timeout_ms;
 	unsigned char fake4[4], fake6[16];
 	int bits4, bits6;
-} g_w = { 0, 0, 0, 0, 0, { 198, 18, 0, 0 },
+} g_w = { 0, 0, 0, 0, 0, 0, 0, { 198, 18, 0, 0 },
 	  { 0xfd, 0x76, 0x6c, 0x69, 0x6e, 0x6b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, 15, 96 };
 
 /* The rules for IP destinations (preload/iptable.go), so that a direct
@@ -213,6 +250,13 @@ static struct {
 	int known, n, def;
 	struct iprule r[MAX_IPRULES];
 } g_ipt;
+
+/* The ports on which the agent takes VLink clients for the program
+ * (preload/served_linux.go); fixed once known. */
+static struct {
+	int known, n;
+	uint16_t port[MAX_SERVED];
+} g_served;
 
 /* Set while the shim itself talks to the agent or calls the real
  * resolver, so that nothing it calls is redirected again should another
@@ -281,7 +325,9 @@ static void note(const char *fmt, ...)
 #define PAGE_FDS 64
 #define MAX_FDS (1 << 20)
 
-enum { ST_NONE = 0, ST_OPTS = 1, ST_REDIRECTED = 2 };
+enum { ST_NONE = 0, ST_OPTS = 1, ST_REDIRECTED = 2, ST_SERVED = 3 /* bound to a served port in the program's place */ };
+/* A held connect's state (see held_error). */
+enum { HELD_NO = 0, HELD_PENDING = 1 };
 
 struct vopt {
 	int level, name;
@@ -299,9 +345,13 @@ struct vent {
 	unsigned char state;
 	unsigned char nopts;
 	unsigned char origlen;
+	unsigned char held; /* HELD_*: a non-blocking connect the agent held; token says which */
+	uint64_t token;
 	ino_t ino; /* the socket's inode: an entry whose descriptor was closed
 		    * behind the shim's back (fclose, a raw syscall) is stale */
-	union vsockaddr orig; /* the address the program connected to */
+	union vsockaddr orig; /* the address the program connected to (ST_SERVED: bound) */
+	union vsockaddr self; /* an accepted VLink client's: the address it connected to */
+	unsigned char selflen;
 	struct vopt opts[MAX_OPTS];
 };
 
@@ -350,6 +400,9 @@ static struct vent *valid(int fd)
 	return e;
 }
 
+/* entry_copy copies fd's entry if it is in state st; 0 if not. */
+static int entry_copy(int fd, int st, struct vent *out);
+
 /* has_entry is the lock-free fast path of close: most descriptors have no
  * entry. */
 static int has_entry(int fd)
@@ -358,6 +411,22 @@ static int has_entry(int fd)
 		return 0;
 	struct vent *page = __atomic_load_n(&g_pages[fd / PAGE_FDS], __ATOMIC_ACQUIRE);
 	return page && __atomic_load_n(&page[fd % PAGE_FDS].state, __ATOMIC_RELAXED) != ST_NONE;
+}
+
+static int entry_copy(int fd, int st, struct vent *out)
+{
+	if (!has_entry(fd))
+		return 0;
+	int ok = 0;
+	lockstate ls;
+	lock(&ls);
+	struct vent *e = valid(fd);
+	if (e && e->state == st) {
+		*out = *e;
+		ok = 1;
+	}
+	unlock(&ls);
+	return ok;
 }
 
 static void forget(int fd)
@@ -706,6 +775,8 @@ static int ch_open(int i)
 	g_w.bits4 = b[16];
 	memcpy(g_w.fake6, b + 17, 16);
 	g_w.bits6 = b[33];
+	g_w.held4 = get16(b + 34);
+	g_w.held6 = get16(b + 36);
 	g_w.known = 1;
 	unlock(&ls);
 	if (flags & WELCOME_IP_TABLE) {
@@ -713,6 +784,23 @@ static int ch_open(int i)
 			goto fail;
 		if (!g_nocache)
 			iptable_load(b, n);
+	}
+	if (flags & WELCOME_SERVED) {
+		if (recv_frame(i, M_SERVED, b, 1, 1 + 2 * MAX_SERVED, &n, NULL, 0) < 0)
+			goto fail;
+		if (b[0] > MAX_SERVED || n != 1 + 2 * (size_t)b[0]) {
+			note("agent sent a malformed list of served ports");
+			errno = EPROTO;
+			goto fail;
+		}
+		lock(&ls);
+		if (!g_served.known) {
+			g_served.n = b[0];
+			for (int k = 0; k < b[0]; k++)
+				g_served.port[k] = get16(b + 1 + 2 * k);
+			__atomic_store_n(&g_served.known, 1, __ATOMIC_RELEASE);
+		}
+		unlock(&ls);
 	}
 	/* A dial may take the agent's whole dial timeout: wait that long and
 	 * some more for the reply, and no longer should the agent hang. */
@@ -1012,6 +1100,31 @@ static int replayable(const struct vopt *o)
 	return 0;
 }
 
+/* put_entry makes v fd's entry, with fd's socket inode. */
+static void put_entry(int fd, struct vent *v)
+{
+	if (sock_ino(fd, &v->ino) < 0)
+		return;
+	lockstate ls;
+	lock(&ls);
+	struct vent *e = slot(fd, 1);
+	if (e)
+		*e = *v;
+	unlock(&ls);
+}
+
+static void mark_redirected(int fd, const union vsockaddr *orig, socklen_t origlen, int held, uint64_t token)
+{
+	struct vent v;
+	memset(&v, 0, sizeof v);
+	v.state = ST_REDIRECTED;
+	memcpy(&v.orig, orig, origlen);
+	v.origlen = (unsigned char)origlen;
+	v.held = (unsigned char)held;
+	v.token = token;
+	put_entry(fd, &v);
+}
+
 /* install puts the agent's connected descriptor nfd in place of fd:
  * same number, same close-on-exec flag and status flags, and the options
  * the program set on fd replayed. */
@@ -1041,58 +1154,34 @@ static int install(int fd, int nfd, const union vsockaddr *orig, socklen_t origl
 	for (int k = 0; k < nopts; k++)
 		if (replayable(&opts[k]))
 			sys_setsockopt(fd, opts[k].level, opts[k].name, opts[k].val, opts[k].len);
-	ino_t ino = 0;
-	sock_ino(fd, &ino);
-	lock(&ls);
-	e = slot(fd, 1);
-	if (e) {
-		memset(e, 0, sizeof *e);
-		e->state = ST_REDIRECTED;
-		e->ino = ino;
-		memcpy(&e->orig, orig, origlen);
-		e->origlen = (unsigned char)origlen;
-	}
-	unlock(&ls);
+	mark_redirected(fd, orig, origlen, HELD_NO, 0);
 	return 0;
 }
 
-static void mark_redirected(int fd, const union vsockaddr *orig, socklen_t origlen)
-{
-	ino_t ino;
-	if (sock_ino(fd, &ino) < 0)
-		return;
-	lockstate ls;
-	lock(&ls);
-	struct vent *e = slot(fd, 1);
-	if (e) {
-		memset(e, 0, sizeof *e);
-		e->state = ST_REDIRECTED;
-		e->ino = ino;
-		memcpy(&e->orig, orig, origlen);
-		e->origlen = (unsigned char)origlen;
-	}
-	unlock(&ls);
-}
 
 /* relay_connect connects the program's socket to the agent's relay
- * listener and tells the agent which token the connection is for. */
-static int relay_connect(int i, int fd, int sockfam, uint64_t token)
+ * listener (a blocking connect, dialed already) or its held listener (a
+ * non-blocking one: the socket stays in SYN-SENT until the agent's dial
+ * ends, preload/held_linux.go), and tells the agent which token the
+ * connection is for. */
+static int relay_connect(int i, int fd, int sockfam, uint64_t token, int held)
 {
 	union vsockaddr ra;
 	socklen_t rl;
-	struct vaddr lo = { 4, g_w.relay4, { 127, 0, 0, 1 } };
+	struct vaddr lo = { 4, held ? g_w.held4 : g_w.relay4, { 127, 0, 0, 1 } };
 	if (sockfam == AF_INET6) {
 		int v6only = 0;
 		socklen_t ol = sizeof v6only;
-		getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &ol);
+		sys_getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &ol);
 		if (v6only) {
-			if (g_w.relay6 == 0) {
+			uint16_t port = held ? g_w.held6 : g_w.relay6;
+			if (port == 0) {
 				errno = ENETUNREACH;
 				return -1;
 			}
 			memset(&lo, 0, sizeof lo);
 			lo.fam = 6;
-			lo.port = g_w.relay6;
+			lo.port = port;
 			lo.ip[15] = 1;
 		}
 	}
@@ -1140,7 +1229,7 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	}
 	int sockfam = 0;
 	socklen_t ol = sizeof sockfam;
-	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &sockfam, &ol) < 0)
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &sockfam, &ol) < 0)
 		return -1;
 	int fl = sys_fcntl(fd, F_GETFL, 0);
 	if (fl < 0)
@@ -1150,7 +1239,7 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	if (!nonblock) {
 		struct timeval tv;
 		socklen_t tl = sizeof tv;
-		if (getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &tl) == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
+		if (sys_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &tl) == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
 			timeout_ms = (uint32_t)(tv.tv_sec * 1000 + tv.tv_usec / 1000 + 1);
 	}
 
@@ -1229,14 +1318,14 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 		errno = saved;
 		return 0;
 	case R_RELAY: {
-		int r = relay_connect(i, fd, sockfam, token);
+		int r = relay_connect(i, fd, sockfam, token, nonblock);
 		int e = errno;
 		put_chan(i, r == 0 || e == EINPROGRESS);
 		if (r < 0 && e != EINPROGRESS) {
 			errno = e;
 			return -1;
 		}
-		mark_redirected(fd, &orig, origlen);
+		mark_redirected(fd, &orig, origlen, nonblock ? HELD_PENDING : HELD_NO, token);
 		debugf("connect fd %d: relayed (%s)", fd, r < 0 ? "in progress" : "connected");
 		errno = r < 0 ? e : saved;
 		return r;
@@ -1246,6 +1335,89 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	note("agent sent an unknown result kind %d", kind);
 	errno = ECONNREFUSED;
 	return -1;
+}
+
+/* A held connect (preload/held_linux.go) wakes once the agent's dial
+ * ended: connected to the agent when the dial succeeded, reset before it
+ * ever connected when the dial failed. A reset is asked about once: the
+ * agent keeps the dial's errno. */
+/* held_state returns fd's held state and token. */
+static int held_state(int fd, uint64_t *token)
+{
+	struct vent e;
+	if (!entry_copy(fd, ST_REDIRECTED, &e))
+		return HELD_NO;
+	*token = e.token;
+	return e.held;
+}
+
+static void held_set(int fd, int st)
+{
+	lockstate ls;
+	lock(&ls);
+	struct vent *e = valid(fd);
+	if (e && e->state == ST_REDIRECTED)
+		e->held = (unsigned char)st;
+	unlock(&ls);
+}
+
+/* held_why asks the agent why the held connect of token was reset: the
+ * dial's errno, or 0 (a connection that had succeeded and was reset later,
+ * or no answer): the kernel's word then stands. */
+static int held_why(uint64_t token)
+{
+	int was = t_busy, why = 0;
+	t_busy = 1;
+	int i = get_chan();
+	if (i >= 0) {
+		unsigned char b[VL_MAXBODY];
+		size_t n;
+		put64(b, token);
+		int ok = send_frame(i, M_WHY, b, VL_WHY) == 0 &&
+			 recv_frame(i, M_ERRNO, b, VL_ERRNO, VL_ERRNO, &n, NULL, 0) == 0;
+		put_chan(i, ok);
+		if (ok && get16(b) < 4096)
+			why = get16(b);
+	}
+	t_busy = was;
+	return why;
+}
+
+/* woke reports whether fd's connect is no longer in progress. */
+static int woke(int fd)
+{
+	struct tcp_info ti;
+	socklen_t tl = sizeof ti;
+	if (sys_getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0)
+		return 1;
+	return ti.tcpi_state != TCP_SYN_SENT && ti.tcpi_state != TCP_SYN_RECV;
+}
+
+/* held_error turns what the kernel says of a held socket (e: SO_ERROR's
+ * value, or a second connect's errno, 0 for connected) into what the
+ * program would have seen without the shim: the dial's errno when it
+ * failed. */
+static int held_error(int fd, int e)
+{
+	uint64_t token = 0;
+	if (held_state(fd, &token) != HELD_PENDING)
+		return e;
+	switch (e) {
+	case EALREADY:
+	case EINPROGRESS:
+		return e;
+	case 0:
+		if (woke(fd))
+			held_set(fd, HELD_NO); /* connected: the dial succeeded */
+		return e;
+	case ECONNRESET: {
+		held_set(fd, HELD_NO);
+		int why = held_why(token);
+		return why ? why : e;
+	}
+	}
+	held_set(fd, HELD_NO); /* EISCONN, or the kernel's own verdict (its SYN timed out) */
+	return e;
 }
 
 /* quick_direct reports whether a TCP connect to dst is known to be direct
@@ -1274,10 +1446,10 @@ static int stream_socket(int fd, int *is_stream)
 {
 	int type = 0, proto = 0;
 	socklen_t tl = sizeof type, pl = sizeof proto;
-	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0)
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0)
 		return -1;
 	*is_stream = 0;
-	if (type == SOCK_STREAM && getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0)
+	if (type == SOCK_STREAM && sys_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0)
 		*is_stream = proto == IPPROTO_TCP || proto == IPPROTO_MPTCP;
 	return 0;
 }
@@ -1298,7 +1470,7 @@ EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 		return sys_connect(fd, sa, len);
 	int stream, domain = 0;
 	socklen_t dl = sizeof domain;
-	if (stream_socket(fd, &stream) < 0 || getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) < 0 ||
+	if (stream_socket(fd, &stream) < 0 || sys_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) < 0 ||
 	    domain != fam)
 		return sys_connect(fd, sa, len); /* EBADF, ENOTSOCK, EAFNOSUPPORT: the kernel says it */
 	if (!stream) {
@@ -1318,9 +1490,17 @@ EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 	}
 	if (redirected) {
 		/* A second connect: the kernel answers for the socket as it is
-		 * (EALREADY, EISCONN, or 0 once), whatever the address. */
+		 * (EALREADY, EISCONN, or 0 once), whatever the address; a held
+		 * connect whose dial failed gets the dial's errno. */
 		errno = saved;
-		return sys_connect(fd, sa, len);
+		int r = sys_connect(fd, sa, len);
+		int e = held_error(fd, r == 0 ? 0 : errno);
+		if (e == 0 || (r < 0 && e == errno)) {
+			errno = r == 0 ? saved : e;
+			return r;
+		}
+		errno = e;
+		return -1;
 	}
 	int was = t_busy;
 	t_busy = 1;
@@ -1522,6 +1702,10 @@ EXPORT int fcntl64(int fd, int cmd, ...)
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	ensure_init();
+	struct vent se;
+	if (level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT && !t_busy && entry_copy(fd, ST_SERVED, &se))
+		return 0; /* the agent waits for a client's first bytes already; on the private port,
+			   * where a plain client's connection never carries any, it would only delay */
 	int r = sys_setsockopt(fd, level, name, val, len);
 	if (r < 0 || t_busy || val == NULL || len == 0 || len > OPT_MAX)
 		return r;
@@ -1558,10 +1742,37 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	return r;
 }
 
+/* getsockopt: SO_ERROR of a held connect whose dial failed is the dial's
+ * errno, not the reset that woke the program. */
+EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	ensure_init();
+	int r = sys_getsockopt(fd, level, name, val, len);
+	if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && !t_busy && val && len && *len >= sizeof(int)) {
+		int v, saved = errno;
+		memcpy(&v, val, sizeof v);
+		v = held_error(fd, v);
+		memcpy(val, &v, sizeof v);
+		errno = saved;
+	}
+	return r;
+}
+
 static void copy_out(const union vsockaddr *a, socklen_t alen, struct sockaddr *sa, socklen_t *len)
 {
 	memcpy(sa, a, *len < alen ? *len : alen);
 	*len = alen;
+}
+
+/* redirected_orig returns the address a redirected socket's program asked
+ * for, and its length, or 0. */
+static socklen_t redirected_orig(int fd, union vsockaddr *orig)
+{
+	struct vent e;
+	if (!entry_copy(fd, ST_REDIRECTED, &e))
+		return 0;
+	*orig = e.orig;
+	return e.origlen;
 }
 
 EXPORT int getpeername(int fd, struct sockaddr *sa, socklen_t *len)
@@ -1570,34 +1781,25 @@ EXPORT int getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 	ensure_init();
 	if (t_busy || sa == NULL || len == NULL)
 		return sys_getpeername(fd, sa, len);
-	union vsockaddr orig;
-	socklen_t origlen = 0;
-	if (has_entry(fd)) {
-		lockstate ls;
-		lock(&ls);
-		struct vent *e = valid(fd);
-		if (e && e->state == ST_REDIRECTED) {
-			orig = e->orig;
-			origlen = e->origlen;
-		}
-		unlock(&ls);
-	}
+	union vsockaddr orig, peer;
+	socklen_t origlen = redirected_orig(fd, &orig);
+	socklen_t pl = sizeof peer;
+	/* Not connected (yet, or any more): the kernel's ENOTCONN. */
+	if (sys_getpeername(fd, &peer.sa, &pl) < 0)
+		return -1;
 	if (origlen > 0) {
 		copy_out(&orig, origlen, sa, len);
 		errno = saved;
 		return 0;
 	}
-	union vsockaddr peer;
-	socklen_t pl = sizeof peer;
-	if (sys_getpeername(fd, &peer.sa, &pl) < 0)
-		return -1;
 	struct vaddr pv;
 	/* A relay connection made before an exec: the table is gone, the
 	 * agent still knows. */
 	if (g_agent_len > 0 && to_vaddr(&peer.sa, pl, &pv) == 0 && is_loopback(&pv) && pv.port != 0) {
 		int was = t_busy;
 		t_busy = 1;
-		if (welcome_known() && (pv.port == g_w.relay4 || pv.port == g_w.relay6)) {
+		if (welcome_known() && (pv.port == g_w.relay4 || pv.port == g_w.relay6 || pv.port == g_w.held4 ||
+					pv.port == g_w.held6)) {
 			union vsockaddr la;
 			socklen_t ll = sizeof la;
 			struct vaddr local;
@@ -1613,7 +1815,7 @@ EXPORT int getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 				put_chan(i, ok);
 				if (ok && b[0] == 1 && get_addr(b + 1, &want) == 0) {
 					origlen = from_vaddr(&want, peer.sa.sa_family, &orig);
-					mark_redirected(fd, &orig, origlen);
+					mark_redirected(fd, &orig, origlen, HELD_NO, 0);
 				}
 			}
 		}
@@ -1643,11 +1845,42 @@ EXPORT int getsockname(int fd, struct sockaddr *sa, socklen_t *len)
 		return sys_getsockname(fd, sa, len);
 	if (sys_getsockname(fd, &local.sa, &ll) < 0)
 		return -1;
+	if (has_entry(fd)) {
+		/* A socket listening in the program's place answers the address
+		 * the program bound; a VLink client's, the one it connected to. */
+		socklen_t kl = 0;
+		lockstate ls;
+		lock(&ls);
+		struct vent *e = valid(fd);
+		if (e && e->state == ST_SERVED) {
+			local = e->orig;
+			kl = e->origlen;
+		} else if (e && e->state == ST_REDIRECTED && e->selflen > 0) {
+			local = e->self;
+			kl = e->selflen;
+		}
+		unlock(&ls);
+		if (kl > 0) {
+			copy_out(&local, kl, sa, len);
+			errno = saved;
+			return 0;
+		}
+	}
 	struct vaddr lv, pv;
 	union vsockaddr peer;
-	socklen_t pl = sizeof peer;
-	if (to_vaddr(&local.sa, ll, &lv) == 0 && is_loopback(&lv) && g_agent_len > 0 &&
-	    getpeername(fd, &peer.sa, &pl) == 0 && to_vaddr(&peer.sa, pl, &pv) == 0 && !is_loopback(&pv)) {
+	socklen_t pl = 0;
+	if (to_vaddr(&local.sa, ll, &lv) == 0 && is_loopback(&lv) && g_agent_len > 0) {
+		/* What the program asked for; getpeername also asks the agent
+		 * about a relay connection made before an exec. A held connect
+		 * has no peer yet, but its entry knows. */
+		pl = redirected_orig(fd, &peer);
+		if (pl == 0) {
+			pl = sizeof peer;
+			if (getpeername(fd, &peer.sa, &pl) < 0)
+				pl = 0;
+		}
+	}
+	if (pl > 0 && to_vaddr(&peer.sa, pl, &pv) == 0 && !is_loopback(&pv)) {
 		int u = socket(local.sa.sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 		if (u >= 0) {
 			union vsockaddr path;
@@ -1664,6 +1897,208 @@ EXPORT int getsockname(int fd, struct sockaddr *sa, socklen_t *len)
 	copy_out(&local, ll, sa, len);
 	errno = saved;
 	return 0;
+}
+
+/* ---- serving: the program's listeners on served ports ---- */
+
+/* served_port reports whether the agent takes VLink clients on port. */
+static int served_port(uint16_t port)
+{
+	if (g_agent_len == 0 || port == 0)
+		return 0;
+	if (!__atomic_load_n(&g_served.known, __ATOMIC_ACQUIRE)) {
+		int was = t_busy;
+		t_busy = 1;
+		int ok = welcome_known();
+		t_busy = was;
+		if (!ok || !__atomic_load_n(&g_served.known, __ATOMIC_ACQUIRE))
+			return 0;
+	}
+	for (int k = 0; k < g_served.n; k++)
+		if (g_served.port[k] == port)
+			return 1;
+	return 0;
+}
+
+/* bind: a TCP socket bound to a served port is bound to a loopback port
+ * instead, its private port; the agent listens on the address the program
+ * asked for once the socket listens. */
+EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	ensure_init();
+	struct vaddr v;
+	int stream, saved = errno;
+	if (t_busy || sa == NULL || len < sizeof(sa_family_t) || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) ||
+	    to_vaddr(sa, len, &v) < 0 || stream_socket(fd, &stream) < 0 || !stream || !served_port(v.port))
+		return sys_bind(fd, sa, len);
+	errno = saved;
+	union vsockaddr lo;
+	socklen_t ll;
+	struct vaddr loop = { 4, 0, { 127, 0, 0, 1 } };
+	int r;
+	if (sa->sa_family == AF_INET6) {
+		struct vaddr lo6 = { 6, 0, { 0 } };
+		lo6.ip[15] = 1;
+		ll = from_vaddr(&lo6, AF_INET6, &lo);
+		r = sys_bind(fd, &lo.sa, ll);
+		if (r < 0 && errno == EADDRNOTAVAIL) { /* no IPv6 loopback: a dual-stack socket takes IPv4's */
+			ll = from_vaddr(&loop, AF_INET6, &lo);
+			r = sys_bind(fd, &lo.sa, ll);
+		}
+	} else {
+		ll = from_vaddr(&loop, AF_INET, &lo);
+		r = sys_bind(fd, &lo.sa, ll);
+	}
+	if (r < 0)
+		return r;
+	struct vent ent;
+	memset(&ent, 0, sizeof ent);
+	ent.state = ST_SERVED;
+	ent.origlen = (unsigned char)(len < sizeof ent.orig ? len : sizeof ent.orig);
+	memcpy(&ent.orig, sa, ent.origlen);
+	put_entry(fd, &ent);
+	debugf("bind fd %d: served port %u, listening in the program's place", fd, v.port);
+	errno = saved;
+	return 0;
+}
+
+/* listen: a served socket's listen makes the agent listen on the address
+ * the program bound, and hand it clients through the private port. */
+EXPORT int listen(int fd, int backlog)
+{
+	ensure_init();
+	int r = sys_listen(fd, backlog);
+	struct vent e;
+	if (r < 0 || t_busy || !entry_copy(fd, ST_SERVED, &e))
+		return r;
+	int saved = errno;
+	union vsockaddr pa;
+	socklen_t pl = sizeof pa;
+	struct vaddr bound, priv;
+	if (to_vaddr(&e.orig.sa, e.origlen, &bound) < 0 || sys_getsockname(fd, &pa.sa, &pl) < 0 ||
+	    to_vaddr(&pa.sa, pl, &priv) < 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	int was = t_busy;
+	t_busy = 1;
+	int i = get_chan(), err = EADDRNOTAVAIL;
+	if (i >= 0) {
+		unsigned char b[VL_MAXBODY];
+		size_t n;
+		put_addr(b, &bound);
+		put_addr(b + VL_ADDR, &priv);
+		int ok = send_frame(i, M_LISTEN, b, VL_LISTEN) == 0 &&
+			 recv_frame(i, M_ERRNO, b, VL_ERRNO, VL_ERRNO, &n, NULL, 0) == 0;
+		put_chan(i, ok);
+		if (ok)
+			err = get16(b);
+	} else {
+		agent_down(errno);
+	}
+	t_busy = was;
+	if (err != 0) {
+		errno = err > 0 && err < 4096 ? err : EADDRNOTAVAIL;
+		return -1;
+	}
+	errno = saved;
+	return 0;
+}
+
+/* served_accept takes a connection the agent made to a served socket's
+ * private port, and makes it the client's: a plain client's own socket
+ * replaces it; a VLink client stays relayed, with the client's addresses
+ * for getpeername and getsockname. A connection the agent did not make is
+ * dropped. */
+static int served_accept(int fd, struct sockaddr *sa, socklen_t *len, int flags)
+{
+	for (;;) {
+		union vsockaddr peer;
+		socklen_t pl = sizeof peer;
+		int r = sys_accept4(fd, &peer.sa, &pl, flags);
+		if (r < 0)
+			return r;
+		int saved = errno;
+		struct vaddr from;
+		int was = t_busy, kind = -1, nfd = -1;
+		unsigned char b[VL_MAXBODY];
+		size_t n;
+		t_busy = 1;
+		int i = to_vaddr(&peer.sa, pl, &from) == 0 ? get_chan() : -1;
+		if (i >= 0) {
+			put_addr(b, &from);
+			int ok = send_frame(i, M_ACCEPTED, b, VL_ADDR) == 0 &&
+				 recv_frame(i, M_ACCEPTINFO, b, VL_ACCEPTINFO, VL_ACCEPTINFO, &n, &nfd, 0) == 0;
+			put_chan(i, ok);
+			if (ok)
+				kind = b[0];
+		}
+		t_busy = was;
+		struct vaddr remote, local;
+		if (kind == A_PLAIN && nfd >= 0) {
+			if (sys_dup3(nfd, r, (flags & SOCK_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
+				sys_close(nfd);
+				sys_close(r);
+				errno = ECONNABORTED;
+				return -1;
+			}
+			sys_close(nfd);
+			int fl = sys_fcntl(r, F_GETFL, 0);
+			if (fl >= 0)
+				sys_fcntl(r, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+			forget(r);
+			if (sa && len)
+				sys_getpeername(r, sa, len);
+			debugf("accept on fd %d: a plain client's own socket, fd %d", fd, r);
+			errno = saved;
+			return r;
+		}
+		if (nfd >= 0)
+			sys_close(nfd);
+		if (kind == A_PLAIN)
+			kind = -1; /* promised a socket and sent none: an aborted connection */
+		if (kind == A_RELAYED && get_addr(b + 1, &remote) == 0 && get_addr(b + 1 + VL_ADDR, &local) == 0) {
+			union vsockaddr ra, la;
+			socklen_t ral = from_vaddr(&remote, peer.sa.sa_family, &ra);
+			socklen_t lal = from_vaddr(&local, peer.sa.sa_family, &la);
+			struct vent ent;
+			memset(&ent, 0, sizeof ent);
+			ent.state = ST_REDIRECTED;
+			ent.orig = ra;
+			ent.origlen = (unsigned char)ral;
+			ent.self = la;
+			ent.selflen = (unsigned char)lal;
+			put_entry(r, &ent);
+			if (sa && len)
+				copy_out(&ra, ral, sa, len);
+			debugf("accept on fd %d: a VLink client, relayed, fd %d", fd, r);
+			errno = saved;
+			return r;
+		}
+		/* Not the agent's (kind A_UNKNOWN), or no answer: a local process
+		 * connected to the private port, which must not bypass the
+		 * listener's policy. */
+		sys_close(r);
+		if (kind < 0) {
+			errno = ECONNABORTED; /* servers retry it */
+			return -1;
+		}
+		debugf("accept on fd %d: dropped a connection the agent did not make", fd);
+	}
+}
+
+EXPORT int accept4(int fd, struct sockaddr *sa, socklen_t *len, int flags)
+{
+	ensure_init();
+	struct vent e;
+	if (t_busy || !entry_copy(fd, ST_SERVED, &e))
+		return sys_accept4(fd, sa, len, flags);
+	return served_accept(fd, sa, len, flags);
+}
+
+EXPORT int accept(int fd, struct sockaddr *sa, socklen_t *len)
+{
+	return accept4(fd, sa, len, 0);
 }
 
 /* ---- datagrams ---- */
@@ -2127,7 +2562,11 @@ static void init(void)
 	real.fcntl64 = sym("fcntl64");
 	real.getpeername = sym("getpeername");
 	real.getsockname = sym("getsockname");
+	real.getsockopt = sym("getsockopt");
 	real.setsockopt = sym("setsockopt");
+	real.bind = sym("bind");
+	real.listen = sym("listen");
+	real.accept4 = sym("accept4");
 	real.getaddrinfo = sym("getaddrinfo");
 	real.gethostbyname = sym("gethostbyname");
 	real.gethostbyname2 = sym("gethostbyname2");

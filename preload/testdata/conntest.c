@@ -9,6 +9,11 @@
  *   conntest errno HOST PORT           blocking connect: prints errno=NAME
  *   conntest nberrno HOST PORT         non-blocking: prints what SO_ERROR and
  *                                      the first read say
+ *   conntest nbconnect HOST PORT       non-blocking: once the socket wakes,
+ *                                      prints what a second connect says
+ *   conntest nbwait HOST PORT MS       non-blocking: prints whether the
+ *                                      socket woke within MS ms, then (after
+ *                                      10 s at most) SO_ERROR and getpeername
  *   conntest threads HOST PORT N       N threads connect at once and echo
  *   conntest fork HOST PORT SELF       connect in parent, child, exec'd child
  *   conntest closeall HOST PORT        close every descriptor, dup2 over all,
@@ -20,11 +25,21 @@
  *   conntest daemon UID HOST PORT      as a daemon: connect, then fork a worker
  *                                      that clears its environment, becomes
  *                                      UID and connects
- *   conntest connbench HOST PORT N     N blocking connects, one after the other,
- *                                      each echoing a byte: prints the median
- *                                      and 90th percentile of the connect and
- *                                      of the connect with the echo, in µs
+ *   conntest connbench HOST PORT N [nb]
+ *                                      N connects, one after the other, each
+ *                                      echoing a byte: prints the median and
+ *                                      90th percentile of the connect and of
+ *                                      the connect with the echo, in µs; with
+ *                                      nb, non-blocking connects, done once
+ *                                      writable with SO_ERROR 0
  *   conntest execpeer HOST PORT SELF   getpeername after exec
+ *   conntest server 4|6 PORT N         listen on PORT (0.0.0.0 or ::), print
+ *                                      "listening private=P" (the kernel's
+ *                                      port), then accept N clients under
+ *                                      epoll with accept4 (non-blocking,
+ *                                      close-on-exec), printing for each
+ *                                      "client peer=A kernel_peer=K local=L
+ *                                      nonblock=1 cloexec=1" and echoing it
  *   conntest peerof FD                 (helper of execpeer)
  *   conntest echo HOST PORT            (helper of fork)
  */
@@ -43,6 +58,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -75,6 +91,7 @@ static const char *ename(int e)
 	case EPERM: return "EPERM";
 	case EACCES: return "EACCES";
 	case EPIPE: return "EPIPE";
+	case ENOTCONN: return "ENOTCONN";
 	case EBADF: return "EBADF";
 	case EINTR: return "EINTR";
 	case EAFNOSUPPORT: return "EAFNOSUPPORT";
@@ -278,6 +295,159 @@ static int t_nberrno(const char *host, const char *port)
 	return 0;
 }
 
+/* nbstart connects a non-blocking socket; -1 if connect said more than
+ * EINPROGRESS (printed). */
+static int nbstart(const char *host, const char *port, struct addrinfo **ai)
+{
+	*ai = resolve(host, port, AF_UNSPEC);
+	if (!*ai)
+		return -1;
+	int fd = socket((*ai)->ai_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	if (connect(fd, (*ai)->ai_addr, (*ai)->ai_addrlen) < 0 && errno != EINPROGRESS) {
+		printf("connect=%s\n", ename(errno));
+		close(fd);
+		freeaddrinfo(*ai);
+		return -1;
+	}
+	return fd;
+}
+
+static int t_nbconnect(const char *host, const char *port)
+{
+	struct addrinfo *ai;
+	int fd = nbstart(host, port, &ai);
+	if (fd < 0)
+		return 0;
+	struct pollfd p = { fd, POLLOUT, 0 };
+	poll(&p, 1, 10000);
+	int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	printf("connect=%s\n", r == 0 ? "0" : ename(errno));
+	close(fd);
+	freeaddrinfo(ai);
+	return 0;
+}
+
+static int t_nbwait(const char *host, const char *port, int ms)
+{
+	struct addrinfo *ai;
+	int fd = nbstart(host, port, &ai);
+	if (fd < 0)
+		return 0;
+	struct pollfd p = { fd, POLLOUT, 0 };
+	int n = poll(&p, 1, ms);
+	printf("within=%s\n", n == 0 ? "pending" : "woke");
+	struct sockaddr_storage peer;
+	socklen_t pl = sizeof peer;
+	if (n == 0)
+		printf("getpeername_pending=%s\n", getpeername(fd, (struct sockaddr *)&peer, &pl) == 0 ? "0" : ename(errno));
+	poll(&p, 1, 10000);
+	int soerr = 0;
+	socklen_t sl = sizeof soerr;
+	getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+	printf("so_error=%s\n", ename(soerr));
+	close(fd);
+	freeaddrinfo(ai);
+	return 0;
+}
+
+static const char *fmt_addr(const struct sockaddr_storage *ss, char *buf, size_t n)
+{
+	char ip[INET6_ADDRSTRLEN] = "?";
+	int port = 0;
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *a = (const void *)ss;
+		inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+		port = ntohs(a->sin_port);
+		snprintf(buf, n, "%s:%d", ip, port);
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const void *)ss;
+		inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+		port = ntohs(a->sin6_port);
+		snprintf(buf, n, "[%s]:%d", ip, port);
+	} else {
+		snprintf(buf, n, "family-%d", ss->ss_family);
+	}
+	return buf;
+}
+
+/* t_server is an epoll server, as event-loop servers are written: the
+ * kernel's views (raw system calls, past any shim) are printed beside the C
+ * library's. */
+static int t_server(const char *fam, const char *port, int n)
+{
+	int six = !strcmp(fam, "6");
+	int ls = socket(six ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int one = 1;
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_storage ss;
+	memset(&ss, 0, sizeof ss);
+	socklen_t sl;
+	if (six) {
+		struct sockaddr_in6 *a = (void *)&ss;
+		a->sin6_family = AF_INET6;
+		a->sin6_addr = in6addr_any;
+		a->sin6_port = htons((uint16_t)atoi(port));
+		sl = sizeof *a;
+	} else {
+		struct sockaddr_in *a = (void *)&ss;
+		a->sin_family = AF_INET;
+		a->sin_addr.s_addr = htonl(INADDR_ANY);
+		a->sin_port = htons((uint16_t)atoi(port));
+		sl = sizeof *a;
+	}
+	if (bind(ls, (struct sockaddr *)&ss, sl) < 0 || listen(ls, 16) < 0) {
+		printf("listen=%s\n", ename(errno));
+		return 1;
+	}
+	char b1[80], b2[80], b3[80];
+	struct sockaddr_storage got, kern;
+	socklen_t gl = sizeof got, kl = sizeof kern;
+	getsockname(ls, (struct sockaddr *)&got, &gl);
+	syscall(SYS_getsockname, ls, (struct sockaddr *)&kern, &kl);
+	printf("listening bound=%s private=%s\n", fmt_addr(&got, b1, sizeof b1), fmt_addr(&kern, b2, sizeof b2));
+	int fl = fcntl(ls, F_GETFL);
+	fcntl(ls, F_SETFL, fl | O_NONBLOCK);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = ls };
+	epoll_ctl(ep, EPOLL_CTL_ADD, ls, &ev);
+	for (int served = 0; served < n;) {
+		struct epoll_event e;
+		if (epoll_wait(ep, &e, 1, 30000) != 1) {
+			FAIL("no client within 30 s");
+			return 1;
+		}
+		struct sockaddr_storage peer;
+		socklen_t pl = sizeof peer;
+		int c = accept4(ls, (struct sockaddr *)&peer, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno != EAGAIN && errno != ECONNABORTED)
+				FAIL("accept4: %s", ename(errno));
+			continue;
+		}
+		struct sockaddr_storage p2, kp, lo;
+		socklen_t p2l = sizeof p2, kpl = sizeof kp, lol = sizeof lo;
+		getpeername(c, (struct sockaddr *)&p2, &p2l);
+		syscall(SYS_getpeername, c, (struct sockaddr *)&kp, &kpl);
+		getsockname(c, (struct sockaddr *)&lo, &lol);
+		if (!same_addr((struct sockaddr *)&peer, pl, (struct sockaddr *)&p2, p2l))
+			FAIL("accept4's address differs from getpeername's");
+		printf("client peer=%s kernel_peer=%s local=%s nonblock=%d cloexec=%d\n", fmt_addr(&p2, b1, sizeof b1),
+		       fmt_addr(&kp, b2, sizeof b2), fmt_addr(&lo, b3, sizeof b3), !!(fcntl(c, F_GETFL) & O_NONBLOCK),
+		       !!(fcntl(c, F_GETFD) & FD_CLOEXEC));
+		fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
+		char buf[65536];
+		ssize_t r;
+		while ((r = read(c, buf, sizeof buf)) > 0)
+			if (write(c, buf, (size_t)r) != r)
+				break;
+		close(c);
+		served++;
+	}
+	close(ep);
+	close(ls);
+	return failed;
+}
+
 struct targ {
 	const char *host, *port;
 	int id, ok;
@@ -368,7 +538,7 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int t_connbench(const char *host, const char *port, int n)
+static int t_connbench(const char *host, const char *port, int n, int nb)
 {
 	if (n < 1 || n > 100000)
 		return 2;
@@ -378,10 +548,20 @@ static int t_connbench(const char *host, const char *port, int n)
 	double *conn = calloc((size_t)n, sizeof *conn), *echo = calloc((size_t)n, sizeof *echo);
 	for (int i = 0; i < n; i++) {
 		double t0 = now_us();
-		int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | (nb ? SOCK_NONBLOCK : 0), 0);
 		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
-			FAIL("connect %d: %s", i, ename(errno));
-			return 1;
+			if (!nb || errno != EINPROGRESS) {
+				FAIL("connect %d: %s", i, ename(errno));
+				return 1;
+			}
+			struct pollfd p = { fd, POLLOUT, 0 };
+			int soerr = -1;
+			socklen_t sl = sizeof soerr;
+			if (poll(&p, 1, 10000) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr != 0) {
+				FAIL("non-blocking connect %d: SO_ERROR %s", i, ename(soerr));
+				return 1;
+			}
+			fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 		}
 		double t1 = now_us();
 		char c = 'x';
@@ -677,6 +857,10 @@ int main(int argc, char **argv)
 		return t_errno(argv[2], argv[3]);
 	if (!strcmp(t, "nberrno") && argc == 4)
 		return t_nberrno(argv[2], argv[3]);
+	if (!strcmp(t, "nbconnect") && argc == 4)
+		return t_nbconnect(argv[2], argv[3]);
+	if (!strcmp(t, "nbwait") && argc == 5)
+		return t_nbwait(argv[2], argv[3], atoi(argv[4]));
 	if (!strcmp(t, "threads") && argc == 5)
 		return t_threads(argv[2], argv[3], atoi(argv[4]));
 	if (!strcmp(t, "fork") && argc == 5)
@@ -693,12 +877,14 @@ int main(int argc, char **argv)
 		return t_udp(argv[2], argv[3]);
 	if (!strcmp(t, "afmismatch") && argc == 4)
 		return t_afmismatch(argv[2], argv[3]);
-	if (!strcmp(t, "connbench") && argc == 5)
-		return t_connbench(argv[2], argv[3], atoi(argv[4]));
+	if (!strcmp(t, "connbench") && (argc == 5 || (argc == 6 && !strcmp(argv[5], "nb"))))
+		return t_connbench(argv[2], argv[3], atoi(argv[4]), argc == 6);
 	if (!strcmp(t, "daemon") && argc == 5)
 		return t_daemon(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "execpeer") && argc == 5)
 		return t_execpeer(argv[2], argv[3], argv[4]);
+	if (!strcmp(t, "server") && argc == 5)
+		return t_server(argv[2], argv[3], atoi(argv[4]));
 	if (!strcmp(t, "peerof") && argc == 3)
 		return t_peerof(atoi(argv[2]));
 	fprintf(stderr, "conntest: bad arguments\n");
