@@ -19,7 +19,8 @@ import (
 const blockCost = 512
 
 // lingerTimeout bounds how long a closed session keeps sending what was
-// written before Close, as the kernel does for a closed TCP socket.
+// written before Close, as the kernel does for a closed TCP socket, and
+// then how long it drains its substreams (see fail).
 const lingerTimeout = 10 * time.Second
 
 // A block is a piece of one direction's stream.
@@ -64,6 +65,9 @@ type substream struct {
 	index int
 	c     net.Conn
 	eof   bool // the peer closed it cleanly; guarded by session.mu
+	// Guarded by session.mu: the reader has returned; the reader closes
+	// c when it returns (a drain, see fail).
+	readerDone, draining bool
 }
 
 // Session is one connection striped over several substreams. Both sides
@@ -210,6 +214,15 @@ func (s *Session) isClosing() bool {
 }
 
 // fail tears the session down once, keeping the first error.
+//
+// After this side's Close, once all it wrote has gone (errClosed), the
+// substreams are not closed outright but drained: each sends its end,
+// and its reader reads and drops what still comes until the peer's end,
+// or for lingerTimeout, then closes it. The peer may still be receiving
+// the tail of the stream and granting credit for it: a closed TCP socket
+// answers that credit with a reset, which throws away the tail it has not
+// yet delivered, and a closed QUIC stream tells the peer to stop sending,
+// failing the credit's write and with it the peer's session.
 func (s *Session) fail(err error) {
 	s.dieOnce.Do(func() {
 		s.mu.Lock()
@@ -217,13 +230,19 @@ func (s *Session) fail(err error) {
 		close(s.die)
 		stats.ended.Add(1)
 		subs := s.subs
+		for _, sub := range subs {
+			sub.draining = err == errClosed && !sub.readerDone
+		}
 		s.work.Broadcast()
 		s.mu.Unlock()
-		graceful := err == errClosed || err == errPeerClosed
 		for _, sub := range subs {
-			if graceful {
+			switch {
+			case sub.draining:
+				netconn.CloseWrite(sub.c)
+				sub.c.SetReadDeadline(time.Now().Add(lingerTimeout))
+			case err == errClosed || err == errPeerClosed:
 				sub.c.Close()
-			} else {
+			default:
 				netconn.Abort(sub.c) // the peer must not take this for an end
 			}
 		}
@@ -328,6 +347,15 @@ func (s *Session) writer(sub *substream) {
 // reader receives blocks on one substream and files them by sequence.
 func (s *Session) reader(sub *substream) {
 	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		sub.readerDone = true
+		drained := sub.draining
+		s.mu.Unlock()
+		if drained {
+			sub.c.Close()
+		}
+	}()
 	var h header
 	for {
 		if _, err := io.ReadFull(sub.c, h[:]); err != nil {
@@ -337,6 +365,12 @@ func (s *Session) reader(sub *substream) {
 		if err := h.check(); err != nil {
 			s.fail(&SubstreamError{Index: sub.index, Op: "read", Err: err})
 			return
+		}
+		if s.isDead() { // draining: what comes now is dropped
+			if _, err := io.CopyN(io.Discard, sub.c, int64(h.Len())); err != nil {
+				return
+			}
+			continue
 		}
 		switch h.Type() {
 		case blockCredit:
