@@ -337,12 +337,10 @@ func TestDialerClose(t *testing.T) {
 }
 
 // TestLastBytes: a stream whose reader has half-closed its own side reads
-// the peer's last bytes, then io.EOF, however the peer's last frame, its
-// FIN and the Read meet. smux v1.5.58 may report the end of such a
-// stream when its last frame arrives during a Read that has just found
-// the buffer empty: the stream ended short and clean, silently. Each
-// stream here starts its Read before the peer writes, to meet that
-// window.
+// the peer's last bytes, then io.EOF, with the Read started before the
+// peer writes. The window in which smux v1.5.58 loses a last frame is
+// too narrow for this test to meet it (it passes without the second
+// look of stream.readBelow); TestLastFrameRace replays it.
 func TestLastBytes(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -113,10 +113,11 @@ func (s *stream) Read(p []byte) (int, error) {
 func (s *stream) readBelow(p []byte) (int, error) {
 	n, err := s.st.Read(p)
 	if n == 0 && err == io.EOF {
-		// smux v1.5.58 finds the buffer empty, then, without its lock,
-		// that the stream has ended: the peer's last frame and its FIN
-		// may both arrive in between, and the stream would end without
-		// that frame's bytes. The session buffers a frame before it
+		// smux v1.5.58's Read (tryReadV2) finds the buffer empty, lets go
+		// of its lock, then sees that the stream has ended: the peer's
+		// last frame and its FIN may both arrive in between, and the
+		// stream would end without that frame's bytes
+		// (TestLastFrameRace). The session buffers a frame before it
 		// handles the FIN that follows, so once the end is seen a second
 		// look at the buffer finds every byte; with none left it is
 		// io.EOF again, at once.
@@ -149,11 +150,10 @@ func (s *stream) WriteTo(w io.Writer) (int64, error) {
 	}
 	s.body = recordWriter{rec: &s.rec, w: w}
 	defer func() { s.body = recordWriter{} }()
+	// No second look as in readBelow: smux's WriteTo waits for the end
+	// under the lock that guards the buffer, so it sees every frame
+	// buffered before the FIN (TestLastFrameRace/WriteTo).
 	_, err := s.st.WriteTo(&s.body)
-	if err == nil {
-		// A second look, as in readBelow.
-		_, err = s.st.WriteTo(&s.body)
-	}
 	switch {
 	case err == errEnded:
 		return s.body.n, nil
