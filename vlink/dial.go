@@ -605,7 +605,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		if i == 0 {
 			segTarget = target
 		}
-		stack := Stack{Layers: seg}.String()
+		stack := helloStack(seg)
 		if d == nil {
 			hd := &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0}
 			if keyedLayer(seg) != "" {

@@ -213,6 +213,11 @@ func (p *Policy) checkStack(text string, keyed bool) (Stack, *RefusedError) {
 			// nested hello of the layers above it.
 			return Stack{}, refuse(CodeMalformed, "layer %d (%s): a multi-link layer can only be first in a hello", i+1, l.Name)
 		}
+		if rerr := checkVersion(i, l, spec); rerr != nil {
+			return Stack{}, rerr
+		}
+		l = helloLayer(l, false)
+		s.Layers[i] = l
 		if err := spec.Check(l.Params); err != nil {
 			return Stack{}, refuse(CodeParam, "layer %d (%s): %v", i+1, l.Name, err)
 		}
