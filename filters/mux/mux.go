@@ -46,6 +46,14 @@ const (
 	DefaultIdle   = 90 * time.Second
 )
 
+// WireVersion is the version of the layer's wire format that this build
+// speaks, its "version" parameter (layer.VersionParam has the rule): 1,
+// each stream's bytes as records that end with an end record (frame.go),
+// over smux's protocol version 2. The format before the records had no
+// version and is not spoken: a peer from before them fails each stream's
+// nested hello (see docs/ARCHITECTURE.md, the mux section).
+const WireVersion = 1
+
 func init() {
 	layer.Register(layer.Spec{
 		Name:    "mux",
@@ -58,8 +66,12 @@ func init() {
 				Doc: "receive buffer of the whole session, shared by its streams"},
 			{Name: "idle", Type: layer.TypeDuration, Default: DefaultIdle.String(), Min: int64(time.Second), Max: int64(24 * time.Hour), Local: true,
 				Doc: "close a dialer's session after it has carried no stream for this long"},
+			layer.Version(WireVersion, WireVersion, WireVersion),
 		},
 		New: func(a layer.Args) (any, error) {
+			if _, err := a.Version(); err != nil {
+				return nil, fmt.Errorf("mux: %w", err)
+			}
 			return New(Config{Window: int(a.Size("window")), Buffer: int(a.Size("buffer")), Idle: a.Duration("idle")})
 		},
 	})

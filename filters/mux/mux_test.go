@@ -575,3 +575,29 @@ func TestAbortThroughDialer(t *testing.T) {
 		}
 	}
 }
+
+// TestWireVersion: a stack names mux's wire version 1 or none; another is
+// a bad parameter on the dialer's side, before anything is sent, whether
+// the stack is parsed or built by hand (a listener refuses it too, with
+// vlink.CodeVersion: vlink's TestWireVersionRefused).
+func TestWireVersion(t *testing.T) {
+	if _, err := vlink.Parse("mux:version=1"); err != nil {
+		t.Errorf("mux:version=1: %v", err)
+	}
+	if _, err := vlink.Parse("mux:version=2"); !errors.Is(err, vlink.ErrBadParam) {
+		t.Errorf("mux:version=2 parsed: %v, want ErrBadParam", err)
+	}
+	s := newServer(t, vlink.ListenConfig{})
+	d := &vlink.Dialer{Stack: vlink.Stack{Layers: []vlink.Layer{{Name: "mux", Params: map[string]string{"version": "2"}}, {Name: "tcp"}}}}
+	defer d.Close()
+	c, err := d.Dial("tcp", s.l.Addr().String())
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, vlink.ErrBadParam) {
+		t.Fatalf("dialing with mux version 2: %v, want ErrBadParam", err)
+	}
+	if n := s.count.n.Load(); n != 0 {
+		t.Errorf("the listener accepted %d connections, want none", n)
+	}
+}
