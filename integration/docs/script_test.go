@@ -50,6 +50,7 @@ var (
 	heredocRE    = regexp.MustCompile(`<<-?\s*(['"]?)([A-Za-z_][A-Za-z0-9_]*)(['"]?)`)
 	listenFlagRE = regexp.MustCompile(`--(?:listen|metrics)[= ](\S+)`)
 	httpServerRE = regexp.MustCompile(`http\.server\s+(\d+)`)
+	iperfRE      = regexp.MustCompile(`iperf3\s+-s\b.*?\s-p\s*(\d+)`)
 	forwardsRE   = regexp.MustCompile(`--forwards[= ](\S+)`)
 )
 
@@ -102,7 +103,7 @@ func withWaits(e example) (string, error) {
 		}
 		ports := backgroundPorts(whole)
 		if len(ports) == 0 {
-			return "", fmt.Errorf("%s:%d: %q runs in the background, but names no port to wait for (--listen, --metrics, http.server PORT, --forwards FILE)", e.doc, e.line+1+i, whole)
+			return "", fmt.Errorf("%s:%d: %q runs in the background, but names no port to wait for (--listen, --metrics, http.server PORT, iperf3 -s -p PORT, --forwards FILE)", e.doc, e.line+1+i, whole)
 		}
 		fmt.Fprintf(&b, "__vlink_wait $! %s\n", strings.Join(ports, " "))
 	}
@@ -119,8 +120,10 @@ func backgroundPorts(cmd string) []string {
 			ports = append(ports, addr[i+1:])
 		}
 	}
-	for _, m := range httpServerRE.FindAllStringSubmatch(cmd, -1) {
-		ports = append(ports, m[1])
+	for _, re := range []*regexp.Regexp{httpServerRE, iperfRE} {
+		for _, m := range re.FindAllStringSubmatch(cmd, -1) {
+			ports = append(ports, m[1])
+		}
 	}
 	for _, m := range forwardsRE.FindAllStringSubmatch(cmd, -1) {
 		ports = append(ports, fmt.Sprintf("$(__vlink_forward_ports %s)", m[1]))
@@ -164,7 +167,8 @@ func TestStripComment(t *testing.T) {
 }
 
 func TestWithWaits(t *testing.T) {
-	e := example{doc: "x.md", line: 1, text: `python3 -m http.server 8000 --bind 127.0.0.1 &   # any server
+	e := example{doc: "x.md", line: 1, text: `iperf3 -s -p 5201 &
+python3 -m http.server 8000 --bind 127.0.0.1 &   # any server
 vlink serve --listen 127.0.0.1:7000 \
     --target 127.0.0.1:8000 --metrics 127.0.0.1:9464 &
 cat > f.toml <<'EOF'
@@ -179,7 +183,9 @@ curl x && curl y
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `python3 -m http.server 8000 --bind 127.0.0.1 &   # any server
+	want := `iperf3 -s -p 5201 &
+__vlink_wait $! 5201
+python3 -m http.server 8000 --bind 127.0.0.1 &   # any server
 __vlink_wait $! 8000
 vlink serve --listen 127.0.0.1:7000 \
     --target 127.0.0.1:8000 --metrics 127.0.0.1:9464 &
