@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -120,7 +119,7 @@ func (g *grower) backlogged() bool {
 // grow adds k substreams. A failed dial only stops the growth: the
 // session goes on with what it has.
 func (g *grower) grow(k int) {
-	ctx, cancel := context.WithTimeout(context.Background(), vlink.DefaultHandshakeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), layer.DefaultHandshakeTimeout)
 	defer cancel()
 	go func() {
 		select {

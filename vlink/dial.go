@@ -18,8 +18,9 @@ import (
 )
 
 // DefaultHandshakeTimeout bounds a handshake when neither the context nor
-// the Dialer or ListenConfig sets a limit.
-const DefaultHandshakeTimeout = 10 * time.Second
+// the Dialer or ListenConfig sets a limit. It is
+// layer.DefaultHandshakeTimeout, which layers use for their own setup.
+const DefaultHandshakeTimeout = layer.DefaultHandshakeTimeout
 
 // A Dialer connects through a VLink stack. Its zero value follows the
 // user's configuration (see [LoadConfig]), which with no configuration at

@@ -15,14 +15,15 @@ var (
 	// ErrRefused is matched by every refusal from a VLink peer.
 	ErrRefused = errors.New("refused by peer")
 	// ErrAuth is matched when authentication is required, fails, or the
-	// peer cannot prove it holds the key.
-	ErrAuth = errors.New("authentication failed")
+	// peer cannot prove it holds the key. It is layer.ErrAuth, which
+	// layers wrap too (a proxy that rejects the credentials).
+	ErrAuth = layer.ErrAuth
 	// ErrNotAllowed is matched when the peer's policy forbids a layer, a
-	// parameter value or a forwarding target.
-	ErrNotAllowed = errors.New("not allowed by policy")
+	// parameter value or a forwarding target. It is layer.ErrNotAllowed.
+	ErrNotAllowed = layer.ErrNotAllowed
 	// ErrUnreachable is matched when a forwarding peer could not reach the
-	// target.
-	ErrUnreachable = errors.New("target unreachable")
+	// target. It is layer.ErrUnreachable.
+	ErrUnreachable = layer.ErrUnreachable
 	// ErrBusy is matched when the peer is out of room for the connection
 	// (a multi-link layer's table is full, or it is shutting down): try
 	// again later. It is layer.ErrBusy, which layers wrap too.
@@ -31,8 +32,8 @@ var (
 	// VLink listener does (a plain server, or a proxy in the way).
 	ErrNotVLink = errors.New("peer is not a vlink listener")
 	// ErrDirectRefused is matched when the user's rules refuse a
-	// destination.
-	ErrDirectRefused = errors.New("destination refused by the routing rules")
+	// destination. It is layer.ErrDirectRefused.
+	ErrDirectRefused = layer.ErrDirectRefused
 	// ErrLoop is matched when a connection would cross a node twice on
 	// its way through route layers (fwd), or more than MaxHops nodes.
 	ErrLoop = errors.New("forwarding loop")

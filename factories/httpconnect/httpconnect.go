@@ -28,7 +28,6 @@ import (
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -135,7 +134,7 @@ func (f *Factory) String() string { return f.o.String() }
 var (
 	// ErrAuth: the proxy wants credentials (407) and we have none, or it
 	// rejected ours. It matches vlink.ErrAuth too.
-	ErrAuth = fmt.Errorf("http: proxy %w", vlink.ErrAuth)
+	ErrAuth = fmt.Errorf("http: proxy %w", layer.ErrAuth)
 	// ErrRefused: the proxy answered CONNECT with a status other than
 	// 2xx.
 	ErrRefused = errors.New("http: proxy refused the destination")
@@ -166,11 +165,11 @@ func (e *StatusError) Is(target error) bool {
 	switch target {
 	case ErrRefused:
 		return true
-	case ErrAuth, vlink.ErrAuth:
+	case ErrAuth, layer.ErrAuth:
 		return e.isAuth()
-	case vlink.ErrNotAllowed:
+	case layer.ErrNotAllowed:
 		return e.StatusCode == http.StatusForbidden
-	case vlink.ErrUnreachable:
+	case layer.ErrUnreachable:
 		return e.StatusCode == http.StatusBadGateway || e.StatusCode == http.StatusServiceUnavailable ||
 			e.StatusCode == http.StatusGatewayTimeout
 	}
@@ -179,7 +178,7 @@ func (e *StatusError) Is(target error) bool {
 
 // DialContext connects to address through the proxy, which it reaches
 // through forward (nil: a net.Dialer). The context bounds the whole
-// setup (vlink.DefaultHandshakeTimeout if it sets no deadline).
+// setup (layer.DefaultHandshakeTimeout if it sets no deadline).
 func (f *Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":

@@ -16,7 +16,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -133,7 +132,7 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, _ la
 	uc := c.(*net.UnixConn)
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(vlink.DefaultHandshakeTimeout)
+		deadline = time.Now().Add(layer.DefaultHandshakeTimeout)
 	}
 	uc.SetDeadline(deadline)
 	sc, err := dialSetup(uc, f.size, Addr{address})
@@ -276,7 +275,7 @@ func (l *listener) accept() {
 		l.pending[c] = struct{}{}
 		l.mu.Unlock()
 		go func() {
-			c.SetDeadline(time.Now().Add(vlink.DefaultHandshakeTimeout))
+			c.SetDeadline(time.Now().Add(layer.DefaultHandshakeTimeout))
 			sc, err := acceptSetup(c, l.addr)
 			l.mu.Lock()
 			delete(l.pending, c)

@@ -16,7 +16,6 @@ import (
 	"github.com/txthinking/socks5"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -63,7 +62,7 @@ var (
 // which the caller relays to c. On failure it has answered the client if
 // the protocol has an answer for the failure, and returns the error; the
 // caller closes c. ctx bounds the whole handshake, dial included
-// (vlink.DefaultHandshakeTimeout if it has no deadline), and each message
+// (layer.DefaultHandshakeTimeout if it has no deadline), and each message
 // is read with a bounded number of bytes.
 func (s *Server) Handshake(ctx context.Context, c net.Conn) (net.Conn, *Request, error) {
 	var out net.Conn
@@ -191,13 +190,13 @@ func replyCode5(err error) byte {
 	switch {
 	case errors.As(err, &re) && re.Version == V5:
 		return re.Code // the next proxy's own answer
-	case errors.Is(err, vlink.ErrDirectRefused), errors.Is(err, vlink.ErrNotAllowed):
+	case errors.Is(err, layer.ErrDirectRefused), errors.Is(err, layer.ErrNotAllowed):
 		return rep5NotAllowed
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return rep5ConnRefused
 	case errors.Is(err, syscall.ENETUNREACH):
 		return rep5NetUnreachable
-	case errors.Is(err, syscall.EHOSTUNREACH), errors.As(err, &dnsErr), errors.Is(err, vlink.ErrUnreachable):
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.As(err, &dnsErr), errors.Is(err, layer.ErrUnreachable):
 		return rep5HostUnreachable
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		return rep5TTLExpired

@@ -31,7 +31,6 @@ import (
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
 	"github.com/vlink-dev/vlink/internal/secret"
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -203,7 +202,7 @@ func (f *Factory) String() string { return f.o.String() }
 var (
 	// ErrAuth: the proxy wants authentication we cannot give, or
 	// rejected the credentials. It matches vlink.ErrAuth too.
-	ErrAuth = fmt.Errorf("socks: proxy %w", vlink.ErrAuth)
+	ErrAuth = fmt.Errorf("socks: proxy %w", layer.ErrAuth)
 	// ErrRefused: the proxy would not connect to the destination.
 	ErrRefused = errors.New("socks: proxy refused the destination")
 	// ErrProtocol: the proxy's answer is not SOCKS, or not the version
@@ -235,22 +234,22 @@ func (e *ReplyError) Is(target error) bool {
 	}
 	switch e.Code {
 	case rep5NotAllowed:
-		return target == vlink.ErrNotAllowed
+		return target == layer.ErrNotAllowed
 	case rep5NetUnreachable:
-		return target == vlink.ErrUnreachable || target == syscall.ENETUNREACH
+		return target == layer.ErrUnreachable || target == syscall.ENETUNREACH
 	case rep5HostUnreachable:
-		return target == vlink.ErrUnreachable || target == syscall.EHOSTUNREACH
+		return target == layer.ErrUnreachable || target == syscall.EHOSTUNREACH
 	case rep5ConnRefused:
-		return target == vlink.ErrUnreachable || target == syscall.ECONNREFUSED
+		return target == layer.ErrUnreachable || target == syscall.ECONNREFUSED
 	case rep5TTLExpired:
-		return target == vlink.ErrUnreachable
+		return target == layer.ErrUnreachable
 	}
 	return false
 }
 
 // DialContext connects to address through the proxy, which it reaches
 // through forward (nil: a net.Dialer). The context bounds the whole
-// setup, handshake included (vlink.DefaultHandshakeTimeout if it sets no
+// setup, handshake included (layer.DefaultHandshakeTimeout if it sets no
 // deadline).
 func (f *Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	name := f.o.Version.String()

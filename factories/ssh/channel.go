@@ -15,11 +15,11 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // openChannel opens a channel, bounded by ctx (or
-// vlink.DefaultHandshakeTimeout): x/crypto/ssh waits for the server's
+// layer.DefaultHandshakeTimeout): x/crypto/ssh waits for the server's
 // answer without a deadline. A channel that opens after we gave up is
 // closed.
 func openChannel(ctx context.Context, client *gossh.Client, kind string, payload []byte) (gossh.Channel, <-chan *gossh.Request, error) {
@@ -33,7 +33,7 @@ func openChannel(ctx context.Context, client *gossh.Client, kind string, payload
 		ch, reqs, err := client.OpenChannel(kind, payload)
 		done <- result{ch, reqs, err}
 	}()
-	timeout := vlink.DefaultHandshakeTimeout
+	timeout := layer.DefaultHandshakeTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
@@ -128,7 +128,7 @@ func openNetcat(ctx context.Context, s *session, command, host string, port int,
 }
 
 // sendRequest sends a channel request and waits for the answer, bounded
-// by ctx (or vlink.DefaultHandshakeTimeout).
+// by ctx (or layer.DefaultHandshakeTimeout).
 func sendRequest(ctx context.Context, ch gossh.Channel, name string, payload []byte) (bool, error) {
 	type result struct {
 		ok  bool
@@ -139,7 +139,7 @@ func sendRequest(ctx context.Context, ch gossh.Channel, name string, payload []b
 		ok, err := ch.SendRequest(name, true, payload)
 		done <- result{ok, err}
 	}()
-	timeout := vlink.DefaultHandshakeTimeout
+	timeout := layer.DefaultHandshakeTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}

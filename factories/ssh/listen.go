@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -118,7 +117,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		backoff = min(max(2*backoff, time.Second), 30*time.Second)
 		// Close cancels the attempt.
-		ctx, cancel := context.WithTimeout(context.Background(), vlink.DefaultHandshakeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), layer.DefaultHandshakeTimeout)
 		go func() {
 			select {
 			case <-l.closed:

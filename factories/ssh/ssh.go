@@ -48,7 +48,6 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/vlink-dev/vlink/factories/internal/hop"
-	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -261,7 +260,7 @@ func (f *Factory) String() string { return "ssh " + f.t.String() }
 var (
 	// ErrAuth: the server accepted none of our keys. It matches
 	// vlink.ErrAuth too.
-	ErrAuth = fmt.Errorf("ssh: %w", vlink.ErrAuth)
+	ErrAuth = fmt.Errorf("ssh: %w", layer.ErrAuth)
 	// ErrOpenRefused: the server would not open the channel: forwarding
 	// forbidden, destination unreachable, too many sessions. The
 	// *OpenError says which.
@@ -296,9 +295,9 @@ func (e *OpenError) Is(target error) bool {
 	switch target {
 	case ErrOpenRefused:
 		return true
-	case vlink.ErrUnreachable:
+	case layer.ErrUnreachable:
 		return e.Reason == gossh.ConnectionFailed
-	case vlink.ErrNotAllowed:
+	case layer.ErrNotAllowed:
 		return e.Reason == gossh.Prohibited
 	}
 	return false
@@ -307,7 +306,7 @@ func (e *OpenError) Is(target error) bool {
 // DialContext connects to address through the SSH server, which it
 // reaches through forward (nil: a net.Dialer) unless the shared
 // connection to it is already up. The context bounds the setup: the SSH
-// handshake if one is needed (vlink.DefaultHandshakeTimeout if the context
+// handshake if one is needed (layer.DefaultHandshakeTimeout if the context
 // sets no deadline), and opening the channel.
 func (f *Factory) DialContext(ctx context.Context, network, address string, forward layer.ContextDialer) (net.Conn, error) {
 	fail := func(err error) (net.Conn, error) { return nil, hop.Error("dial", "ssh", f.t.addr(), err) }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // ErrNoFreePort is matched by a dial or listen that found every port of
@@ -31,7 +31,7 @@ func ParsePortRange(s string) (PortRange, error) {
 	l, errLo := strconv.ParseUint(lo, 10, 16)
 	h, errHi := strconv.ParseUint(hi, 10, 16)
 	if errLo != nil || errHi != nil {
-		return PortRange{}, fmt.Errorf("%w: ports=%q: want a range like 40000-40100", vlink.ErrBadParam, s)
+		return PortRange{}, fmt.Errorf("%w: ports=%q: want a range like 40000-40100", layer.ErrBadParam, s)
 	}
 	r := PortRange{Lo: uint16(l), Hi: uint16(h)}
 	if err := r.check(); err != nil {
@@ -42,7 +42,7 @@ func ParsePortRange(s string) (PortRange, error) {
 
 func (r PortRange) check() error {
 	if r.Lo == 0 || r.Lo > r.Hi {
-		return fmt.Errorf("%w: ports=%s: want 1 <= low <= high <= 65535", vlink.ErrBadParam, r)
+		return fmt.Errorf("%w: ports=%s: want 1 <= low <= high <= 65535", layer.ErrBadParam, r)
 	}
 	return nil
 }

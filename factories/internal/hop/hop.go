@@ -12,18 +12,18 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
-	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // Handshake runs f, which talks to a proxy over c, bounded by ctx: the
-// context's deadline (or vlink.DefaultHandshakeTimeout if it has none)
+// context's deadline (or layer.DefaultHandshakeTimeout if it has none)
 // becomes c's deadline, and cancelling ctx interrupts f's blocked I/O.
 // c's deadline is cleared afterwards. When the context ended the
 // handshake, the error matches ctx.Err() as well as f's error.
 func Handshake(ctx context.Context, c net.Conn, f func() error) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(vlink.DefaultHandshakeTimeout)
+		deadline = time.Now().Add(layer.DefaultHandshakeTimeout)
 	}
 	if err := c.SetDeadline(deadline); err != nil {
 		return err
@@ -40,7 +40,7 @@ func Handshake(ctx context.Context, c net.Conn, f func() error) error {
 		switch {
 		case !errors.Is(err, os.ErrDeadlineExceeded):
 		case !ok:
-			return fmt.Errorf("no answer within %v: %w", vlink.DefaultHandshakeTimeout, err)
+			return fmt.Errorf("no answer within %v: %w", layer.DefaultHandshakeTimeout, err)
 		case !time.Now().Before(deadline):
 			// The context's deadline, enforced through the connection's.
 			return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
