@@ -59,6 +59,7 @@ func init() {
 				Min: int64(time.Second), Max: int64(time.Hour), Local: true,
 				Doc: "fail the connection when a substream accepts no data for this long (a silently cut path)"},
 		},
+		EndMarker: true,
 		New: func(a layer.Args) (any, error) {
 			return &Layer{
 				Streams:      a.Int("streams"),

@@ -73,6 +73,7 @@ func init() {
 			{Name: "window", Type: layer.TypeSize, Default: "16M", Min: 64 << 10, Max: 1 << 30, Local: true,
 				Doc: "the most one stream may have unread in flight (flow control); a path's is twice it"},
 		},
+		EndMarker: true,
 		New: func(a layer.Args) (any, error) {
 			o := Options{CertFile: a.String("cert"), IdleTimeout: a.Duration("idle"), Window: int(a.Size("window"))}
 			if s := a.String("pin"); s != "" {

@@ -34,6 +34,7 @@ func init() {
 			{Name: "dir", Type: layer.TypeString, Local: true,
 				Doc: "the folder of the listeners' unix sockets (default: vlink-shm-UID in the temporary folder)"},
 		},
+		EndMarker: true,
 		New: func(a layer.Args) (any, error) {
 			return New(Options{RingSize: int(a.Size("ring")), Dir: a.String("dir")})
 		},

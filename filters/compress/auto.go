@@ -32,6 +32,7 @@ func init() {
 				Doc:     "the highest level it uses, in each codec's own scale (zstd 1-22, deflate 1-9, lz4 0-9, s2 1-3)",
 			},
 		},
+		EndMarker: true,
 		New: func(a layer.Args) (any, error) {
 			return NewAuto(AutoConfig{Codecs: strings.Split(a.String("codecs"), "/"), MaxLevel: a.Int("max-level")})
 		},

@@ -41,7 +41,8 @@ func init() {
 				Local:   true,
 				Doc:     s.levelDoc,
 			}},
-			New: func(a layer.Args) (any, error) { return New(s.name, a.Int("level")) },
+			EndMarker: true,
+			New:       func(a layer.Args) (any, error) { return New(s.name, a.Int("level")) },
 		})
 	}
 }

@@ -68,6 +68,7 @@ func init() {
 				Doc: "close a dialer's session after it has carried no stream for this long"},
 			layer.Version(WireVersion, WireVersion, WireVersion),
 		},
+		EndMarker: true,
 		New: func(a layer.Args) (any, error) {
 			if _, err := a.Version(); err != nil {
 				return nil, fmt.Errorf("mux: %w", err)

@@ -37,10 +37,11 @@ import (
 
 func init() {
 	layer.Register(layer.Spec{
-		Name:    "noise",
-		Kind:    layer.KindFilter,
-		Summary: "encrypt and authenticate (Noise NNpsk0, or NKpsk0 for a listener with an identity; X25519, ChaCha20-Poly1305) with the pre-shared key",
-		New:     func(layer.Args) (any, error) { return Filter{}, nil },
+		Name:      "noise",
+		Kind:      layer.KindFilter,
+		Summary:   "encrypt and authenticate (Noise NNpsk0, or NKpsk0 for a listener with an identity; X25519, ChaCha20-Poly1305) with the pre-shared key",
+		EndMarker: true,
+		New:       func(layer.Args) (any, error) { return Filter{}, nil },
 	})
 }
 

@@ -34,6 +34,15 @@ type Spec struct {
 	// the connections it returns are vlink.Vouched. Such a factory is
 	// terminal, and the only factory of its stack.
 	Nodes bool
+	// EndMarker declares that the layer's connections end their stream
+	// with a marker of their own (an end frame, a fin block, a QUIC
+	// stream's FIN), so that a stream that ends without it, cut below
+	// the layer, is an error at its reader and never io.EOF. A layer
+	// without one (identity, tcp) cannot tell a cut stream from an ended
+	// one. The conformance suite (package layertest, run on every
+	// registered layer by vlink/layers) holds the layer to what it
+	// declares, either way.
+	EndMarker bool
 	// New builds the layer. It returns a Factory for KindFactory, a Filter
 	// for KindFilter, a MultiLink for KindMultiLink and a Route for
 	// KindRoute.
