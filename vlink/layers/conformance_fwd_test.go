@@ -15,8 +15,8 @@ import (
 // --hop runs one: the pipe's stack crosses it to reach the listener, and
 // the identity layer above the route runs end to end.
 func init() {
-	fixtures["fwd"] = func(t *testing.T) vlink.Stack {
-		return vlink.MustParse("identity+fwd:via=" + forwarder(t))
+	fixtures["fwd"] = func(t *testing.T) (vlink.Stack, bool) {
+		return vlink.MustParse("identity+fwd:via=" + forwarder(t)), false
 	}
 }
 

@@ -33,23 +33,28 @@ import (
 // carry the half-closes these tests make (the http factory's own tests
 // run it against tinyproxy).
 func init() {
-	fixtures["ssh"] = func(t *testing.T) vlink.Stack {
+	// SSH channels have no reset: whatever ended the channel, the
+	// server closes its target with a FIN (and a reset from the target
+	// ends the channel with an EOF), so an abort arrives as a clean end.
+	fixtures["ssh"] = func(t *testing.T) (vlink.Stack, bool) {
 		t.Cleanup(ssh.CloseAll)
 		if st, ok := realFixture(t, "ssh"); ok {
-			return st
+			return st, true
 		}
-		return goSSHServer(t)
+		return goSSHServer(t), true
 	}
+	// ssh -D, the real SOCKS4 server, is an SSH client: its channels
+	// lose aborts as above. Dante and the Go server carry them.
 	for _, name := range []string{"socks4", "socks4a", "socks5"} {
-		fixtures[name] = func(t *testing.T) vlink.Stack {
+		fixtures[name] = func(t *testing.T) (vlink.Stack, bool) {
 			if st, ok := realFixture(t, name); ok {
-				return st
+				return st, name != "socks5"
 			}
-			return vlink.MustParse(name + ":addr=" + goSOCKSServer(t))
+			return vlink.MustParse(name + ":addr=" + goSOCKSServer(t)), false
 		}
 	}
-	fixtures["http"] = func(t *testing.T) vlink.Stack {
-		return vlink.MustParse("http:addr=" + goConnectProxy(t))
+	fixtures["http"] = func(t *testing.T) (vlink.Stack, bool) {
+		return vlink.MustParse("http:addr=" + goConnectProxy(t)), false
 	}
 }
 

@@ -2,24 +2,18 @@ package layers_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
-	"fmt"
-	"io"
-	"math/rand/v2"
 	"net"
-	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/net/nettest"
 
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/layer/layertest"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
 )
 
@@ -29,7 +23,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // layer needs (a proxy, an SSH server) and stopping it through t.Cleanup.
 // Layers that need more than their defaults add theirs to fixtures from
 // their own file (conformance_NAME_test.go), in an init function.
-type fixture func(t *testing.T) vlink.Stack
+//
+// losesAborts says that a server on the fixture's path ends one side
+// with a FIN however the other side ended (an SSH server closes a
+// channel's target so), so an abort reaches the peer as a clean end; the
+// abort check then says so instead of failing (layertest.Options).
+type fixture func(t *testing.T) (s vlink.Stack, losesAborts bool)
 
 var fixtures = map[string]fixture{}
 
@@ -52,8 +51,9 @@ var venues = map[string]func(t *testing.T) venue{}
 
 // A subject is a stack to test and where to test it.
 type subject struct {
-	stack vlink.Stack
-	venue venue
+	stack       vlink.Stack
+	venue       venue
+	losesAborts bool // see fixture
 }
 
 // stacks returns one stack per registered layer, so a layer is covered the
@@ -72,11 +72,12 @@ func stacks(t *testing.T) map[string]subject {
 		}
 		switch fx, ok := fixtures[spec.Name]; {
 		case ok:
-			out[spec.Name] = subject{fx(t), v}
+			st, lost := fx(t)
+			out[spec.Name] = subject{st, v, lost}
 		case spec.Kind == layer.KindFilter, spec.Kind == layer.KindMultiLink:
-			out[spec.Name] = subject{vlink.MustParse(spec.Name), v}
+			out[spec.Name] = subject{stack: vlink.MustParse(spec.Name), venue: v}
 		case spec.Kind == layer.KindFactory && spec.Terminal:
-			out[spec.Name] = subject{vlink.MustParse(spec.Name), v}
+			out[spec.Name] = subject{stack: vlink.MustParse(spec.Name), venue: v}
 		default:
 			t.Errorf("layer %s (%s) has no conformance fixture: add one to vlink/layers (conformance_%s_test.go)", spec.Name, spec.Kind, spec.Name)
 		}
@@ -115,9 +116,26 @@ func needsKey(s vlink.Stack) bool {
 	return false
 }
 
+// endMarker reports whether a layer of the stack declares end markers
+// (layer.Spec.EndMarker): then a stream cut below the stack is an error
+// at its reader.
+func endMarker(s vlink.Stack) bool {
+	for _, l := range s.Layers {
+		if spec, ok := layer.Lookup(l.Name); ok && spec.EndMarker {
+			return true
+		}
+	}
+	return false
+}
+
 // pipe makes a connected pair through a subject's stack, at its venue:
-// the dialed end and the accepted end, each as a program gets it.
-func pipe(t testing.TB, s subject) (c1, c2 net.Conn, stop func(), err error) {
+// the dialed end and the accepted end, each as a program gets it. Where
+// the connections the listener accepts are TCP (the zero venue), the
+// pipe can cut the stream below the stack: the acceptor's stream with a
+// FIN from its TCP connections, the dialer's by shutting down the
+// reading side of the acceptor's (its layers read the end a FIN would
+// bring). Elsewhere it cannot, and the truncation check says so.
+func pipe(s subject) (layertest.Pipe, error) {
 	var key []byte
 	if needsKey(s.stack) {
 		key = testKey
@@ -134,13 +152,14 @@ func pipe(t testing.TB, s subject) (c1, c2 net.Conn, stop func(), err error) {
 	}
 	inner, addr, err := listen()
 	if err != nil {
-		return nil, nil, nil, err
+		return layertest.Pipe{}, err
 	}
+	below := &capture{Listener: inner}
 	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key, Targets: s.venue.targets}}
-	l, err := lc.NewListener(inner)
+	l, err := lc.NewListener(below)
 	if err != nil {
 		inner.Close()
-		return nil, nil, nil, err
+		return layertest.Pipe{}, err
 	}
 	type res struct {
 		c   net.Conn
@@ -154,127 +173,90 @@ func pipe(t testing.TB, s subject) (c1, c2 net.Conn, stop func(), err error) {
 	// The Dialer keeps what multi-link layers share (a mux session)
 	// until it is closed.
 	d := &vlink.Dialer{Stack: s.stack, Key: key, Network: s.venue.network}
-	c1, err = d.Dial("tcp", addr)
+	c1, err := d.Dial("tcp", addr)
 	if err != nil {
 		l.Close()
 		<-ch
 		d.Close()
-		return nil, nil, nil, err
+		return layertest.Pipe{}, err
 	}
 	r := <-ch
 	l.Close()
 	if r.err != nil {
 		c1.Close()
 		d.Close()
-		return nil, nil, nil, r.err
+		return layertest.Pipe{}, r.err
 	}
-	return c1, r.c, func() { c1.Close(); r.c.Close(); d.Close() }, nil
-}
-
-// TestConn runs golang.org/x/net/nettest's net.Conn conformance suite
-// (deadlines past, present and future, concurrent I/O, Close unblocking)
-// on every stack the registry can build, from both ends.
-func TestConn(t *testing.T) {
-	for name, s := range stacks(t) {
-		t.Run(name, func(t *testing.T) {
-			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return pipe(t, s) })
-		})
+	p := layertest.Pipe{
+		Dialer:   c1,
+		Acceptor: r.c,
+		Stop:     func() { c1.Close(); r.c.Close(); d.Close() },
 	}
-}
-
-// TestErrors checks the errors a program sees: timeouts wrap
-// os.ErrDeadlineExceeded, use after Close is net.ErrClosed.
-func TestErrors(t *testing.T) {
-	for name, s := range stacks(t) {
-		t.Run(name, func(t *testing.T) {
-			c1, c2, stop, err := pipe(t, s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer stop()
-			c1.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-			var ne net.Error
-			if _, err := c1.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
-				t.Fatalf("read past deadline = %v, want os.ErrDeadlineExceeded and Timeout()", err)
-			}
-			c1.SetReadDeadline(time.Time{})
-			// After a timeout the connection still works.
-			go c2.Write([]byte("x"))
-			if _, err := io.ReadFull(c1, make([]byte, 1)); err != nil {
-				t.Fatalf("read after a timeout: %v", err)
-			}
-			c1.Close()
-			if _, err := c1.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
-				t.Fatalf("read after Close = %v, want net.ErrClosed", err)
-			}
-			if _, err := c1.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
-				t.Fatalf("write after Close = %v, want net.ErrClosed", err)
-			}
-			// The peer sees the end of the stream: a clean one, since
-			// nothing was left unread, and not just its own deadline.
-			c2.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if n, err := c2.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-				t.Fatalf("peer read %d bytes, %v after Close; want io.EOF", n, err)
-			}
-		})
-	}
-}
-
-// TestTransfers moves 0 bytes to hundreds of MiB through every stack, in
-// both directions at once, each side half-closing when done, and checks
-// each direction's SHA-256.
-func TestTransfers(t *testing.T) {
-	sizes := []int64{0, 1, 65535, 65537, 3<<20 + 11}
-	if !testing.Short() {
-		sizes = append(sizes, 200<<20)
-	}
-	for name, s := range stacks(t) {
-		for _, size := range sizes {
-			t.Run(fmt.Sprintf("%s/%d", name, size), func(t *testing.T) {
-				c1, c2, stop, err := pipe(t, s)
-				if err != nil {
-					t.Fatal(err)
+	if below.tcp() != nil {
+		// A multi-link layer may have ended some of its connections
+		// (parallel's auto growth): the cut is of those still open.
+		p.Cut = func(from net.Conn) error {
+			var errs []error
+			for _, c := range below.tcp() {
+				cut := c.CloseWrite
+				if from == c1 {
+					cut = c.CloseRead
 				}
-				defer stop()
-				var wg sync.WaitGroup
-				errs := make(chan error, 4)
-				for i, pair := range [][2]net.Conn{{c1, c2}, {c2, c1}} {
-					src, dst := pair[0], pair[1]
-					seed := uint64(i + 1)
-					wg.Add(2)
-					sent := make(chan [32]byte, 1)
-					go func() {
-						defer wg.Done()
-						h := sha256.New()
-						_, err := io.Copy(io.MultiWriter(src, h), io.LimitReader(newData(seed), size))
-						if err == nil {
-							err = closeWrite(src)
-						}
-						sent <- [32]byte(h.Sum(nil))
-						errs <- err
-					}()
-					go func() {
-						defer wg.Done()
-						h := sha256.New()
-						n, err := io.Copy(h, dst)
-						if err == nil && n != size {
-							err = fmt.Errorf("received %d bytes, sent %d", n, size)
-						}
-						if err == nil && [32]byte(h.Sum(nil)) != <-sent {
-							err = errors.New("SHA-256 of the received bytes differs from the sent ones")
-						}
-						errs <- err
-					}()
+				if err := cut(); err != nil {
+					errs = append(errs, err)
 				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					if err != nil {
-						t.Fatal(err)
-					}
-				}
-			})
+			}
+			if len(errs) == len(below.tcp()) {
+				return errors.Join(errs...)
+			}
+			return nil
 		}
+	}
+	return p, nil
+}
+
+// capture is a listener that keeps the connections it accepts: those
+// below the stack of a pipe.
+type capture struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *capture) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+// tcp returns the connections accepted so far if each is TCP, else nil.
+func (l *capture) tcp() []*net.TCPConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*net.TCPConn
+	for _, c := range l.conns {
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			return nil
+		}
+		out = append(out, tc)
+	}
+	return out
+}
+
+// TestConformance runs package layertest's suite (nettest's TestConn,
+// errors, transfers, aborts, truncation) on every stack the registry
+// can build, at its venue.
+func TestConformance(t *testing.T) {
+	for name, s := range stacks(t) {
+		t.Run(name, func(t *testing.T) {
+			opts := layertest.Options{EndMarker: endMarker(s.stack), LosesAborts: s.losesAborts}
+			layertest.TestConn(t, func() (layertest.Pipe, error) { return pipe(s) }, opts)
+		})
 	}
 }
 
@@ -333,48 +315,4 @@ func TestListener(t *testing.T) {
 	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		t.Fatal("port still accepting after Close")
 	}
-}
-
-func closeWrite(c net.Conn) error {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return fmt.Errorf("%T has no CloseWrite", c)
-}
-
-// newData returns an endless deterministic stream mixing text-like and
-// random stretches, so compressors meet both kinds in one transfer.
-func newData(seed uint64) io.Reader {
-	return &dataReader{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
-}
-
-type dataReader struct {
-	rng  *rand.Rand
-	left []byte
-}
-
-const logLine = `2026-11-22T07:28:43Z INFO request handled method=GET path=/api/v1/items/%d status=200 bytes=%d dur=%dus {"user":"u%d","ok":true}` + "\n"
-
-func (r *dataReader) Read(p []byte) (int, error) {
-	if len(r.left) == 0 {
-		if r.rng.IntN(4) == 0 {
-			b := make([]byte, 16<<10)
-			for i := 0; i+8 <= len(b); i += 8 {
-				v := r.rng.Uint64()
-				for j := 0; j < 8; j++ {
-					b[i+j] = byte(v >> (8 * j))
-				}
-			}
-			r.left = b
-		} else {
-			var sb strings.Builder
-			for sb.Len() < 16<<10 {
-				fmt.Fprintf(&sb, logLine, r.rng.IntN(1e6), r.rng.IntN(1e5), r.rng.IntN(1e4), r.rng.IntN(100))
-			}
-			r.left = []byte(sb.String())
-		}
-	}
-	n := copy(p, r.left)
-	r.left = r.left[n:]
-	return n, nil
 }
