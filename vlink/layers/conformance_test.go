@@ -3,6 +3,7 @@ package layers_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -192,6 +193,12 @@ func pipe(s subject) (layertest.Pipe, error) {
 		Acceptor: r.c,
 		Stop:     func() { c1.Close(); r.c.Close(); d.Close() },
 	}
+	if below.tcp() == nil && s.venue.listen == nil {
+		// The zero venue listens on TCP: a pipe there that cannot cut
+		// would skip the truncation check unseen.
+		p.Stop()
+		return layertest.Pipe{}, fmt.Errorf("the pipe cannot cut below its stack: its listener accepted %s, not TCP connections only", below.types())
+	}
 	if below.tcp() != nil {
 		// A multi-link layer may have ended some of its connections
 		// (parallel's auto growth): the cut is of those still open.
@@ -231,6 +238,17 @@ func (l *capture) Accept() (net.Conn, error) {
 		l.mu.Unlock()
 	}
 	return c, err
+}
+
+// types lists the types of the connections accepted so far.
+func (l *capture) types() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ts []string
+	for _, c := range l.conns {
+		ts = append(ts, fmt.Sprintf("%T", c))
+	}
+	return fmt.Sprint(ts)
 }
 
 // tcp returns the connections accepted so far if each is TCP, else nil.
