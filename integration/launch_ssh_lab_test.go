@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/lab"
 	"github.com/vlink-dev/vlink/internal/realserver"
 )
 

@@ -29,7 +29,7 @@ import (
 //
 // Names are unique per test process (prefix nsPrefix, then the pid), and a
 // new site first deletes what a crashed run left behind, so nothing
-// accumulates. It stays apart from the WAN lab (integration/lab): the
+// accumulates. It stays apart from the WAN lab (internal/lab): the
 // programs under test run on the test's own host, where the preload shim
 // and its agent are, and the site needs IPv6, which the lab does not do.
 type farSite struct {

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/lab"
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )

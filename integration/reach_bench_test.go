@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/lab"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 

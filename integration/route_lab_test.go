@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/socks"
-	"github.com/vlink-dev/vlink/integration/lab"
+	"github.com/vlink-dev/vlink/internal/lab"
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )

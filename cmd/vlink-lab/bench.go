@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 var benchCmd = &cli.Command{

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 var ceilingCmd = &cli.Command{

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 var downCmd = &cli.Command{

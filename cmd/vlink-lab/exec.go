@@ -9,8 +9,8 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 var execCmd = &cli.Command{

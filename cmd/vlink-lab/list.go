@@ -10,8 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 var listCmd = &cli.Command{

@@ -1,4 +1,4 @@
-// Command vlink-lab brings up the WAN lab of package integration/lab by
+// Command vlink-lab brings up the WAN lab of package internal/lab by
 // hand: hosts in network namespaces, joined by veth pairs or by a
 // user-space delay line with a round-trip time, jitter, loss and a rate
 // limit; runs commands in its hosts; takes it down; and measures the

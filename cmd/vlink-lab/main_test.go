@@ -15,8 +15,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli/clitest"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

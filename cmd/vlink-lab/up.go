@@ -13,8 +13,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/vlink-dev/vlink/integration/lab"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/lab"
 )
 
 // loadTopology reads a profile name or a topology file. A file that

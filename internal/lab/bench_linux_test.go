@@ -10,7 +10,7 @@ import (
 // BenchmarkCeiling runs the ceiling measurement (vlink-lab ceiling) once
 // per iteration, 3 s per run:
 //
-//	go test -run '^$' -bench Ceiling -benchtime 1x ./integration/lab
+//	go test -run '^$' -bench Ceiling -benchtime 1x ./internal/lab
 func BenchmarkCeiling(b *testing.B) {
 	Require(b, "iperf3", "tc")
 	for b.Loop() {
@@ -31,7 +31,7 @@ func BenchmarkCeiling(b *testing.B) {
 // with 1 to 16 parallel streams: the reference for what parallel TCP
 // does on each link (vlink-lab bench prints the same, with more rounds).
 //
-//	go test -run '^$' -bench Baseline -benchtime 1x ./integration/lab
+//	go test -run '^$' -bench Baseline -benchtime 1x ./internal/lab
 func BenchmarkBaseline(b *testing.B) {
 	Require(b, "iperf3", "tc")
 	for _, profile := range []string{"wan50", "wan50-clean", "wan100m"} {
