@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/internal/cli"
 )
 
@@ -30,20 +31,20 @@ table as --help, so it always matches this binary.
   vlink completion zsh > "${fpath[1]}/_vlink"
 `,
 	Args: true,
-	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env) int {
-		return func(ctx context.Context, e *env) int {
-			if len(e.args) != 1 {
-				return usageError(e.stderr, "vlink completion", "give the shell: bash or zsh")
+	Flags: base.WithEnv(func(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+		return func(ctx context.Context, e *base.Env) int {
+			if len(e.Args) != 1 {
+				return base.UsageError(e.Stderr, "vlink completion", "give the shell: bash or zsh")
 			}
-			switch e.args[0] {
+			switch e.Args[0] {
 			case "bash":
-				fmt.Fprint(e.stdout, program.BashCompletion())
+				fmt.Fprint(e.Stdout, program.BashCompletion())
 			case "zsh":
-				fmt.Fprint(e.stdout, program.ZshCompletion())
+				fmt.Fprint(e.Stdout, program.ZshCompletion())
 			default:
-				return usageError(e.stderr, "vlink completion", fmt.Sprintf("%q: want bash or zsh", e.args[0]))
+				return base.UsageError(e.Stderr, "vlink completion", fmt.Sprintf("%q: want bash or zsh", e.Args[0]))
 			}
-			return exitOK
+			return base.ExitOK
 		}
 	}),
 }
@@ -61,10 +62,10 @@ it at once with man -l.
   vlink man | man -l -
   vlink man > ~/.local/share/man/man1/vlink.1
 `,
-	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env) int {
-		return func(ctx context.Context, e *env) int {
-			fmt.Fprint(e.stdout, program.ManPage("1", manDate()))
-			return exitOK
+	Flags: base.WithEnv(func(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+		return func(ctx context.Context, e *base.Env) int {
+			fmt.Fprint(e.Stdout, program.ManPage("1", manDate()))
+			return base.ExitOK
 		}
 	}),
 }

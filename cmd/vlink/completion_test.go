@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -16,7 +17,7 @@ func TestBashCompletion(t *testing.T) {
 	testenv.Programs(t, "bash")
 	script := filepath.Join(t.TempDir(), "vlink.bash")
 	code, out, _ := runSync("completion", "bash")
-	if code != exitOK {
+	if code != base.ExitOK {
 		t.Fatalf("vlink completion bash: exit code %d", code)
 	}
 	os.WriteFile(script, []byte(out), 0o644)
@@ -49,7 +50,7 @@ func TestZshCompletion(t *testing.T) {
 	testenv.Programs(t, "zsh")
 	dir := t.TempDir()
 	code, out, _ := runSync("completion", "zsh")
-	if code != exitOK {
+	if code != base.ExitOK {
 		t.Fatalf("vlink completion zsh: exit code %d", code)
 	}
 	os.WriteFile(filepath.Join(dir, "_vlink"), []byte(out), 0o644)
@@ -65,7 +66,7 @@ func TestZshCompletion(t *testing.T) {
 func TestManPage(t *testing.T) {
 	testenv.Programs(t, "groff")
 	code, page, _ := runSync("man")
-	if code != exitOK || !strings.HasPrefix(page, ".TH VLINK 1 ") {
+	if code != base.ExitOK || !strings.HasPrefix(page, ".TH VLINK 1 ") {
 		t.Fatalf("vlink man: exit code %d, page starts %q", code, page[:min(len(page), 40)])
 	}
 	cmd := exec.Command("groff", "-man", "-Tutf8", "-ww", "-z")

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/execcmd"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -22,8 +24,8 @@ func TestExecUsageErrors(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runSync(tc.args...)
-			if code != exitUsage || !strings.Contains(stderr, tc.want) || stdout != "" {
-				t.Errorf("exit code %d (want %d), stderr %q does not say %q", code, exitUsage, stderr, tc.want)
+			if code != base.ExitUsage || !strings.Contains(stderr, tc.want) || stdout != "" {
+				t.Errorf("exit code %d (want %d), stderr %q does not say %q", code, base.ExitUsage, stderr, tc.want)
 			}
 		})
 	}
@@ -34,7 +36,7 @@ func TestExecUsageErrors(t *testing.T) {
 func TestExecExitCode(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		code, _, stderr := runSync("exec", "--", "true")
-		if code != exitExecFailed || !strings.Contains(stderr, "Linux-only") {
+		if code != execcmd.ExitExecFailed || !strings.Contains(stderr, "Linux-only") {
 			t.Errorf("exit code %d, stderr %q", code, stderr)
 		}
 		return
@@ -42,7 +44,7 @@ func TestExecExitCode(t *testing.T) {
 	testenv.Programs(t, "cc") // vlink exec builds the shim
 	// Not VLINK_CONFIG: vlink.DefaultConfig reads it once per process.
 	code, _, stderr := runSync("exec", "--config", "/nonexistent/vlink.toml", "--", "sh", "-c", "exit 3")
-	if code != exitExecFailed || !strings.Contains(stderr, "/nonexistent/vlink.toml") {
+	if code != execcmd.ExitExecFailed || !strings.Contains(stderr, "/nonexistent/vlink.toml") {
 		t.Errorf("a missing config: exit code %d, stderr %q", code, stderr)
 	}
 	code, _, stderr = runSync("exec", "--config", "/dev/null", "--", "sh", "-c", "exit 3")

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/knownnodes"
@@ -41,10 +42,10 @@ The key goes to standard output, or with --out to a new file of mode 600
   vlink key --node db --key-file network.key --out db.key
   vlink key --identity --out gw.identity
 `,
-	Flags: withEnv(keyFlags),
+	Flags: base.WithEnv(keyFlags),
 }
 
-func keyFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+func keyFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	var node, keyFile, out string
 	var force, identity bool
 	fs.StringVar(&node, "node", "", "derive the key of the node called `NAME` (needs --key-file)")
@@ -52,42 +53,42 @@ func keyFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.StringVar(&out, "out", "", "write the key to `FILE`, created with mode 600 (default: standard output)")
 	fs.BoolVar(&force, "force", false, "let --out replace an existing file")
 	fs.BoolVar(&identity, "identity", false, "make a listener's identity (for vlink serve --identity) and print its fingerprint")
-	return func(ctx context.Context, e *env) int {
+	return func(ctx context.Context, e *base.Env) int {
 		if identity {
 			if node != "" || keyFile != "" {
-				return fail(e, "vlink key", usagef("--identity makes a fresh identity: it takes no --node or --key-file"))
+				return base.Fail(e, "vlink key", base.Usagef("--identity makes a fresh identity: it takes no --node or --key-file"))
 			}
 			id := vlink.NewIdentity()
 			pub, _ := vlink.IdentityPublic(id)
 			if err := writeKeyOut(e, out, force, base64.StdEncoding.AppendEncode(nil, id)); err != nil {
-				return fail(e, "vlink key", err)
+				return base.Fail(e, "vlink key", err)
 			}
-			fmt.Fprintf(e.stderr, "vlink key: the identity's fingerprint, which dialers pin: %s\n", knownnodes.Fingerprint(pub))
-			return exitOK
+			fmt.Fprintf(e.Stderr, "vlink key: the identity's fingerprint, which dialers pin: %s\n", knownnodes.Fingerprint(pub))
+			return base.ExitOK
 		}
 		key, err := makeKey(node, keyFile)
 		if err == nil {
 			err = writeKeyOut(e, out, force, key)
 		}
 		if err != nil {
-			return fail(e, "vlink key", err)
+			return base.Fail(e, "vlink key", err)
 		}
-		return exitOK
+		return base.ExitOK
 	}
 }
 
 func makeKey(node, keyFile string) ([]byte, error) {
 	switch {
 	case node == "" && keyFile != "":
-		return nil, usagef("--key-file is the network key to derive a node's key from: add --node NAME")
+		return nil, base.Usagef("--key-file is the network key to derive a node's key from: add --node NAME")
 	case node == "":
 		b := make([]byte, 32)
 		rand.Read(b)
 		return base64.StdEncoding.AppendEncode(nil, b), nil
 	case !vlink.ValidNodeName(node):
-		return nil, usagef("--node %q: %v", node, vlink.ErrBadNodeName)
+		return nil, base.Usagef("--node %q: %v", node, vlink.ErrBadNodeName)
 	case keyFile == "":
-		return nil, usagef("--node %s needs the network key to derive from: --key-file NETWORK_KEY", node)
+		return nil, base.Usagef("--node %s needs the network key to derive from: --key-file NETWORK_KEY", node)
 	}
 	network, err := vlink.ReadKeyFile(keyFile)
 	if err != nil {
@@ -96,10 +97,10 @@ func makeKey(node, keyFile string) ([]byte, error) {
 	return vlink.NodeKey(network, node), nil
 }
 
-func writeKeyOut(e *env, out string, force bool, key []byte) error {
+func writeKeyOut(e *base.Env, out string, force bool, key []byte) error {
 	line := append(key, '\n')
 	if out == "" {
-		_, err := e.stdout.Write(line)
+		_, err := e.Stdout.Write(line)
 		return err
 	}
 	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -39,25 +40,25 @@ down:
 	Examples: `
   vlink layers
 `,
-	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env) int {
-		return func(ctx context.Context, e *env) int {
+	Flags: base.WithEnv(func(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+		return func(ctx context.Context, e *base.Env) int {
 			printLayers(e)
-			return exitOK
+			return base.ExitOK
 		}
 	}),
 }
 
-func printLayers(e *env) {
+func printLayers(e *base.Env) {
 	for i, s := range layer.Specs() {
 		if i > 0 {
-			fmt.Fprintln(e.stdout)
+			fmt.Fprintln(e.Stdout)
 		}
 		kind := s.Kind.String()
 		if s.Terminal {
 			kind += ", terminal"
 		}
-		fmt.Fprintf(e.stdout, "%s (%s): %s\n", s.Name, kind, s.Summary)
-		w := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(e.Stdout, "%s (%s): %s\n", s.Name, kind, s.Summary)
+		w := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 		for _, p := range s.Params {
 			def, bounds := "default "+p.Default, ""
 			switch {
@@ -87,10 +88,10 @@ Go version and platform.
 	Examples: `
   vlink version
 `,
-	Flags: withEnv(func(fs *flag.FlagSet) func(context.Context, *env) int {
-		return func(ctx context.Context, e *env) int {
-			fmt.Fprintln(e.stdout, versionString())
-			return exitOK
+	Flags: base.WithEnv(func(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+		return func(ctx context.Context, e *base.Env) int {
+			fmt.Fprintln(e.Stdout, versionString())
+			return base.ExitOK
 		}
 	}),
 }

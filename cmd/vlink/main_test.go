@@ -23,6 +23,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/bench"
 	"github.com/vlink-dev/vlink/internal/cli/clitest"
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
@@ -246,10 +248,10 @@ func TestServeTunnel(t *testing.T) {
 					}
 				})
 			}
-			if code := tun.stop(t); code != exitOK {
+			if code := tun.stop(t); code != base.ExitOK {
 				t.Errorf("tunnel exited %d; stderr:\n%s", code, tun.stderr.String())
 			}
-			if code := srv.stop(t); code != exitOK {
+			if code := srv.stop(t); code != base.ExitOK {
 				t.Errorf("serve exited %d; stderr:\n%s", code, srv.stderr.String())
 			}
 			if s := srv.stderr.String(); !strings.Contains(s, "msg=forwarding") {
@@ -264,8 +266,8 @@ func TestServeTunnel(t *testing.T) {
 
 func TestServeRefusesToBeAnOpenProxy(t *testing.T) {
 	code, _, stderr := runSync("serve", "--listen", "127.0.0.1:0")
-	if code != exitUsage {
-		t.Errorf("exit code %d, want %d", code, exitUsage)
+	if code != base.ExitUsage {
+		t.Errorf("exit code %d, want %d", code, base.ExitUsage)
 	}
 	for _, want := range []string{"--target", "--allow", "open proxy"} {
 		if !strings.Contains(stderr, want) {
@@ -383,7 +385,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if code := srv.stop(t); code != exitOK {
+	if code := srv.stop(t); code != base.ExitOK {
 		t.Errorf("exit code %d, want 0; stderr:\n%s", code, srv.stderr.String())
 	}
 	if took := time.Since(start); took < 300*time.Millisecond || took > 5*time.Second {
@@ -463,7 +465,7 @@ func TestBench(t *testing.T) {
 	t.Run("table", func(t *testing.T) {
 		plot := filepath.Join(t.TempDir(), "goodput.svg")
 		code, stdout, stderr := runSync(append(args, "--plot", plot)...)
-		if code != exitOK {
+		if code != base.ExitOK {
 			t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 		}
 		tables := strings.Split(strings.TrimSpace(stdout), "\n\n")
@@ -542,13 +544,13 @@ func TestBench(t *testing.T) {
 	})
 	t.Run("json", func(t *testing.T) {
 		code, stdout, stderr := runSync(append(args, "--json", "--data", "text", "--log-level", "warn")...)
-		if code != exitOK {
+		if code != base.ExitOK {
 			t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 		}
 		if stderr != "" {
 			t.Errorf("progress printed at --log-level warn:\n%s", stderr)
 		}
-		var r benchReport
+		var r bench.Report
 		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
 			t.Fatalf("%v in:\n%s", err, stdout)
 		}
@@ -580,56 +582,9 @@ func TestBench(t *testing.T) {
 	})
 }
 
-// TestLinkEstimates checks the model on figures chosen for it: a
-// compressing stack wins where the link is the limit, raw TCP where the
-// CPU is, and raw TCP within 5% of the best is preferred.
-func TestLinkEstimates(t *testing.T) {
-	rows := []benchRow{
-		{Stack: "raw", Data: "text", MBps: 1000, WirePerByte: 1},
-		{Stack: "zstd+tcp", Data: "text", MBps: 100, WirePerByte: 0.2},
-		{Stack: "lz4+tcp", Data: "text", MBps: 400, WirePerByte: 0.3},
-	}
-	links, err := parseLinks("100M, 1G,10g")
-	if err != nil {
-		t.Fatal(err)
-	}
-	est := linkEstimates(rows, []string{"text"}, links)
-	for i, want := range []struct {
-		best    string
-		goodput float64
-	}{
-		{"zstd+tcp", 62.5}, // 12.5 MB/s of wire carry 62.5 of text; zstd's CPU allows 100
-		{"lz4+tcp", 400},   // 125/0.3 = 417, but lz4's CPU stops at 400; zstd at 100
-		{"raw", 1000},      // 1250/0.3 = 4167 for lz4, CPU 400; raw gets 1000
-	} {
-		if e := est[i]; e.Best != want.best || e.Goodput[e.Best] != want.goodput {
-			t.Errorf("%v bit/s: best %s at %v MB/s, want %s at %v", e.Rate, e.Best, e.Goodput[e.Best], want.best, want.goodput)
-		}
-	}
-	rows[0].MBps = 390 // within 5% of lz4's 400: raw is simpler
-	if e := linkEstimates(rows, []string{"text"}, []float64{10e9})[0]; e.Best != "raw" {
-		t.Errorf("raw at 390 against lz4 at 400: best %s, want raw", e.Best)
-	}
-	// deflate's wire ratio a hair better than zstd's, its CPU slower: on
-	// a slow link they tie, and the one with CPU to spare is named.
-	ties := []benchRow{
-		{Stack: "raw", Data: "text", MBps: 2000, WirePerByte: 1},
-		{Stack: "deflate+tcp", Data: "text", MBps: 160, WirePerByte: 0.199},
-		{Stack: "zstd+tcp", Data: "text", MBps: 210, WirePerByte: 0.200},
-	}
-	if e := linkEstimates(ties, []string{"text"}, []float64{10e6})[0]; e.Best != "zstd+tcp" {
-		t.Errorf("deflate and zstd tied on 10 Mbit/s: best %s, want zstd+tcp (more CPU to spare)", e.Best)
-	}
-	for _, bad := range []string{"fast", "0", "-1M", "100T", "1e20"} {
-		if _, err := parseLinks(bad); err == nil {
-			t.Errorf("--link %s accepted", bad)
-		}
-	}
-}
-
 func TestLayers(t *testing.T) {
 	code, stdout, _ := runSync("layers")
-	if code != exitOK {
+	if code != base.ExitOK {
 		t.Fatalf("exit code %d", code)
 	}
 	for _, re := range []string{
@@ -645,7 +600,7 @@ func TestLayers(t *testing.T) {
 
 func TestVersion(t *testing.T) {
 	code, stdout, _ := runSync("version")
-	if code != exitOK || !regexp.MustCompile(`^vlink \S+.* go1\.\d+`).MatchString(stdout) {
+	if code != base.ExitOK || !regexp.MustCompile(`^vlink \S+.* go1\.\d+`).MatchString(stdout) {
 		t.Errorf("exit code %d, output %q", code, stdout)
 	}
 }
@@ -685,8 +640,8 @@ func TestUsageErrors(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runSync(tc.args...)
-			if code != exitUsage {
-				t.Errorf("exit code %d, want %d", code, exitUsage)
+			if code != base.ExitUsage {
+				t.Errorf("exit code %d, want %d", code, base.ExitUsage)
 			}
 			if !strings.Contains(stderr, tc.want) {
 				t.Errorf("stderr does not say %q:\n%s", tc.want, stderr)
@@ -703,7 +658,7 @@ func TestHelp(t *testing.T) {
 		t.Run(c.Name, func(t *testing.T) {
 			for _, args := range [][]string{{c.Name, "--help"}, {c.Name, "-h"}, {"help", c.Name}} {
 				code, stdout, stderr := runSync(args...)
-				if code != exitOK || stderr != "" {
+				if code != base.ExitOK || stderr != "" {
 					t.Errorf("%v: exit code %d, stderr %q", args, code, stderr)
 				}
 				level := "(default info)"
@@ -719,7 +674,7 @@ func TestHelp(t *testing.T) {
 		})
 	}
 	code, stdout, _ := runSync("--help")
-	if code != exitOK || !strings.Contains(stdout, "Commands:") {
+	if code != base.ExitOK || !strings.Contains(stdout, "Commands:") {
 		t.Errorf("vlink --help: exit code %d:\n%s", code, stdout)
 	}
 }
@@ -743,11 +698,11 @@ func TestBinary(t *testing.T) {
 		code int
 		out  string // in stdout for 0, stderr otherwise
 	}{
-		{[]string{"--help"}, exitOK, "Commands:"},
-		{[]string{"serve", "--help"}, exitOK, "Usage: vlink serve"},
-		{[]string{"serve", "--no-such-flag"}, exitUsage, "flag provided but not defined"},
-		{[]string{"serve"}, exitUsage, "open proxy"},
-		{[]string{"serve", "--listen", "256.0.0.1:1", "--target", "127.0.0.1:1"}, exitFailure, "256.0.0.1"},
+		{[]string{"--help"}, base.ExitOK, "Commands:"},
+		{[]string{"serve", "--help"}, base.ExitOK, "Usage: vlink serve"},
+		{[]string{"serve", "--no-such-flag"}, base.ExitUsage, "flag provided but not defined"},
+		{[]string{"serve"}, base.ExitUsage, "open proxy"},
+		{[]string{"serve", "--listen", "256.0.0.1:1", "--target", "127.0.0.1:1"}, base.ExitFailure, "256.0.0.1"},
 	} {
 		cmd := exec.Command(bin, tc.args...)
 		var stdout, stderr bytes.Buffer
@@ -761,7 +716,7 @@ func TestBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := stderr.String()
-		if tc.code == exitOK {
+		if tc.code == base.ExitOK {
 			out = stdout.String()
 		}
 		if code != tc.code || !strings.Contains(out, tc.out) {
@@ -881,7 +836,7 @@ func TestTunnelShutdownLetsConnectionsFinish(t *testing.T) {
 	if sum := <-got; sum != sha256.Sum256(data) {
 		t.Errorf("the echo differs from what was sent")
 	}
-	if code := tun.stop(t); code != exitOK {
+	if code := tun.stop(t); code != base.ExitOK {
 		t.Errorf("exit code %d; stderr:\n%s", code, tun.stderr.String())
 	}
 	if s := tun.stderr.String(); strings.Contains(s, "closed connections") {
@@ -924,7 +879,7 @@ func TestTunnelSharesMuxSession(t *testing.T) {
 			if got := conns.Load(); got != tc.want {
 				t.Errorf("%d TCP connections reached serve for 5 through the tunnel, want %d", got, tc.want)
 			}
-			if code := tun.stop(t); code != exitOK {
+			if code := tun.stop(t); code != base.ExitOK {
 				t.Errorf("tunnel exit code %d", code)
 			}
 		})

@@ -2,14 +2,11 @@ package main
 
 import (
 	"crypto/sha256"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
@@ -97,19 +94,5 @@ func TestMetrics(t *testing.T) {
 	tun.stop(t)
 	if _, err := http.Get(tunMetrics); err == nil {
 		t.Errorf("the tunnel's metrics are still served after it stopped")
-	}
-}
-
-func TestMetricsStackLabelBounded(t *testing.T) {
-	m := newMetrics()
-	for i := range maxStackLabels + 5 {
-		m.relayStarted(fmt.Sprintf("s%d", i))
-	}
-	m.relayStarted("s0")
-	if got := testutil.ToFloat64(m.open.WithLabelValues("other")); got != 5 {
-		t.Errorf("stacks past the first %d: %v connections labelled other, want 5", maxStackLabels, got)
-	}
-	if got := testutil.ToFloat64(m.open.WithLabelValues("s0")); got != 2 {
-		t.Errorf("a stack seen before keeps its label: %v connections labelled s0, want 2", got)
 	}
 }

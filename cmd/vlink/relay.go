@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
@@ -35,10 +37,10 @@ address, and a node decides which of its ports it exposes (vlink serve
   vlink key --out network.key
   vlink relay --listen 0.0.0.0:7100 --key-file network.key
 `,
-	Flags: withEnv(relayFlags),
+	Flags: base.WithEnv(relayFlags),
 }
 
-func relayFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+func relayFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	var listen, keyFile, metricsAddr string
 	var maxNodes, maxRelayed int
 	var idle, grace time.Duration
@@ -47,25 +49,25 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *env) int {
 	fs.IntVar(&maxNodes, "max-nodes", control.DefaultMaxNodes, "register at most `N` nodes at once")
 	fs.IntVar(&maxRelayed, "max-relayed", control.DefaultMaxRelayed, "carry at most `N` connections between nodes at once")
 	fs.DurationVar(&idle, "idle-timeout", control.DefaultIdleTimeout, "drop a node silent for `DURATION` (nodes ping every 15s)")
-	graceVar(fs, &grace)
+	base.GraceVar(fs, &grace)
 	fs.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): nodes registered, connections relayed (open, total, bytes), refusals by reason (default: none)")
-	return func(ctx context.Context, e *env) int {
-		if err := runRelay(ctx, e, listen, keyFile, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.log}); err != nil {
-			return fail(e, "vlink relay", err)
+	return func(ctx context.Context, e *base.Env) int {
+		if err := runRelay(ctx, e, listen, keyFile, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.Log}); err != nil {
+			return base.Fail(e, "vlink relay", err)
 		}
-		return exitOK
+		return base.ExitOK
 	}
 }
 
-func runRelay(ctx context.Context, e *env, listen, keyFile, metricsAddr string, grace time.Duration, cfg control.RelayConfig) error {
+func runRelay(ctx context.Context, e *base.Env, listen, keyFile, metricsAddr string, grace time.Duration, cfg control.RelayConfig) error {
 	if keyFile == "" {
-		return usagef("--key-file NETWORK_KEY is required: the relay authenticates every node with it (vlink key --out FILE makes one)")
+		return base.Usagef("--key-file NETWORK_KEY is required: the relay authenticates every node with it (vlink key --out FILE makes one)")
 	}
-	if err := checkHostPort(listen); err != nil {
-		return usagef("--listen %v", err)
+	if err := base.CheckHostPort(listen); err != nil {
+		return base.Usagef("--listen %v", err)
 	}
 	if cfg.MaxNodes <= 0 || cfg.MaxRelayed <= 0 || cfg.IdleTimeout <= 0 || grace < 0 {
-		return usagef("--max-nodes, --max-relayed and --idle-timeout want positive values, --grace a duration")
+		return base.Usagef("--max-nodes, --max-relayed and --idle-timeout want positive values, --grace a duration")
 	}
 	key, err := vlink.ReadKeyFile(keyFile)
 	if err != nil {
@@ -75,19 +77,19 @@ func runRelay(ctx context.Context, e *env, listen, keyFile, metricsAddr string, 
 	if err != nil {
 		return err
 	}
-	m, stopMetrics, err := serveMetrics(ctx, e, metricsAddr)
+	m, stopMetrics, err := metrics.Serve(ctx, e, metricsAddr)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
 	if m != nil {
-		m.reg.MustRegister(relayCollector{r})
+		m.Reg.MustRegister(relayCollector{r})
 	}
 	l, err := control.Listen(ctx, listen, key)
 	if err != nil {
 		return err
 	}
-	e.log.Info("relay listening", "addr", l.Addr().String())
+	e.Log.Info("relay listening", "addr", l.Addr().String())
 	served := make(chan error, 1)
 	go func() { served <- r.Serve(l) }()
 	select {
@@ -104,7 +106,7 @@ func runRelay(ctx context.Context, e *env, listen, keyFile, metricsAddr string, 
 		time.Sleep(50 * time.Millisecond)
 	}
 	if n := r.Relayed(); n > 0 {
-		e.log.Info("relay: cutting connections still relayed after the grace period", "connections", n)
+		e.Log.Info("relay: cutting connections still relayed after the grace period", "connections", n)
 	}
 	return r.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
 )
@@ -17,7 +18,7 @@ import (
 func TestKeyCommand(t *testing.T) {
 	dir := t.TempDir()
 	network := filepath.Join(dir, "network.key")
-	if code, _, stderr := runSync("key", "--out", network); code != exitOK {
+	if code, _, stderr := runSync("key", "--out", network); code != base.ExitOK {
 		t.Fatalf("key --out: exit %d\n%s", code, stderr)
 	}
 	if fi, err := os.Stat(network); err != nil || fi.Mode().Perm() != 0o600 {
@@ -28,7 +29,7 @@ func TestKeyCommand(t *testing.T) {
 		t.Fatalf("the key made is %q (%v, %v), want 32 random bytes in base64", nk, err, derr)
 	}
 	code, stdout, _ := runSync("key")
-	if code != exitOK || len(stdout) != 45 || stdout == string(nk)+"\n" {
+	if code != base.ExitOK || len(stdout) != 45 || stdout == string(nk)+"\n" {
 		t.Fatalf("key to stdout: exit %d, %q", code, stdout)
 	}
 	tests := []struct {
@@ -37,11 +38,11 @@ func TestKeyCommand(t *testing.T) {
 		code int
 		out  string // stdout wanted, if any
 	}{
-		{"node key", []string{"key", "--node", "db", "--key-file", network}, exitOK, string(vlink.NodeKey(nk, "db")) + "\n"},
-		{"bad name", []string{"key", "--node", "DB", "--key-file", network}, exitUsage, ""},
-		{"node without network key", []string{"key", "--node", "db"}, exitUsage, ""},
-		{"network key without node", []string{"key", "--key-file", network}, exitUsage, ""},
-		{"no overwrite", []string{"key", "--out", network}, exitFailure, ""},
+		{"node key", []string{"key", "--node", "db", "--key-file", network}, base.ExitOK, string(vlink.NodeKey(nk, "db")) + "\n"},
+		{"bad name", []string{"key", "--node", "DB", "--key-file", network}, base.ExitUsage, ""},
+		{"node without network key", []string{"key", "--node", "db"}, base.ExitUsage, ""},
+		{"network key without node", []string{"key", "--key-file", network}, base.ExitUsage, ""},
+		{"no overwrite", []string{"key", "--out", network}, base.ExitFailure, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,7 +55,7 @@ func TestKeyCommand(t *testing.T) {
 	if again, _ := vlink.ReadKeyFile(network); !bytes.Equal(again, nk) {
 		t.Fatal("--out replaced an existing key file without --force")
 	}
-	if code, _, _ := runSync("key", "--out", network, "--force"); code != exitOK {
+	if code, _, _ := runSync("key", "--out", network, "--force"); code != base.ExitOK {
 		t.Fatal("--force did not replace the file")
 	}
 	if again, _ := vlink.ReadKeyFile(network); bytes.Equal(again, nk) {
@@ -63,7 +64,7 @@ func TestKeyCommand(t *testing.T) {
 }
 
 func TestRelayCommand(t *testing.T) {
-	if code, _, stderr := runSync("relay"); code != exitUsage {
+	if code, _, stderr := runSync("relay"); code != base.ExitUsage {
 		t.Fatalf("relay without --key-file: exit %d\n%s", code, stderr)
 	}
 	network := filepath.Join(t.TempDir(), "network.key")
@@ -96,7 +97,7 @@ func TestRelayCommand(t *testing.T) {
 	if _, err := join("c", vlink.NodeKey(nk, "a")); !errors.Is(err, vlink.ErrRefused) {
 		t.Fatalf("a node with another's key: %v, want refused", err)
 	}
-	if code := r.stop(t); code != exitOK {
+	if code := r.stop(t); code != base.ExitOK {
 		t.Fatalf("relay exit %d after SIGINT\n%s", code, r.stderr.String())
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -49,44 +50,44 @@ Exit status 0 if a way connected, 1 if none did.
   # Which path reaches a node, from this node:
   vlink route --node laptop --relay relay.example:7100 --node-key-file laptop.key web.vlink.alt:8000
 `,
-	Flags: withEnv(routeFlags),
+	Flags: base.WithEnv(routeFlags),
 	Args:  true,
 }
 
 type routeOptions struct {
 	timeout time.Duration
 	count   int
-	node    nodeOptions
+	node    base.NodeOptions
 }
 
-func routeFlags(fs *flag.FlagSet) func(context.Context, *env) int {
+func routeFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	o := &routeOptions{}
 	fs.DurationVar(&o.timeout, "dial-timeout", 10*time.Second, "give up after `DURATION`, handshakes included")
 	fs.IntVar(&o.count, "count", 1, "dial `N` times in a row, to see what the dialer remembers between dials")
-	nodeFlags(fs, &o.node, "to reach NODE.vlink.alt:PORT through the relay")
-	reverseFlag(fs, &o.node)
-	return func(ctx context.Context, e *env) int {
+	base.NodeFlags(fs, &o.node, "to reach NODE.vlink.alt:PORT through the relay")
+	base.ReverseFlag(fs, &o.node)
+	return func(ctx context.Context, e *base.Env) int {
 		ok, err := o.run(ctx, e)
 		if err != nil {
-			return fail(e, "vlink route", err)
+			return base.Fail(e, "vlink route", err)
 		}
 		if !ok {
-			return exitFailure
+			return base.ExitFailure
 		}
-		return exitOK
+		return base.ExitOK
 	}
 }
 
-func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
-	if len(e.args) != 1 {
-		return false, usagef("want one destination, HOST:PORT (got %d arguments)", len(e.args))
+func (o *routeOptions) run(ctx context.Context, e *base.Env) (bool, error) {
+	if len(e.Args) != 1 {
+		return false, base.Usagef("want one destination, HOST:PORT (got %d arguments)", len(e.Args))
 	}
-	dest := e.args[0]
-	if err := checkHostPort(dest); err != nil {
-		return false, usagef("%v", err)
+	dest := e.Args[0]
+	if err := base.CheckHostPort(dest); err != nil {
+		return false, base.Usagef("%v", err)
 	}
 	if o.timeout <= 0 || o.count < 1 {
-		return false, usagef("--dial-timeout wants a positive duration, --count at least 1")
+		return false, base.Usagef("--dial-timeout wants a positive duration, --count at least 1")
 	}
 	cfg, err := vlink.DefaultConfig()
 	if err != nil {
@@ -95,10 +96,10 @@ func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
 	d := &vlink.Dialer{Config: cfg, Timeout: o.timeout}
 	defer d.Close()
 	if _, _, isNode := vlink.SplitNodeAddr(dest); isNode {
-		if !o.node.set() {
-			return false, usagef("%s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", dest)
+		if !o.node.Given() {
+			return false, base.Usagef("%s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", dest)
 		}
-		node, err := o.node.connect(ctx, e, cfg.Key)
+		node, err := o.node.Connect(ctx, e, cfg.Key)
 		if err != nil {
 			return false, err
 		}
@@ -109,11 +110,11 @@ func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
 	if source == "" {
 		source = "no configuration file"
 	}
-	fmt.Fprintf(e.stdout, "to %s (configuration: %s)\n", dest, source)
+	fmt.Fprintf(e.Stdout, "to %s (configuration: %s)\n", dest, source)
 	ok := true
 	for i := range o.count {
 		if o.count > 1 {
-			fmt.Fprintf(e.stdout, "\ndial %d of %d\n", i+1, o.count)
+			fmt.Fprintf(e.Stdout, "\ndial %d of %d\n", i+1, o.count)
 		}
 		start := time.Now()
 		c, rep, err := d.DialReport(ctx, "tcp", dest)
@@ -124,12 +125,12 @@ func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
 		printReport(e, rep)
 		switch {
 		case err != nil:
-			fmt.Fprintf(e.stdout, "no connection after %v: %v\n", round(took), err)
+			fmt.Fprintf(e.Stdout, "no connection after %v: %v\n", round(took), err)
 			ok = false
 		case rep.Path != "" && rep.Path != rep.Way:
-			fmt.Fprintf(e.stdout, "connected in %v by %s, path %s\n", round(took), wayLabel(rep.Way), rep.Path)
+			fmt.Fprintf(e.Stdout, "connected in %v by %s, path %s\n", round(took), wayLabel(rep.Way), rep.Path)
 		default:
-			fmt.Fprintf(e.stdout, "connected in %v by %s\n", round(took), wayLabel(rep.Way))
+			fmt.Fprintf(e.Stdout, "connected in %v by %s\n", round(took), wayLabel(rep.Way))
 		}
 	}
 	return ok, nil
@@ -137,14 +138,14 @@ func (o *routeOptions) run(ctx context.Context, e *env) (bool, error) {
 
 // printReport prints the route and each attempt of a dial: the ways in
 // full, then a table that names them by number and layers.
-func printReport(e *env, rep *vlink.RouteReport) {
+func printReport(e *base.Env, rep *vlink.RouteReport) {
 	if len(rep.Attempts) == 0 {
-		fmt.Fprintf(e.stdout, "route: %s\n", rep.Rule)
+		fmt.Fprintf(e.Stdout, "route: %s\n", rep.Rule)
 		return
 	}
 	rule, _, _ := strings.Cut(rep.Rule, " try=")
-	fmt.Fprintf(e.stdout, "route: %s, ways in the order tried:\n", rule)
-	w := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(e.Stdout, "route: %s, ways in the order tried:\n", rule)
+	w := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 	for i, a := range rep.Attempts {
 		fmt.Fprintf(w, "  %d\t%s\n", i+1, a.Way)
 	}
@@ -184,6 +185,8 @@ func wayLabel(way string) string {
 	return strings.Join(names, "+")
 }
 
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
+
 func round(d time.Duration) time.Duration {
 	switch {
 	case d >= time.Second:
@@ -193,5 +196,3 @@ func round(d time.Duration) time.Duration {
 	}
 	return d.Round(10 * time.Microsecond)
 }
-
-func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }

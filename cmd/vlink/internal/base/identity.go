@@ -1,0 +1,37 @@
+package base
+
+import (
+	"flag"
+	"log/slog"
+
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/knownnodes"
+)
+
+// noKnownNodes is the --known-nodes value that pins nothing.
+const noKnownNodes = "none"
+
+// KnownNodesVar defines the dialing commands' pin file flag.
+func KnownNodesVar(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "known-nodes", "", "pin in `FILE` the identity (vlink serve --identity) of each listener reached through an encrypted stack, on first use, and refuse one whose identity changed, as ssh's known_hosts does; none: pin nothing (default: ~/.config/vlink/known_nodes)")
+}
+
+// PeerKeyCallback returns the check of the pin file the --known-nodes
+// value names, which logs each key it pins; nil for none.
+func PeerKeyCallback(path string, log *slog.Logger) vlink.PeerKeyCallback {
+	switch path {
+	case noKnownNodes:
+		return nil
+	case "":
+		if path = knownnodes.DefaultPath(); path == "" {
+			log.Warn("no home folder to keep the pins of listeners' identities in: give --known-nodes FILE")
+			return nil
+		}
+	}
+	f := knownnodes.New(path)
+	f.Pinned = func(address string, key []byte) {
+		log.Info("pinned the identity of a vlink listener, first seen now; it must not change",
+			"addr", address, "fingerprint", knownnodes.Fingerprint(key), "file", path)
+	}
+	return f.Check
+}

@@ -1,0 +1,105 @@
+package base
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/control"
+)
+
+// NodeOptions are the flags that make a command a node of a vlink
+// network: its name, the relay it registers with, its key.
+type NodeOptions struct {
+	name, relays, keyFile string
+	reverseListen         string // dialing commands only
+}
+
+// NodeFlags defines --node, --relay and --node-key-file; role says what
+// being a node does for the command.
+func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
+	fs.StringVar(&o.name, "node", "", "join the vlink network as the node called `NAME` (a DNS label: lower-case letters, digits, '-'), "+role+"; needs --relay")
+	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order; needs --node")
+	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, from vlink key node NAME, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
+}
+
+// ReverseFlag defines --reverse-listen, for the commands that dial nodes.
+func ReverseFlag(fs *flag.FlagSet, o *NodeOptions) {
+	fs.StringVar(&o.reverseListen, "reverse-listen", "", "let the nodes we dial connect back to us on `ADDR` (host:port other nodes can reach, e.g. 0.0.0.0:7200), so that a node behind a firewall is reached without the relay carrying the bytes; needs --node (default: off, the relay carries them)")
+}
+
+// KeyFileContent is what --node-key-file holds, for a reload to notice
+// a new key (nil: none, or unreadable, which connect reports).
+func (o *NodeOptions) KeyFileContent() []byte {
+	if o.keyFile == "" {
+		return nil
+	}
+	b, _ := os.ReadFile(o.keyFile)
+	return b
+}
+
+// Given reports whether the command is to be a node.
+func (o *NodeOptions) Given() bool {
+	return o.name != "" || o.relays != "" || o.keyFile != "" || o.reverseListen != ""
+}
+
+// Connect registers the node with its relay; networkKey, if any, is the
+// command's --key-file, from which the node key can be derived.
+func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*control.Node, error) {
+	if o.name == "" || o.relays == "" {
+		return nil, Usagef("--node NAME and --relay HOST:PORT go together: the node registers under its name with the relay")
+	}
+	if !vlink.ValidNodeName(o.name) {
+		return nil, Usagef("--node %q: %v", o.name, vlink.ErrBadNodeName)
+	}
+	var relays []string
+	for r := range strings.SplitSeq(o.relays, ",") {
+		if err := CheckHostPort(strings.TrimSpace(r)); err != nil {
+			return nil, Usagef("--relay %v", err)
+		}
+		relays = append(relays, strings.TrimSpace(r))
+	}
+	var key []byte
+	switch {
+	case o.keyFile != "":
+		var err error
+		if key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, err
+		}
+	case networkKey != nil:
+		key = vlink.NodeKey(networkKey, o.name)
+	default:
+		return nil, Usagef("--node %s needs its key: --node-key-file FILE, made with vlink key node %s --key-file NETWORK_KEY", o.name, o.name)
+	}
+	if o.reverseListen != "" {
+		if err := CheckHostPort(o.reverseListen); err != nil {
+			return nil, Usagef("--reverse-listen %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, vlink.DefaultHandshakeTimeout)
+	defer cancel()
+	n, err := control.Connect(ctx, control.Config{Name: o.name, Key: key, Relays: relays, Logger: e.Log})
+	if errors.Is(err, vlink.ErrRefused) {
+		return nil, errors.Join(err, errors.New("the relay refused the node: is its key made from the relay's network key, for this very name?"))
+	}
+	if err != nil || o.reverseListen == "" {
+		return n, err
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", o.reverseListen)
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	if err := n.ServeReverse(l); err != nil { // until the node is closed
+		l.Close()
+		n.Close()
+		return nil, err
+	}
+	e.Log.Info("accepting reverse connections", "addr", l.Addr().String())
+	return n, nil
+}

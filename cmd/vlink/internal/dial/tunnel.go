@@ -1,0 +1,335 @@
+// Package dial holds vlink's dialing commands: "vlink tunnel" carries
+// local TCP connections through a stack, "vlink connect" carries
+// standard input and output (an ssh ProxyCommand), and "vlink socks"
+// runs a SOCKS server whose connections follow stacks.
+package dial
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/forward"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
+	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+var TunnelCmd = &cli.Command{
+	Name:     "tunnel",
+	Summary:  "carry local TCP connections through a stack to a VLink server",
+	Synopsis: "(--to HOST:PORT [--stack STACK] [--via HOST:PORT] | --forwards FILE) [flags]",
+	About: `
+Listens on a local port (plain TCP, for any program) and carries each
+connection it accepts through a stack to --to:
+
+  - without --via, --to is a VLink listener ("vlink serve", or a program
+    listening with the vlink library) that mirrors the stack and forwards
+    the connection to its own --target;
+  - with --via, the VLink gateway --via mirrors the stack and forwards the
+    connection to the plain server --to (its --allow must match --to);
+  - with a plain stack (--stack tcp) and no --via, --to is any TCP server.
+
+Without --stack, the user's configuration decides per destination: the file
+named by VLINK_CONFIG (default ~/.config/vlink/config.toml), VLINK_STACK,
+VLINK_VIA and VLINK_KEY_FILE; with none of them, plain TCP.
+
+A stack is written from the application side down, layers joined by '+',
+parameters after ':' (zstd:level=3+tcp); tcp is implied at the bottom.
+"vlink layers" lists the layers and their parameters. Connections are
+logged at debug, failures (a refusal and its reason, an unreachable
+server) at info.
+
+With --forwards FILE, one process runs many tunnels, as ssh -L -L or frp's
+proxy list do: FILE is TOML, one [[forward]] table per tunnel, whose keys
+are the flags of one tunnel without their dashes, and name = "..." to name
+it in the log. SIGHUP rereads the file (see --forwards); the example unit
+docs/systemd/vlink@.service runs it under systemd.
+`,
+	Examples: `
+  # With the first "vlink serve" example running: local port 8080 reaches
+  # the server's target, compressed with zstd over the wire:
+  vlink tunnel --listen 127.0.0.1:8080 --to 127.0.0.1:7000 --stack zstd
+
+  # Through the gateway 127.0.0.1:7000 to 10.1.2.3:443, which the
+  # gateway's --allow must match:
+  vlink tunnel --listen 127.0.0.1:8443 --via 127.0.0.1:7000 --to 10.1.2.3:443 --stack lz4
+
+  # Through an SSH bastion (ssh -L): the bastion connects to db.internal:
+  vlink tunnel --listen 127.0.0.1:5432 --to db.internal:5432 --stack ssh:host=bastion.example
+
+  # Publish the local port 8000 on the bastion's port 8080 (ssh -R):
+  vlink tunnel --listen-stack ssh:host=bastion.example --listen 127.0.0.1:8080 \
+      --to 127.0.0.1:8000 --stack tcp
+
+  # Two tunnels in one process; after editing the file, kill -HUP reloads it:
+  cat > tunnels.toml <<'EOF'
+  [[forward]]
+  name = "db"
+  listen = "127.0.0.1:5432"
+  to = "db.internal:5432"
+  stack = "ssh:host=bastion.example"
+
+  [[forward]]
+  listen = "127.0.0.1:8443"
+  via = "127.0.0.1:7000"
+  to = "10.1.2.3:443"
+  stack = "lz4"
+  key-file = "vlink.key"   # relative to the file's folder
+  EOF
+  vlink tunnel --forwards tunnels.toml
+`,
+	Flags: base.WithEnv(tunnelFlags),
+}
+
+type tunnelOptions struct {
+	dialOptions
+	listen, listenStack string
+}
+
+// dialOptions are what the commands reaching one destination through a
+// stack (tunnel, connect) share: the destination, the stack and how to
+// trust and reach the far side.
+type dialOptions struct {
+	to                  string
+	toName              string // what the user calls to in messages: "--to", "HOST:PORT"
+	stack, via, keyFile string
+	knownNodes          string
+	dialTimeout         time.Duration
+	insecurePlaintext   bool
+	node                base.NodeOptions
+}
+
+func tunnelFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+	p := &forward.ProcessOptions{}
+	p.Flags(fs)
+	o := &tunnelOptions{}
+	o.flags(fs)
+	return func(ctx context.Context, e *base.Env) int {
+		if err := p.Run(ctx, e, fs, o.prepare, func(fs *flag.FlagSet) func(*base.Env) (forward.Forward, error) {
+			o := &tunnelOptions{}
+			o.flags(fs)
+			return o.prepare
+		}); err != nil {
+			return base.Fail(e, "vlink tunnel", err)
+		}
+		return base.ExitOK
+	}
+}
+
+// flags defines the flags of one forward: those a --forwards file's
+// entries take.
+func (o *tunnelOptions) flags(fs *flag.FlagSet) {
+	o.toName = "--to"
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
+	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
+	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd, lz4+tcp or zstd+socks5h://proxy:1080 (default: the user's configuration decides)")
+	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which forwards to --to; or through a chain of nodes, HOST:PORT,HOST:PORT,...: the first is reached first and forwards to the next (vlink serve --hop), the last is the gateway. Needs --stack (default: none)")
+	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
+	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
+	base.KnownNodesVar(fs, &o.knownNodes)
+	base.NodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
+	base.ReverseFlag(fs, &o.node)
+}
+
+// dialer builds the Dialer the flags describe.
+func (o *dialOptions) dialer() (*vlink.Dialer, error) {
+	if err := base.CheckHostPort(o.to); err != nil {
+		return nil, base.Usagef("%s %v", o.toName, err)
+	}
+	if o.dialTimeout <= 0 {
+		return nil, base.Usagef("--dial-timeout wants a positive duration")
+	}
+	if _, _, isNode := vlink.SplitNodeAddr(o.to); isNode && !o.node.Given() {
+		return nil, base.Usagef("%s %s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", o.toName, o.to)
+	}
+	d := &vlink.Dialer{Timeout: o.dialTimeout, InsecurePlaintext: o.insecurePlaintext}
+	if o.stack == "" {
+		if o.via != "" || o.keyFile != "" {
+			return nil, base.Usagef("--via and --key-file need --stack (--stack tcp for no filter); without --stack the configuration decides")
+		}
+		// Read now, so that a broken configuration stops the tunnel
+		// instead of failing every connection; read afresh, not the
+		// process's cached DefaultConfig, so that a forward a reload
+		// starts follows the configuration as it is then.
+		cfg, err := vlink.ConfigFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		d.Config = cfg
+		return d, nil
+	}
+	s, err := vlink.Parse(o.stack)
+	if err != nil {
+		return nil, base.Usagef("--stack: %v", err)
+	}
+	if o.via != "" {
+		if s, d.Via, err = viaChain(s, o.via); err != nil {
+			return nil, err
+		}
+	}
+	d.Stack = s
+	if o.keyFile != "" {
+		if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// tunnelForward is a "vlink tunnel" forward whose flags passed every
+// check, not yet listening.
+type tunnelForward struct {
+	o     *tunnelOptions
+	d     *vlink.Dialer
+	label string // the metrics' name for the stack
+}
+
+func (o *tunnelOptions) prepare(e *base.Env) (forward.Forward, error) {
+	if o.to == "" {
+		return nil, base.Usagef("--to HOST:PORT is required: where connections go")
+	}
+	d, err := o.dialer()
+	if err != nil {
+		return nil, err
+	}
+	if o.listenStack != "" {
+		if _, err := vlink.Parse(o.listenStack); err != nil {
+			return nil, base.Usagef("--listen-stack: %v", err)
+		}
+	}
+	base.WarnPassword(e, "--stack", o.stack)
+	base.WarnPassword(e, "--listen-stack", o.listenStack)
+	d.PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
+	label := "config"
+	if o.stack != "" {
+		label = metrics.StackLabel(d.Stack)
+	}
+	return &tunnelForward{o: o, d: d, label: label}, nil
+}
+
+func (f *tunnelForward) ListenAddr() string { return f.o.listen }
+
+func (f *tunnelForward) Secrets() [][]byte { return [][]byte{f.d.Key, f.o.node.KeyFileContent()} }
+
+func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Tracker) (net.Listener, func(net.Conn), func(), error) {
+	o, d := f.o, f.d
+	// What multi-link layers share (a mux session) lives as long as the
+	// forward: every connection it accepts rides on it.
+	closeAll := func() { d.Close() }
+	if o.node.Given() {
+		node, err := o.node.Connect(ctx, e, d.Key)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		d.Network = node
+		closeAll = func() {
+			d.Close()
+			node.Close()
+		}
+	}
+	l, err := listenOn(ctx, o.listenStack, o.listen)
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	stack := secret.RedactStack(o.stack)
+	if stack == "" {
+		stack = "from the configuration"
+		if d.Config.Source != "" {
+			stack += " " + d.Config.Source
+		}
+	}
+	e.Log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
+	return l, func(c net.Conn) { o.handle(e, t, d, f.label, c) }, closeAll, nil
+}
+
+// open builds the Dialer the flags describe, with the pin check and,
+// when the flags make the command a node, the node's network. The
+// returned func closes both.
+func (o *dialOptions) open(ctx context.Context, e *base.Env) (*vlink.Dialer, func(), error) {
+	d, err := o.dialer()
+	if err != nil {
+		return nil, nil, err
+	}
+	base.WarnPassword(e, "--stack", o.stack)
+	d.PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
+	if !o.node.Given() {
+		return d, func() { d.Close() }, nil
+	}
+	node, err := o.node.Connect(ctx, e, d.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	d.Network = node
+	return d, func() {
+		d.Close()
+		node.Close()
+	}, nil
+}
+
+// handle carries one local connection to --to through d, whose stack
+// the metrics call stack.
+func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer, stack string, c net.Conn) {
+	attrs := []any{"remote", c.RemoteAddr().String(), "to", o.to}
+	e.Log.Debug("connection", attrs...)
+	start := time.Now()
+	rc, err := d.DialContext(t.Ctx, "tcp", o.to)
+	t.Metrics.Dialed(stack, time.Since(start), err)
+	if err != nil {
+		// A reset: the client must not read a clean, empty stream.
+		netconn.Abort(c)
+		if !errors.Is(err, context.Canceled) {
+			e.Log.Info("cannot reach destination", append(attrs, "err", err)...)
+		}
+		return
+	}
+	if way := vlink.PathOf(rc); way != "" {
+		attrs = append(attrs, "way", way)
+		e.Log.Debug("connected", attrs...)
+	}
+	t.Relay(e.Log, stack, c, rc, attrs...)
+}
+
+// listenOn listens on addr, on this host or, given a stack, through its
+// top factory (on an SSH server's side for ssh).
+func listenOn(ctx context.Context, stack, addr string) (net.Listener, error) {
+	if stack == "" {
+		var lc net.ListenConfig
+		return lc.Listen(ctx, "tcp", addr)
+	}
+	s, err := vlink.Parse(stack)
+	if err != nil {
+		return nil, base.Usagef("--listen-stack: %v", err)
+	}
+	return vlink.ListenStack(ctx, s, "tcp", addr)
+}
+
+// viaChain reads --via: a gateway, or a chain of nodes ending with one,
+// HOST:PORT,HOST:PORT,...; the nodes before the gateway become the
+// stack's fwd layers, the first reached first.
+func viaChain(s vlink.Stack, via string) (vlink.Stack, string, error) {
+	nodes := strings.Split(via, ",")
+	if len(nodes) > vlink.MaxHops {
+		return s, "", base.Usagef("--via %s: %d nodes, at most %d", via, len(nodes), vlink.MaxHops)
+	}
+	for _, n := range nodes {
+		if err := base.CheckHostPort(n); err != nil {
+			return s, "", base.Usagef("--via %v", err)
+		}
+	}
+	gw := nodes[len(nodes)-1]
+	s, err := s.Through(nodes[:len(nodes)-1]...)
+	if err != nil {
+		return s, "", base.Usagef("--via %s: %v", via, err)
+	}
+	return s, gw, nil
+}

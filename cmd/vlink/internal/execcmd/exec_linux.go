@@ -1,0 +1,251 @@
+//go:build linux
+
+package execcmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/preload"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// buildShimTo compiles the shim into file (mode 755, replaced whole).
+func buildShimTo(file string) error {
+	dir, err := os.MkdirTemp("", "vlink-shim-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	so, err := preload.BuildShim(dir)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(so)
+	if err != nil {
+		return err
+	}
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
+// execProgram runs the program with the shim and a private agent, and
+// returns its exit code once it and every process it left behind are gone.
+func execProgram(ctx context.Context, e *base.Env, o *execOptions, cfg *vlink.Config) (int, error) {
+	name := e.Args[0]
+	path, code, err := findProgram(e, o, name)
+	if err != nil {
+		return code, err
+	}
+	shim, err := preload.ShimPath("")
+	if err != nil {
+		return ExitExecFailed, err
+	}
+	ac := preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.Log, Network: o.network,
+		InsecurePlaintext: o.plaintext, StandIns: o.standIns,
+		Observe: func(c preload.ConnectOutcome) { o.m.Connected(c.String()) }}
+	if o.servePorts != nil {
+		ac.Serve = &preload.ServeConfig{Ports: o.servePorts, Listen: vlink.ListenConfig{Policy: o.servePolicy, Logger: e.Log}}
+	}
+	agent, err := preload.NewAgent(ac)
+	if err != nil {
+		return ExitExecFailed, err
+	}
+	defer agent.Close()
+	e.Log.Debug("agent", "socket", agent.Name(), "shim", shim, "routes", cfg.String())
+
+	// Orphans (daemons, children of a parent that exited) become ours,
+	// so that the agent outlives every process that may still use it.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		e.Log.Warn("cannot become a subreaper: processes the program leaves behind may outlive the agent", "err", err)
+	}
+
+	cmd := exec.Command(path, e.Args[1:]...)
+	cmd.Args[0] = name
+	cmd.Env = preloadEnv(os.Environ(), shim, agent.Env())
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.Stdout, e.Stderr
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return exitCannotRun, err
+		}
+		return ExitExecFailed, err
+	}
+	code, done := waitProgram(ctx.Done(), cmd, sigs)
+
+	// The processes it left behind (reparented to us) still use the agent.
+	if left := children(); len(left) > 0 {
+		e.Log.Info("the program exited; waiting for the processes it left running", "pids", fmt.Sprint(left))
+	}
+	waitLeftBehind(done, sigs)
+	return code, nil
+}
+
+// findProgram looks the program up in PATH and checks that the shim can
+// reach its connections, or that the user allowed it not to.
+func findProgram(e *base.Env, o *execOptions, name string) (path string, code int, err error) {
+	path, err = exec.LookPath(name)
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return "", exitNotFound, fmt.Errorf("%s: program not found", name)
+		}
+		return "", exitCannotRun, err
+	}
+	if err := preload.Inspect(path); err != nil {
+		var ue *preload.UnreachableError
+		if !errors.As(err, &ue) {
+			return "", exitCannotRun, err
+		}
+		if !o.allowBypass {
+			return "", ExitExecFailed, fmt.Errorf("%v; carry its connections with vlink tunnel instead, "+
+				"or run it anyway with --allow-bypass (its connections then go direct)", err)
+		}
+		e.Log.Warn("running a program the shim cannot reach: its connections bypass vlink", "why", err.Error())
+	}
+	return path, base.ExitOK, nil
+}
+
+// waitProgram passes the signals vlink exec receives on to the program
+// until it exits, and returns its exit code. done closing (the command's
+// context ending) stands for SIGTERM, once: the done returned is nil if
+// it was passed on already.
+func waitProgram(done <-chan struct{}, cmd *exec.Cmd, sigs <-chan os.Signal) (int, <-chan struct{}) {
+	waited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(waited)
+	}()
+	for {
+		select {
+		case s := <-sigs:
+			if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
+				continue // the terminal sent it to the program's process group too
+			}
+			cmd.Process.Signal(s)
+		case <-done:
+			done = nil
+			cmd.Process.Signal(syscall.SIGTERM)
+		case <-waited:
+			return exitCode(cmd.ProcessState), done
+		}
+	}
+}
+
+// waitLeftBehind reaps the processes the program left running, which
+// became ours, passing signals on to them, until none is left.
+func waitLeftBehind(done <-chan struct{}, sigs <-chan os.Signal) {
+	reaped := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		for {
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(-1, &ws, 0, nil); errors.Is(err, unix.ECHILD) {
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case s := <-sigs:
+			if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
+				continue
+			}
+			for _, pid := range children() {
+				syscall.Kill(pid, s.(syscall.Signal))
+			}
+		case <-done:
+			done = nil
+			for _, pid := range children() {
+				syscall.Kill(pid, syscall.SIGTERM)
+			}
+		case <-reaped:
+			return
+		}
+	}
+}
+
+// preloadEnv adds the shim to LD_PRELOAD (first, before any other) and
+// points it at the agent.
+func preloadEnv(environ []string, shim string, agentVars []string) []string {
+	out := make([]string, 0, len(environ)+1+len(agentVars))
+	preloads := shim
+	ours := map[string]bool{}
+	for _, kv := range agentVars {
+		k, _, _ := strings.Cut(kv, "=")
+		ours[k] = true
+	}
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "LD_PRELOAD":
+			if v != "" {
+				preloads += ":" + v
+			}
+			continue
+		case ours[k]:
+			continue
+		}
+		out = append(out, kv)
+	}
+	out = append(out, "LD_PRELOAD="+preloads)
+	return append(out, agentVars...)
+}
+
+func exitCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitSignalOffset + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// terminalSentIt reports whether our process group is the foreground of
+// the terminal on stdin: then a SIGINT or SIGQUIT from the keyboard went to
+// the program as well, and passing it on would deliver it twice.
+func terminalSentIt() bool {
+	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	return err == nil && pgrp == unix.Getpgrp()
+}
+
+// children lists our child processes, from /proc.
+func children() []int {
+	me := os.Getpid()
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 2 && f[1] == strconv.Itoa(me) && f[0] != "Z" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

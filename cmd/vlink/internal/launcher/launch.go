@@ -1,0 +1,644 @@
+// Package launcher is "vlink launch": it starts a job of N worker
+// processes (locally, over SSH, or through a command such as srun),
+// runs the job's relay, relays each worker's output after its rank, and
+// ends the job when a worker fails. It is also the remote agent a
+// worker's machine runs (vlink launch --worker) and the guard that
+// kills a job's processes should vlink die (--guard). A worker's side
+// is the library's: package vlink/launch.
+package launcher
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/control"
+	"github.com/vlink-dev/vlink/vlink/launch"
+)
+
+var Cmd = &cli.Command{
+	Name:     "launch",
+	Summary:  "start a job of N processes that reach each other by rank over a vlink network",
+	Synopsis: "-n N [flags] -- PROGRAM [ARGS...]",
+	About: `
+Starts N processes of PROGRAM, a job, and runs the job's vlink network:
+a relay made for the job, with a key of its own that only the job's
+processes hold. Each process, a worker, finds in its environment:
+
+  VLINK_RANK           its rank, 0 to N-1
+  VLINK_SIZE           N
+  VLINK_NODE           its node name in the job's network: rankR
+  VLINK_RELAY          the job's relay, HOST:PORT
+  VLINK_NODE_KEY_FILE  its node key, in a file only the user reads,
+                       removed when the job ends
+
+A Go program joins with launch.Join (package vlink/launch), which dials
+rank R's port P, accepts the other ranks' connections, and waits for
+them all at a barrier. Unmodified programs use the node flags of vlink's
+commands with these variables: under vlink exec --node "$VLINK_NODE"
+--relay "$VLINK_RELAY" --node-key-file "$VLINK_NODE_KEY_FILE", a program
+reaches rank R's port P as rankR.vlink.alt:P, which vlink serve, given
+the same flags and --allow localhost:P, exposes on rank R.
+
+Spawners (--spawner, as udp-conduit's GASNET_SPAWNFN L, S and C):
+
+  local   every worker on this machine (the default)
+  ssh     rank R on server R modulo their number (--ssh-servers), with
+          the ssh layer's configuration: ~/.ssh/config, the agent,
+          known_hosts (--ssh-options takes the layer's parameters). One
+          SSH connection per server carries the workers' sessions and
+          the job's relay, forwarded to the server's loopback, so the
+          servers need to let in nothing but SSH. The servers run the
+          same vlink (--worker-vlink: its path there) in --remote-dir.
+  custom  runs --custom once with sh -c, which must start N workers each
+          running %C (srun -n %N %C, mpirun -np %N %C, a script): %N is
+          N, %C the worker's command, %D this folder, %P the program,
+          %M the first N --custom-servers, %% a %. Each %C connects back
+          to vlink launch at the relay's host, proving the job's secret
+          from $VLINK_LAUNCH_SECRET, which the command must pass on to
+          the workers (srun and mpiexec do; Open MPI's mpirun needs -x
+          VLINK_LAUNCH_SECRET), and is given the next rank.
+
+udp-conduit's variables work too, with their GASNET_ or AMUDP_ prefix or
+without: SSH_SERVERS, SSH_REMOTE_PATH, CSPAWN_CMD, CSPAWN_SERVERS and
+CSPAWN_ROUTE_OUTPUT.
+
+Each worker's output goes to vlink's, line by line, after its rank in
+brackets ("[3] ..."; --route-output=false passes it through as it is;
+the custom spawner's default is false, as udp-conduit's). The job
+succeeds when every worker exits 0. Otherwise vlink launch stops the
+others (SIGTERM, then SIGKILL after --grace), says which rank failed and
+how, and exits with that worker's status (128+N for a signal N). A
+worker still running after --join-timeout without having joined fails
+the job, and the message names the missing ranks. A worker that exits
+without joining does not. SIGINT and SIGTERM reach every worker.
+
+Nothing outlives the job: what a worker leaves running is stopped when
+the job ends. If vlink launch itself is killed, the kernel kills the
+local workers, and a guard process stops what they started and removes
+the job's key files; a remote worker's agent stops the worker, and what
+it started, when its SSH session or its connection to vlink launch ends
+(an SSH connection that drops fails the job), and a guard of its own
+does if the agent is killed. Workers
+read nothing: their standard input is /dev/null.
+`,
+	Examples: `
+  # Four workers, each saying where it is in the job:
+  vlink launch -n 4 -- sh -c 'echo "rank $VLINK_RANK of $VLINK_SIZE is $VLINK_NODE"'
+
+  # Eight workers of a Go program that calls launch.Join:
+  vlink launch -n 8 -- ./allreduce
+
+  # Over SSH, on two servers that have this vlink at the same path:
+  vlink launch -n 4 --ssh-servers 'node1 node2' -- ./allreduce
+
+  # Through SLURM:
+  vlink launch -n 64 --custom 'srun -n %N %C' -- ./allreduce
+`,
+	Args: true,
+	// The workers' output is the output: vlink launch adds warnings and
+	// errors only, unless told otherwise.
+	Flags: base.WithEnvAt(slog.LevelWarn, "", launchFlags),
+}
+
+type launchOptions struct {
+	n                  int
+	joinTimeout, grace time.Duration
+	listen             string
+	routeOutput        bool
+	spawner            string
+	sshServers         string
+	sshOptions         string
+	remoteDir          string
+	workerVLink        string
+	custom             string
+	customServers      string
+	guard              bool
+	worker             string
+}
+
+func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+	o := &launchOptions{}
+	fs.IntVar(&o.n, "n", 0, fmt.Sprintf("start `N` workers, 1 to %d (required)", launch.MaxSize))
+	fs.StringVar(&o.spawner, "spawner", "", "start the workers with `SPAWNER`: local (on this machine), ssh (on the --ssh-servers) or custom (with the --custom command); default: custom with --custom, ssh with --ssh-servers, else local; $VLINK_SPAWNER, or $GASNET_SPAWNFN's L, S or C")
+	fs.StringVar(&o.sshServers, "ssh-servers", "", "the ssh spawner's `SERVERS`, [user@]host[:port] separated by spaces or commas: rank R runs on server R modulo their number; $VLINK_SSH_SERVERS, $GASNET_SSH_SERVERS, $SSH_SERVERS")
+	fs.StringVar(&o.sshOptions, "ssh-options", "", "the ssh layer's `PARAMS` for every server, as in a stack: identity=FILE,known-hosts=FILE,host-key-check=accept-new,... (vlink layers ssh); $VLINK_SSH_OPTIONS")
+	fs.StringVar(&o.remoteDir, "remote-dir", "", "the ssh spawner runs the workers in `DIR` on the servers (default: this folder); $VLINK_REMOTE_DIR, $SSH_REMOTE_PATH")
+	fs.StringVar(&o.workerVLink, "worker-vlink", "", "the vlink executable the ssh and custom spawners run on the servers, at `PATH` there (default: this one's path)")
+	fs.StringVar(&o.custom, "custom", "", "the custom spawner's `COMMAND`, run once by sh -c to start N workers that each run %C: %N is N, %C the worker's command, %D this folder, %P the program, %M the first N --custom-servers, %% a %; $VLINK_CSPAWN_CMD, $GASNET_CSPAWN_CMD, $CSPAWN_CMD")
+	fs.StringVar(&o.customServers, "custom-servers", "", "the `SERVERS` %M lists, separated by spaces; $VLINK_CSPAWN_SERVERS, $CSPAWN_SERVERS")
+	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network; 0: never")
+	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after SIGTERM before SIGKILL")
+	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
+	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
+	fs.BoolVar(&o.guard, "guard", false, "(internal) be the guard of a launch: see runGuard")
+	fs.StringVar(&o.worker, "worker", "", "(internal) be the agent of a remote worker, talking to vlink launch at `ADDR`, or on standard input and output for -: see runWorker")
+	return func(ctx context.Context, e *base.Env) int {
+		if o.guard {
+			runGuard(e.Stdin, o.grace)
+			return base.ExitOK
+		}
+		if o.worker != "" {
+			return runWorker(ctx, e, o)
+		}
+		routeSet := false
+		fs.Visit(func(f *flag.Flag) { routeSet = routeSet || f.Name == "route-output" })
+		err := o.run(ctx, e, routeSet)
+		var jf *jobFailed
+		if errors.As(err, &jf) {
+			fmt.Fprintf(e.Stderr, "vlink launch: %s\n", jf.why)
+			return jf.code
+		}
+		if err != nil {
+			return base.Fail(e, "vlink launch", err)
+		}
+		return base.ExitOK
+	}
+}
+
+// jobFailed is a job that ended with a worker's failure: the launcher
+// exits with code, having said why.
+type jobFailed struct {
+	code int
+	why  string
+}
+
+func (j *jobFailed) Error() string { return j.why }
+
+// A worker is one process of the job, wherever it runs.
+type worker struct {
+	rank   int
+	joined bool // seen at the relay (the main loop's)
+	exited bool // its ending came (the main loop's)
+
+	mu      sync.Mutex
+	signal  func(syscall.Signal) // nil until the worker runs
+	pending syscall.Signal       // asked for before it ran
+}
+
+// setSignal gives w the way to signal it, and delivers a signal asked
+// for before.
+func (w *worker) setSignal(f func(syscall.Signal)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.signal = f
+	if w.pending != 0 {
+		f(w.pending)
+	}
+}
+
+// started reports whether the worker runs, or ran.
+func (w *worker) started() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.signal != nil
+}
+
+func (w *worker) kill(sig syscall.Signal) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.signal == nil {
+		w.pending = sig
+		return
+	}
+	w.signal(sig)
+}
+
+// An ending is how a worker, or a spawner (w nil), ended: code 0 is
+// success, and why says how in words after "rank R".
+type ending struct {
+	w    *worker
+	code int
+	why  string
+}
+
+// A job is what the spawners share with vlink launch's main loop.
+type job struct {
+	o       *launchOptions
+	e       *base.Env
+	path    string // the program, as found on this machine
+	key     []byte // the job's network key
+	relay   *control.Relay
+	relayL  net.Listener
+	dir     string // the job's key files on this machine
+	guard   *guard
+	workers []*worker
+	ended   chan ending // one per worker, and one per spawner that fails
+	route   bool
+
+	outMu sync.Mutex // one line at a time, whoever writes it
+	width int
+}
+
+// outputs returns where rank r's standard output and error go, and
+// the writers to flush once it ended.
+func (j *job) outputs(r int) (stdout, stderr io.Writer, flush func()) {
+	if !j.route {
+		return j.e.Stdout, j.e.Stderr, func() {}
+	}
+	prefix := fmt.Sprintf("[%*d] ", j.width, r)
+	so, se := &rankWriter{w: j.e.Stdout, mu: &j.outMu, prefix: prefix}, &rankWriter{w: j.e.Stderr, mu: &j.outMu, prefix: prefix}
+	return so, se, func() { so.flush(); se.flush() }
+}
+
+// A spawner starts the job's workers.
+type spawner interface {
+	// start starts every worker; each sends its ending on j.ended. An
+	// error means none runs.
+	start(ctx context.Context, j *job) error
+	// stop is called when the job stops early, after the workers were
+	// signalled: the spawner ends what it started that is no worker.
+	stop()
+	// wait returns once the spawner's own processes are gone, after the
+	// workers ended.
+	wait()
+}
+
+func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) error {
+	switch {
+	case len(e.Args) == 0:
+		return base.Usagef("give the program to start after --: vlink launch -n N -- PROGRAM [ARGS...]")
+	case o.n < 1 || o.n > launch.MaxSize:
+		return base.Usagef("-n %d: want 1 to %d workers", o.n, launch.MaxSize)
+	case o.joinTimeout < 0 || o.grace < 0:
+		return base.Usagef("--join-timeout and --grace want durations of 0 or more")
+	}
+	if err := base.CheckHostPort(o.listen); err != nil {
+		return base.Usagef("--relay-listen %v", err)
+	}
+	sp, route, err := o.pickSpawner(e, routeSet)
+	if err != nil {
+		return err
+	}
+	j := &job{o: o, e: e, route: route, width: len(strconv.Itoa(o.n - 1)), ended: make(chan ending, 2*o.n+2)}
+	if _, local := sp.(localSpawner); local {
+		if j.path, err = exec.LookPath(e.Args[0]); err != nil {
+			return fmt.Errorf("cannot run %s: %w", e.Args[0], err)
+		}
+	}
+	j.key = make([]byte, 32)
+	rand.Read(j.key)
+	if j.relay, err = control.NewRelay(control.RelayConfig{MaxNodes: o.n, Logger: e.Log}); err != nil {
+		return err
+	}
+	defer j.relay.Close()
+	if j.relayL, err = control.Listen(ctx, o.listen, j.key); err != nil {
+		return err
+	}
+	go j.relay.Serve(j.relayL)
+	if j.dir, err = os.MkdirTemp("", "vlink-launch-"); err != nil { // mode 700
+		return err
+	}
+	defer os.RemoveAll(j.dir)
+	j.guard = startGuard(e, o.grace)
+	defer j.guard.done() // once the job has ended
+	j.guard.remove(j.dir)
+	j.workers = make([]*worker, o.n)
+	for r := range j.workers {
+		j.workers[r] = &worker{rank: r}
+	}
+	if err := sp.start(ctx, j); err != nil {
+		for _, w := range j.workers {
+			w.kill(syscall.SIGKILL)
+		}
+		sp.stop()
+		return err
+	}
+	defer sp.wait()
+	return j.loop(ctx, sp)
+}
+
+// loop waits for the workers to end, stopping the job when one fails,
+// when one does not join in time, or when vlink launch is asked to.
+func (j *job) loop(ctx context.Context, sp spawner) error {
+	o, e := j.o, j.e
+	start := time.Now()
+	e.Log.Info("launched", "workers", o.n, "program", e.Args[0], "relay", j.relayL.Addr().String())
+	var (
+		failed    *jobFailed
+		stopping  bool // SIGTERM sent
+		killAt    <-chan time.Time
+		joinLimit <-chan time.Time
+		allJoined bool
+	)
+	if o.joinTimeout > 0 {
+		t := time.NewTimer(o.joinTimeout)
+		defer t.Stop()
+		joinLimit = t.C
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	stop := func(why string) {
+		if stopping {
+			return
+		}
+		stopping = true
+		e.Log.Info("stopping the job", "why", why, "grace", o.grace)
+		for _, w := range j.workers {
+			if !w.exited {
+				w.kill(syscall.SIGTERM)
+			}
+		}
+		sp.stop()
+		killAt = time.After(o.grace)
+	}
+	done := ctx.Done()
+	for running := o.n; running > 0; {
+		select {
+		case end := <-j.ended:
+			if end.w != nil {
+				running--
+				end.w.exited = true
+			}
+			if end.code == 0 || failed != nil {
+				continue // a job fails once: with its first failure
+			}
+			failed = &jobFailed{code: end.code, why: end.why}
+			if end.w != nil {
+				failed.why = fmt.Sprintf("rank %d %s", end.w.rank, end.why)
+			}
+			if stopping { // SIGINT or SIGTERM reached vlink launch
+				failed.why += ", stopped by vlink launch"
+			}
+			stop(failed.why)
+		case <-tick.C:
+			if allJoined {
+				continue
+			}
+			joinedNow := map[string]bool{}
+			for _, n := range j.relay.Nodes() {
+				joinedNow[n.Name] = true
+			}
+			allJoined = true
+			for _, w := range j.workers {
+				w.joined = w.joined || joinedNow[launch.RankName(w.rank)]
+				allJoined = allJoined && (w.joined || w.exited)
+			}
+			if allJoined {
+				e.Log.Info("every worker joined, or exited", "took", time.Since(start).Round(time.Millisecond))
+			}
+		case <-joinLimit:
+			var missing, unstarted []string
+			for _, w := range j.workers {
+				switch {
+				case w.joined || w.exited:
+				case !w.started():
+					unstarted = append(unstarted, strconv.Itoa(w.rank))
+				default:
+					missing = append(missing, strconv.Itoa(w.rank))
+				}
+			}
+			var whys []string
+			if len(missing) > 0 {
+				whys = append(whys, fmt.Sprintf("rank %s did not join the job's network within %v (joining: launch.Join, or vlink exec --node \"$VLINK_NODE\" ...)",
+					strings.Join(missing, ", rank "), o.joinTimeout))
+			}
+			if len(unstarted) > 0 {
+				whys = append(whys, fmt.Sprintf("rank %s never started within %v (the spawner started %d of %d workers)",
+					strings.Join(unstarted, ", rank "), o.joinTimeout, o.n-len(unstarted), o.n))
+			}
+			if len(whys) > 0 && failed == nil {
+				failed = &jobFailed{code: base.ExitFailure, why: strings.Join(whys, "; ")}
+				stop(failed.why)
+			}
+		case <-done:
+			done = nil
+			stop("vlink launch was asked to stop")
+		case <-killAt:
+			killAt = nil
+			for _, w := range j.workers {
+				if !w.exited {
+					e.Log.Warn("killing a worker still running after the grace period", "rank", w.rank)
+					w.kill(syscall.SIGKILL)
+				}
+			}
+		}
+	}
+	if failed != nil {
+		return failed
+	}
+	return nil
+}
+
+// localSpawner starts every worker on this machine.
+type localSpawner struct{}
+
+func (localSpawner) start(ctx context.Context, j *job) error {
+	e := j.e
+	for r, w := range j.workers {
+		name := launch.RankName(r)
+		keyFile := filepath.Join(j.dir, name+".key")
+		if err := os.WriteFile(keyFile, vlink.NodeKey(j.key, name), 0o600); err != nil {
+			return err
+		}
+		cmd := exec.Command(j.path, e.Args[1:]...)
+		cmd.Env = append(os.Environ(), workerEnv(r, j.o.n, j.relayL.Addr().String(), keyFile)...)
+		cmd.SysProcAttr = workerAttr()
+		// A worker that leaves a process behind holding its output open
+		// has still exited: Wait returns a moment after it (the guard
+		// stops what it left once the job ends).
+		cmd.WaitDelay = 200 * time.Millisecond
+		var flush func()
+		cmd.Stdout, cmd.Stderr, flush = j.outputs(r)
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("starting rank %d: %w", r, err)
+		}
+		j.guard.watch(cmd.Process.Pid)
+		w.setSignal(func(sig syscall.Signal) { signalWorker(cmd.Process, sig) })
+		go func() {
+			cmd.Wait() // waits for the output to be copied too
+			flush()
+			st := cmd.ProcessState
+			if st.Success() {
+				j.ended <- ending{w: w}
+				return
+			}
+			j.ended <- ending{w: w, code: workerStatus(st), why: describeExit(st)}
+		}()
+	}
+	return nil
+}
+
+func (localSpawner) stop() {}
+func (localSpawner) wait() {}
+
+// workerEnv is the environment that tells a worker its place in the job.
+func workerEnv(rank, size int, relay, keyFile string) []string {
+	return []string{
+		launch.EnvRank + "=" + strconv.Itoa(rank), launch.EnvSize + "=" + strconv.Itoa(size),
+		launch.EnvNode + "=" + launch.RankName(rank), launch.EnvRelay + "=" + relay, launch.EnvNodeKeyFile + "=" + keyFile,
+	}
+}
+
+// workerStatus is the status a shell gives a process that ended as st
+// did, never 0 for a failure.
+func workerStatus(st *os.ProcessState) int {
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	if c := st.ExitCode(); c > 0 {
+		return c
+	}
+	return base.ExitFailure
+}
+
+func describeExit(st *os.ProcessState) string {
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return "was killed by signal " + ws.Signal().String()
+	}
+	return fmt.Sprintf("exited with status %d", st.ExitCode())
+}
+
+// rankWriter writes a worker's output to w a line at a time, each after
+// the worker's rank. A line longer than maxLine goes out in pieces, so a
+// worker that never writes a newline holds bounded memory.
+type rankWriter struct {
+	w      io.Writer
+	mu     *sync.Mutex
+	prefix string
+	line   []byte // the start of a line not yet written
+}
+
+const maxLine = 64 << 10
+
+func (r *rankWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			r.line = append(r.line, p...)
+			if len(r.line) >= maxLine {
+				r.emit(r.line)
+				r.line = r.line[:0]
+			}
+			break
+		}
+		r.emit(append(r.line, p[:i]...))
+		r.line = r.line[:0]
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// flush writes the last line, if it had no newline.
+func (r *rankWriter) flush() {
+	if len(r.line) > 0 {
+		r.emit(r.line)
+		r.line = nil
+	}
+}
+
+func (r *rankWriter) emit(line []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	buf := make([]byte, 0, len(r.prefix)+len(line)+1)
+	buf = append(append(append(buf, r.prefix...), line...), '\n')
+	r.w.Write(buf)
+}
+
+// A guard is a process of its own that stops what is left of the
+// workers' process groups once vlink launch is gone, whichever way it
+// went: the kernel's parent-death signal reaches a worker should vlink
+// launch be killed, but not what the worker started, and a worker may
+// leave a process behind when it exits. It reads the groups on its
+// standard input, and at the end of its input (vlink launch closed it,
+// or died) signals every group still there: SIGTERM, then SIGKILL after
+// the grace period. It also removes the job's key files, which vlink
+// launch removes itself unless it was killed.
+type guard struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+}
+
+// startGuard starts the guard; without one (no executable to run), it
+// warns and returns a guard that does nothing.
+func startGuard(e *base.Env, grace time.Duration) *guard {
+	self, err := os.Executable()
+	if err == nil {
+		cmd := exec.Command(self, "launch", "--guard", "--grace", grace.String())
+		cmd.SysProcAttr = guardAttr()
+		var in io.WriteCloser
+		if in, err = cmd.StdinPipe(); err == nil {
+			if err = cmd.Start(); err == nil {
+				return &guard{cmd: cmd, in: in}
+			}
+		}
+	}
+	e.Log.Warn("no guard for the workers: should vlink launch be killed, what they started may outlive it", "err", err)
+	return &guard{}
+}
+
+// watch has the guard stop process group pgid.
+func (g *guard) watch(pgid int) {
+	if g.in != nil {
+		fmt.Fprintf(g.in, "%d\n", pgid)
+	}
+}
+
+// remove has the guard remove dir, the job's key files, should vlink
+// launch die before removing it.
+func (g *guard) remove(dir string) {
+	if g.in != nil {
+		fmt.Fprintf(g.in, "rm %s\n", dir)
+	}
+}
+
+// done lets the guard clean up: vlink launch does not wait for it.
+func (g *guard) done() {
+	if g.in != nil {
+		g.in.Close()
+		go g.cmd.Wait()
+	}
+}
+
+// runGuard is the guard's side (vlink launch --guard).
+func runGuard(in io.Reader, grace time.Duration) {
+	var pgids []int
+	var dirs []string
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		line := sc.Text()
+		if dir, ok := strings.CutPrefix(line, "rm "); ok {
+			// Only what startGuard's caller made: a vlink-launch- folder
+			// of the temporary directory.
+			if filepath.Dir(dir) == filepath.Clean(os.TempDir()) && strings.HasPrefix(filepath.Base(dir), "vlink-launch-") {
+				dirs = append(dirs, dir)
+			}
+			continue
+		}
+		if pgid, err := strconv.Atoi(line); err == nil && pgid > 1 {
+			pgids = append(pgids, pgid)
+		}
+	}
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		alive := false
+		for _, pgid := range pgids {
+			alive = signalGroup(pgid, sig) || alive
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(grace)
+	}
+}

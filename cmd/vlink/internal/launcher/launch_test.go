@@ -1,0 +1,62 @@
+package launcher
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCheckTemplate(t *testing.T) {
+	for _, tc := range []struct {
+		template, err string
+	}{
+		{"srun -n %N %C", ""},
+		{"mpirun -np %N %C", ""},
+		{"sh spawn.sh %N %D %P '%M' %% %C", ""},
+		{"srun -n %N ./a.out", "never runs %C"},
+		{"srun %X %C", "%X: the escapes are"},
+		{"srun %C 100%", "lone %"},
+		{"", "never runs %C"},
+	} {
+		t.Run(tc.template, func(t *testing.T) {
+			err := checkTemplate(tc.template)
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("checkTemplate(%q) = %v, want %q", tc.template, err, tc.err)
+			}
+		})
+	}
+}
+
+func TestExpandTemplate(t *testing.T) {
+	servers := []string{"n0", "n1", "n 2", "n3"}
+	for _, tc := range []struct {
+		template, want string
+	}{
+		{"srun -n %N %C", "srun -n 3 vlink launch --worker h:1 -- ./a.out"},
+		{"cd %D && %C", "cd '/home/u/my job' && vlink launch --worker h:1 -- ./a.out"},
+		{"run --hosts '%M' %P", "run --hosts 'n0 n1 'n 2'' ./a.out"},
+		{"echo 100%% %%N", "echo 100% %N"},
+		{"%C%C", "vlink launch --worker h:1 -- ./a.outvlink launch --worker h:1 -- ./a.out"},
+	} {
+		t.Run(tc.template, func(t *testing.T) {
+			got := expandTemplate(tc.template, 3, "vlink launch --worker h:1 -- ./a.out", "/home/u/my job", servers, "./a.out")
+			if got != tc.want {
+				t.Errorf("expandTemplate(%q) = %q, want %q", tc.template, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestShellWord(t *testing.T) {
+	for in, want := range map[string]string{
+		"/usr/bin/vlink": "/usr/bin/vlink",
+		"a b":            "'a b'",
+		"it's":           `'it'\''s'`,
+		"":               "''",
+		"$HOME":          "'$HOME'",
+		"--x=1,2":        "--x=1,2",
+	} {
+		if got := shellWord(in); got != want {
+			t.Errorf("shellWord(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,232 @@
+// Package metrics is the --metrics endpoint of vlink's serving commands:
+// Prometheus counters of connections, bytes, refusals and handshakes,
+// with the layers' own counters (compress, mux, parallel streams)
+// beside them. Only the command imports client_golang: the layers keep
+// plain atomic counters, which the collector here reads at each scrape.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/vlink"
+)
+
+// maxStackLabels bounds the values of the stack label: a listener
+// mirrors what its dialers ask for, and the combinations of layers must
+// not grow the metrics without bound. Stacks past it count as "other".
+const maxStackLabels = 32
+
+// A Metrics is what --Metrics serves: Prometheus Metrics of the
+// connections a command carries. A nil *Metrics counts nothing, so the
+// commands call it whether or not --Metrics was given.
+type Metrics struct {
+	Reg       *prometheus.Registry
+	open      *prometheus.GaugeVec     // stack
+	conns     *prometheus.CounterVec   // stack, outcome
+	bytes     *prometheus.CounterVec   // stack, direction
+	refusals  *prometheus.CounterVec   // reason
+	handshake prometheus.Histogram     // accepted handshakes
+	dial      *prometheus.HistogramVec // stack
+	connects  *prometheus.CounterVec   // outcome: vlink exec's agent
+
+	mu     sync.Mutex
+	stacks map[string]bool // the stack labels given out
+}
+
+// Outcomes of a connection (the outcome label).
+const (
+	OutcomeOK          = "ok"          // both directions ended
+	OutcomeFailed      = "failed"      // a direction failed; both were reset
+	OutcomeIdle        = "idle"        // reset after --idle-timeout
+	OutcomeCut         = "cut"         // cut at shutdown, the grace period over
+	outcomeUnreachable = "unreachable" // the destination could not be reached
+)
+
+func newMetrics() *Metrics {
+	m := &Metrics{
+		Reg:    prometheus.NewRegistry(),
+		stacks: map[string]bool{},
+		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vlink_connections_open",
+			Help: "Connections being relayed, by stack.",
+		}, []string{"stack"}),
+		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vlink_connections_total",
+			Help: "Connections relayed or attempted, by stack and outcome (ok, failed, idle, cut, unreachable).",
+		}, []string{"stack", "outcome"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vlink_bytes_total",
+			Help: "Application bytes relayed, by stack and direction (up: from the client toward the destination, down: back), counted as each connection ends.",
+		}, []string{"stack", "direction"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vlink_refusals_total",
+			Help: "Accepted connections refused, or whose handshake (VLink or SOCKS) failed, by reason.",
+		}, []string{"reason"}),
+		handshake: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "vlink_handshake_duration_seconds",
+			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), of the handshakes that succeeded.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10), // 100 µs to 26 s
+		}),
+		dial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "vlink_dial_duration_seconds",
+			Help:    "Time to reach a destination through a stack, handshakes included, of the dials that succeeded.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"stack"}),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vlink_exec_connects_total",
+			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted.",
+		}, []string{"outcome"}),
+	}
+	m.Reg.MustRegister(m.open, m.conns, m.bytes, m.refusals, m.handshake, m.dial, m.connects, layerCollector{},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector())
+	return m
+}
+
+// FlagVar defines --metrics.
+func FlagVar(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done by stack and outcome, bytes, refusals by reason, handshake and dial latency, vlink exec's connects by outcome, and the layers' own figures: compression bytes each way, the adaptive layer's settings, mux and parallel sessions and streams (default: none)")
+}
+
+// Serve serves m on addr until the returned stop is called; with
+// an empty addr it returns a nil *metrics.
+func Serve(ctx context.Context, e *base.Env, addr string) (*Metrics, func(), error) {
+	if addr == "" {
+		return nil, func() {}, nil
+	}
+	if err := base.CheckHostPort(addr); err != nil {
+		return nil, nil, base.Usagef("--metrics %v", err)
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	m := newMetrics()
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	e.Log.Info("serving metrics", "addr", "http://"+l.Addr().String()+"/metrics")
+	return m, func() { srv.Close() }, nil
+}
+
+// label bounds the stack label's values: the first maxStackLabels stacks
+// keep their text, the rest are "other".
+func (m *Metrics) label(stack string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stacks[stack] {
+		return stack
+	}
+	if len(m.stacks) >= maxStackLabels {
+		return "other"
+	}
+	m.stacks[stack] = true
+	return stack
+}
+
+// StackLabel names a stack by its layers, without their parameters:
+// zstd:level=3+tcp is zstd+tcp.
+func StackLabel(s vlink.Stack) string {
+	names := make([]string, len(s.Layers))
+	for i, l := range s.Layers {
+		names[i] = l.Name
+	}
+	return strings.Join(names, "+")
+}
+
+// RelayStarted counts a connection being relayed through stack.
+func (m *Metrics) RelayStarted(stack string) {
+	if m == nil {
+		return
+	}
+	m.open.WithLabelValues(m.label(stack)).Inc()
+}
+
+// RelayEnded counts a relay's end, up and down bytes carried.
+func (m *Metrics) RelayEnded(stack, outcome string, up, down int64) {
+	if m == nil {
+		return
+	}
+	stack = m.label(stack)
+	m.open.WithLabelValues(stack).Dec()
+	m.conns.WithLabelValues(stack, outcome).Inc()
+	m.bytes.WithLabelValues(stack, "up").Add(float64(up))
+	m.bytes.WithLabelValues(stack, "down").Add(float64(down))
+}
+
+// Dialed counts a dial through stack that took took and failed with err
+// (nil: succeeded). A dial cancelled by shutdown counts as nothing.
+func (m *Metrics) Dialed(stack string, took time.Duration, err error) {
+	switch {
+	case m == nil || errors.Is(err, context.Canceled):
+	case err != nil:
+		m.conns.WithLabelValues(m.label(stack), outcomeUnreachable).Inc()
+	default:
+		m.dial.WithLabelValues(m.label(stack)).Observe(took.Seconds())
+	}
+}
+
+// Connected counts a program's connect under vlink exec, answered as
+// outcome says.
+func (m *Metrics) Connected(outcome string) {
+	if m != nil {
+		m.connects.WithLabelValues(outcome).Inc()
+	}
+}
+
+// Refused counts a connection Refused for reason.
+func (m *Metrics) Refused(reason string) {
+	if m != nil {
+		m.refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+// HandshakeDone counts a handshake that succeeded after took.
+func (m *Metrics) HandshakeDone(took time.Duration) {
+	if m != nil {
+		m.handshake.Observe(took.Seconds())
+	}
+}
+
+// Handshook is a vlink.ListenConfig.Observe: accepted handshakes' time,
+// and the others' reasons.
+func (m *Metrics) Handshook(_ *vlink.Conn, took time.Duration, err error) {
+	if err == nil {
+		m.HandshakeDone(took)
+		return
+	}
+	m.Refused(refusalReason(err))
+}
+
+// refusalReason is the reason label of a handshake that failed: the
+// refusal's code, or what went wrong.
+func refusalReason(err error) string {
+	var re *vlink.RefusedError
+	switch {
+	case errors.As(err, &re):
+		return strings.ReplaceAll(re.Code.String(), " ", "_")
+	case errors.Is(err, vlink.ErrPlainRefused):
+		return "plain_refused"
+	case errors.Is(err, vlink.ErrShed):
+		return "shed"
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout"
+	}
+	return "handshake_failed"
+}

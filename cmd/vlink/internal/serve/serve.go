@@ -1,0 +1,616 @@
+// Package serve is "vlink serve": it accepts VLink and plain
+// connections on a port, checks them against the command's policy, and
+// forwards them to the targets allowed.
+package serve
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/forward"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
+	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/proxyproto"
+	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/selector"
+	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/knownnodes"
+	"github.com/vlink-dev/vlink/vlink/layer"
+)
+
+var Cmd = &cli.Command{
+	Name:     "serve",
+	Summary:  "accept VLink and plain connections on a port and forward them",
+	Synopsis: "(--target HOST:PORT | --allow PATTERN ... | --hop PATTERN ... | --forwards FILE) [flags]",
+	About: `
+Accepts VLink connections (from "vlink tunnel", or any program dialing with
+the vlink library) and plain TCP connections on one port, and forwards each:
+
+  - a VLink connection gets the stack its dialer asks for mirrored (within
+    --layers and --limit), then goes to the target it names if an --allow
+    pattern matches it, or to --target if it names none;
+  - a plain connection (one that sends no hello) goes to --target;
+  - a VLink connection that goes through this node to other nodes (the
+    fwd layer, or vlink tunnel --via A,B,C) is carried on to the next node
+    it names if a --hop pattern matches it, reached through --hop-stack;
+    nothing is mirrored here: the layers run end to end, and this node
+    relays bytes it does not read. With --key-file the nodes of a route
+    prove the key to each other and vouch for the connection's origin,
+    which each node logs and the last can pass on (--proxy-protocol).
+
+serve is never an open proxy: it needs --target, --allow or --hop, and a
+target or next node a dialer names is refused unless a pattern matches it.
+Patterns match the target as the dialer wrote it, without resolving names,
+so an IP pattern only matches targets given as IP addresses.
+
+The target is dialed before a VLink dialer is accepted, so the dialer
+learns when the target is unreachable, and why. With --key-file every VLink
+dialer must prove it holds the same key (a challenge-response: the key
+never crosses the wire, and a recorded handshake cannot be replayed), and
+plain connections are refused unless --plain allow. Listening beyond
+loopback is done only when --listen says so, and is warned about without a
+key.
+
+With --forwards FILE, one process serves on many ports: FILE is TOML, one
+[[forward]] table per listener, whose keys are the flags of one listener
+without their dashes (a repeatable flag takes a list), and name = "..." to
+name it in the log. SIGHUP rereads the file (see --forwards); the example
+unit docs/systemd/vlink@.service runs it under systemd.
+`,
+	Examples: `
+  # Forward port 7000 to a local web server; tunnels may use any filter:
+  vlink serve --listen 127.0.0.1:7000 --target 127.0.0.1:8000
+
+  # A gateway on every interface, with a key: tunnels name targets in
+  # 10.0.0.0/8 or under corp.example:443, and may use zstd (levels 1-9)
+  # or lz4 only:
+  head -c 32 /dev/urandom | base64 > vlink.key && chmod 600 vlink.key
+  vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
+      --allow 10.0.0.0/8:1-65535 --allow '*.corp.example:443' \
+      --layers zstd,lz4 --limit zstd.level=1-9
+
+  # A node of a chain: carries tunnels on to gw2 (reached through a SOCKS
+  # proxy), without reading them; a tunnel crosses both nodes with
+  # vlink tunnel --via gw1:7000,gw2:7000 --stack zstd --to db:5432
+  vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
+      --hop 'gw2.example:7000' --hop-stack socks5:addr=proxy:1080
+
+  # A gateway that tells its web server where each connection came from
+  # (nginx: listen 8080 proxy_protocol):
+  vlink serve --listen 0.0.0.0:7000 --key-file vlink.key \
+      --allow 127.0.0.1:8080 --proxy-protocol 127.0.0.1:8080
+
+  # Two listeners in one process; after editing the file, kill -HUP
+  # reloads it:
+  cat > serve.toml <<'EOF'
+  [[forward]]
+  name = "gateway"
+  listen = "0.0.0.0:7000"
+  key-file = "vlink.key"   # relative to the file's folder
+  allow = ["10.0.0.0/8:1-65535", "*.corp.example:443"]
+
+  [[forward]]
+  name = "web"
+  listen = "127.0.0.1:7001"
+  target = "127.0.0.1:8000"
+  EOF
+  vlink serve --forwards serve.toml
+`,
+	Flags: base.WithEnv(serveFlags),
+}
+
+type serveOptions struct {
+	listen, target, keyFile, layers, plain string
+	identityFile                           string
+	listenStack, hopStack                  string
+	shm                                    bool
+	quic                                   bool
+	quicCert                               string
+	allow, limits, hops, proxyProtocol     base.ListFlag
+	handshakeTimeout, dialTimeout          time.Duration
+	idleTimeout                            time.Duration
+	insecurePlaintext                      bool
+	node                                   base.NodeOptions
+}
+
+func serveFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
+	p := &forward.ProcessOptions{}
+	p.Flags(fs)
+	o := &serveOptions{}
+	o.flags(fs)
+	return func(ctx context.Context, e *base.Env) int {
+		if err := p.Run(ctx, e, fs, o.prepare, func(fs *flag.FlagSet) func(*base.Env) (forward.Forward, error) {
+			o := &serveOptions{}
+			o.flags(fs)
+			return o.prepare
+		}); err != nil {
+			return base.Fail(e, "vlink serve", err)
+		}
+		return base.ExitOK
+	}
+}
+
+// flags defines the flags of one forward: those a --forwards file's
+// entries take.
+func (o *serveOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:7000", "accept connections on `ADDR` (host:port); a non-loopback address serves other hosts")
+	fs.StringVar(&o.target, "target", "", "forward plain connections, and VLink connections that name no target, to `HOST:PORT` (default: none)")
+	fs.Var(&o.allow, "allow", "let VLink dialers name targets matching `PATTERN`, written HOST:PORTS: HOST is a name glob (*.corp.example), an IP or a CIDR prefix (10.0.0.0/8, [fd00::1]); PORTS is a port, a range, a comma list or * (repeatable; default: none)")
+	fs.Var(&o.hops, "hop", "let VLink dialers route through this node to a next node matching `PATTERN` (HOST:PORTS, as --allow): the next node must be a VLink listener, vlink serve (repeatable; default: none)")
+	fs.StringVar(&o.hopStack, "hop-stack", "tcp", "reach next nodes through the factories of `STACK` (ssh:host=bastion, socks5:addr=proxy:1080, ...)")
+	fs.Var(&o.proxyProtocol, "proxy-protocol", "send targets matching `PATTERN` (HOST:PORTS, as --allow) a PROXY protocol v2 header with the connection's origin, as nginx (listen ... proxy_protocol) and haproxy (accept-proxy) take it; only for targets that expect it (repeatable; default: none)")
+	fs.StringVar(&o.keyFile, "key-file", "", "require VLink dialers to prove they hold the pre-shared key in `FILE` (at least 16 bytes, mode 600; default: no authentication)")
+	fs.StringVar(&o.identityFile, "identity", "", "prove this listener's identity, the X25519 key in `FILE` (mode 600; make one with vlink key --identity), in each encrypted connection, so dialers can pin it on first use and notice if it changes; needs --key-file (default: none, the key alone authenticates the listener)")
+	fs.StringVar(&o.layers, "layers", "", "let dialers ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
+	fs.Var(&o.limits, "limit", "narrow a layer parameter's bounds, written `LAYER.PARAM=MIN-MAX` or LAYER.PARAM=VALUE: the server runs the mirrored layer too, so a high compression level costs it CPU (repeatable; default: the layer's own bounds)")
+	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
+	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
+	fs.BoolVar(&o.quic, "quic", false, "also accept QUIC (reliable UDP) on --listen's UDP port: for lossy, long paths (vlink tunnel --stack quic, or a stack ending in quic); dialers check the listener by the key, or by the pin it logs")
+	fs.StringVar(&o.quicCert, "quic-cert", "", "with --quic: a `FILE` keeping the QUIC certificate and key, made (mode 600) if missing, so the pin dialers may hold survives restarts")
+	fs.BoolVar(&o.shm, "shm", false, "also accept connections over shared memory from this machine's processes of the same user, on --listen's port number (vlink tunnel --stack shm, or a stack ending in shm; Linux)")
+	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
+	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
+	base.NodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
+}
+
+// defaultIdleTimeout is --idle-timeout's default.
+const defaultIdleTimeout = time.Hour
+
+// server is a running "vlink serve".
+type server struct {
+	target      string
+	hop         *vlink.Dialer      // reaches next nodes; nil: --hop not given
+	proxy       *selector.Selector // targets that get a PROXY v2 header
+	dialTimeout time.Duration
+	idleTimeout time.Duration // plain relays only
+	log         *slog.Logger
+	t           *forward.Tracker
+}
+
+// serveForward is a "vlink serve" forward whose flags passed every check,
+// not yet listening.
+type serveForward struct {
+	o           *serveOptions
+	policy      vlink.Policy
+	listenStack vlink.Stack
+	s           server // log and t are set by start
+}
+
+func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
+	if o.target == "" && len(o.allow) == 0 && len(o.hops) == 0 {
+		return nil, base.Usagef("nothing to forward to: add --target HOST:PORT (where connections go), " +
+			"--allow PATTERN (the targets VLink dialers may name) or --hop PATTERN (the nodes they may route through); serve never runs as an open proxy")
+	}
+	policy, err := o.policy()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"idle-timeout", o.idleTimeout}} {
+		if d.v < 0 || (d.v == 0 && d.name != "idle-timeout") {
+			return nil, base.Usagef("--%s %v: want a positive duration", d.name, d.v)
+		}
+	}
+	if o.keyFile != "" {
+		if policy.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+			return nil, err
+		}
+	}
+	if o.identityFile != "" {
+		if o.keyFile == "" {
+			return nil, base.Usagef("--identity needs --key-file: the identity is proven inside the encryption, which the key sets up")
+		}
+		if policy.Identity, err = vlink.ReadIdentityFile(o.identityFile); err != nil {
+			return nil, err
+		}
+	}
+	f := &serveForward{o: o, policy: policy,
+		s: server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout}}
+	if len(o.hops) > 0 {
+		hs, err := vlink.Parse(o.hopStack)
+		if err != nil {
+			return nil, base.Usagef("--hop-stack: %v", err)
+		}
+		if !hs.IsPlain() {
+			return nil, base.Usagef("--hop-stack %s: give factories only; the layers a dialer asks for run end to end, not between nodes", secret.RedactStack(o.hopStack))
+		}
+		f.s.hop = &vlink.Dialer{Stack: hs, Timeout: o.dialTimeout}
+	} else if o.hopStack != "tcp" {
+		return nil, base.Usagef("--hop-stack needs --hop: it says how to reach the next nodes --hop lets dialers name")
+	}
+	if len(o.proxyProtocol) > 0 {
+		var rules []selector.Rule
+		for _, a := range o.proxyProtocol {
+			r, err := parseAllow(a)
+			if err != nil {
+				return nil, base.Usagef("--proxy-protocol: %v", err)
+			}
+			rules = append(rules, r)
+		}
+		if f.s.proxy, err = selector.New(rules, selector.Rule{Action: selector.Refuse}); err != nil {
+			return nil, base.Usagef("--proxy-protocol: %v", err)
+		}
+	}
+	base.WarnPassword(e, "--hop-stack", o.hopStack)
+	base.WarnPassword(e, "--listen-stack", o.listenStack)
+	if o.shm && o.listenStack != "" {
+		return nil, base.Usagef("--shm listens beside this host's port; with --listen-stack there is none")
+	}
+	if o.quic && o.listenStack != "" {
+		return nil, base.Usagef("--quic listens beside this host's port; with --listen-stack there is none (--listen-stack quic takes QUIC only)")
+	}
+	if o.quicCert != "" && !o.quic {
+		return nil, base.Usagef("--quic-cert is the certificate of --quic; give --quic too")
+	}
+	if o.listenStack != "" {
+		if f.listenStack, err = vlink.Parse(o.listenStack); err != nil {
+			return nil, base.Usagef("--listen-stack: %v", err)
+		}
+	}
+	return f, nil
+}
+
+func (f *serveForward) ListenAddr() string { return f.o.listen }
+
+func (f *serveForward) Secrets() [][]byte {
+	return [][]byte{f.policy.Key, f.policy.Identity, f.o.node.KeyFileContent()}
+}
+
+func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracker) (net.Listener, func(net.Conn), func(), error) {
+	o, policy, s := f.o, f.policy, &f.s
+	s.log, s.t = e.Log, t
+	lc := vlink.ListenConfig{
+		Stack:            f.listenStack,
+		Shm:              o.shm,
+		Quic:             o.quic,
+		QuicCert:         o.quicCert,
+		Policy:           policy,
+		HandshakeTimeout: o.handshakeTimeout,
+		Admit:            s.admit,
+		Lookup:           s.lookup,
+		Logger:           e.Log,
+		Observe:          t.Metrics.Handshook,
+	}
+	var l net.Listener
+	l, err := lc.Listen(ctx, "tcp", o.listen)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
+		e.Log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
+			"addr", l.Addr().String())
+	}
+	if o.shm {
+		e.Log.Info("serving on shared memory too", "addr", net.JoinHostPort("127.0.0.1", portOf(l.Addr())))
+	}
+	identity := "none"
+	if policy.Identity != nil {
+		pub, _ := vlink.IdentityPublic(policy.Identity)
+		identity = knownnodes.Fingerprint(pub)
+	}
+	e.Log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
+		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity)
+	// The listener retries its own temporary accept failures, and
+	// accepts only *vlink.Conn.
+	handle := func(c net.Conn) { s.handle(c.(*vlink.Conn)) }
+	if !o.node.Given() {
+		return l, handle, func() {}, nil
+	}
+	// Other nodes' connections come through the network: the same
+	// policy, with the key the relay gives each connection.
+	node, err := o.node.Connect(ctx, e, policy.Key)
+	if err != nil {
+		l.Close()
+		return nil, nil, nil, err
+	}
+	nl, err := node.Listen(func(from string, port uint16) error {
+		return policy.AllowsTarget(net.JoinHostPort("localhost", strconv.Itoa(int(port))))
+	})
+	if err == nil {
+		var vl net.Listener
+		if vl, err = lc.NewListener(nl); err != nil {
+			nl.Close()
+		} else {
+			e.Log.Info("serving as a node", "node", node.Name(), "addr", node.Name()+vlink.NodeSuffix, "seen as", node.Observed().String())
+			return netconn.Merge(l, vl), handle, func() { node.Close() }, nil
+		}
+	}
+	l.Close()
+	node.Close()
+	return nil, nil, nil, err
+}
+
+// policy builds the listener's policy from the flags.
+func (o *serveOptions) policy() (vlink.Policy, error) {
+	p := vlink.Policy{InsecurePlaintext: o.insecurePlaintext}
+	if o.target != "" {
+		if err := base.CheckHostPort(o.target); err != nil {
+			return p, base.Usagef("--target %s", err)
+		}
+	}
+	for _, a := range o.allow {
+		r, err := parseAllow(a)
+		if err != nil {
+			return p, err
+		}
+		p.Targets = append(p.Targets, r)
+	}
+	for _, a := range o.hops {
+		r, err := parseAllow(a)
+		if err != nil {
+			return p, base.Usagef("--hop: %v", err)
+		}
+		p.Hops = append(p.Hops, r)
+	}
+	if o.layers != "" {
+		var err error
+		if p.Layers, err = base.ParseLayerList("--layers", o.layers); err != nil {
+			return p, err
+		}
+	}
+	for _, l := range o.limits {
+		key, r, err := parseLimit(l)
+		if err != nil {
+			return p, err
+		}
+		if p.Limits == nil {
+			p.Limits = map[string]vlink.Range{}
+		}
+		p.Limits[key] = r
+	}
+	switch o.plain {
+	case "default":
+		p.Plain = vlink.PlainDefault
+	case "allow":
+		p.Plain = vlink.PlainAllow
+	case "refuse":
+		p.Plain = vlink.PlainRefuse
+	default:
+		return p, base.Usagef("--plain %q: want default, allow or refuse", o.plain)
+	}
+	if o.target == "" {
+		if p.Plain == vlink.PlainAllow {
+			return p, base.Usagef("--plain allow needs --target: plain connections name no target")
+		}
+		p.Plain = vlink.PlainRefuse
+	}
+	if err := p.Validate(); err != nil {
+		return p, base.Usagef("%v", err)
+	}
+	return p, nil
+}
+
+func policyPlain(p vlink.Policy) string {
+	switch {
+	case p.Plain == vlink.PlainRefuse, p.Plain == vlink.PlainDefault && p.Key != nil:
+		return "refused"
+	}
+	return "accepted"
+}
+
+// parseAllow parses an --allow pattern, HOST:PORTS.
+func parseAllow(s string) (selector.Rule, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i <= 0 || i == len(s)-1 {
+		return selector.Rule{}, base.Usagef("--allow %q: want HOST:PORTS, e.g. *.corp.example:443, 10.0.0.0/8:1-65535 or [fd00::1]:* (* is any port)", s)
+	}
+	r := selector.Rule{Host: s[:i], Ports: s[i+1:], Action: selector.Direct}
+	if err := r.Validate(); err != nil {
+		return r, base.Usagef("--allow %q: %v", s, err)
+	}
+	return r, nil
+}
+
+// parseLimit parses a --limit, LAYER.PARAM=MIN-MAX or LAYER.PARAM=VALUE.
+func parseLimit(s string) (string, vlink.Range, error) {
+	var r vlink.Range
+	bad := func(why string) (string, vlink.Range, error) {
+		return "", r, base.Usagef("--limit %q: %s", s, why)
+	}
+	key, val, ok := strings.Cut(s, "=")
+	name, param, ok2 := strings.Cut(key, ".")
+	if !ok || !ok2 || val == "" {
+		return bad("want LAYER.PARAM=MIN-MAX, e.g. zstd.level=1-9")
+	}
+	spec, found := layer.Lookup(name)
+	if !found {
+		return bad(fmt.Sprintf("no layer %q (see vlink layers)", name))
+	}
+	p, found := spec.Param(param)
+	if !found {
+		return bad(fmt.Sprintf("layer %s has no parameter %q (see vlink layers)", name, param))
+	}
+	if p.Type != layer.TypeInt && p.Type != layer.TypeDuration && p.Type != layer.TypeSize {
+		return bad(fmt.Sprintf("only int, duration and size parameters can be limited, not %s", p.Type))
+	}
+	lo, hi, isRange := strings.Cut(val, "-")
+	if !isRange {
+		hi = lo
+	}
+	var err error
+	if r.Min, err = p.Value(lo); err != nil {
+		return bad(err.Error())
+	}
+	if r.Max, err = p.Value(hi); err != nil {
+		return bad(err.Error())
+	}
+	if r.Min > r.Max {
+		return bad("the range is backwards")
+	}
+	return key, r, nil
+}
+
+// admit runs for each VLink connection the policy accepted, before the
+// dialer is answered: it dials the target, so an unreachable target is
+// reported to the dialer rather than seen as a connection that closes.
+func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
+	if len(h.Hops) > 0 {
+		return s.admitHop(ctx, h)
+	}
+	to := h.Target
+	if to == "" {
+		if s.target == "" {
+			return nil, &vlink.RefusedError{Code: vlink.CodeTarget,
+				Reason: "this server has no default target; name one (vlink tunnel --via)"}
+		}
+		to = s.target
+	}
+	d := net.Dialer{Timeout: s.dialTimeout}
+	c, err := d.DialContext(ctx, "tcp", to)
+	if err != nil {
+		s.log.Warn("target unreachable", "remote", h.RemoteAddr.String(), "target", to, "err", err)
+		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
+	}
+	if err := s.sendProxyHeader(c, to, h.RemoteAddr); err != nil {
+		c.Close()
+		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: "sending the PROXY header: " + err.Error()}
+	}
+	return s.track(c)
+}
+
+// lookup answers a dialer that asks whether a target it may reach
+// resolves here (vlink exec's programs resolving a name the gateway
+// knows): the resolver this server dials with, so the answer is what a
+// connection would find.
+func (s *server) lookup(ctx context.Context, h *vlink.Hello) (vlink.Families, error) {
+	if len(h.Hops) > 0 {
+		return 0, errors.New("lookups are answered where routes end")
+	}
+	host, _, err := net.SplitHostPort(h.Target)
+	if err != nil {
+		return 0, err
+	}
+	return vlink.LookupFamilies(ctx, nil, host)
+}
+
+// admitHop carries a routed connection on to the next node, before the
+// dialer is answered, so a refusal further on comes back to it.
+func (s *server) admitHop(ctx context.Context, h *vlink.Hello) (any, error) {
+	c, err := h.DialNextHop(ctx, s.hop)
+	if err != nil {
+		s.log.Warn("next node refused or unreachable", "origin", h.RemoteAddr.String(), "next", h.Hops[0], "err", err)
+		var re *vlink.RefusedError
+		if errors.As(err, &re) {
+			return nil, re
+		}
+		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: fmt.Sprintf("cannot reach the next node, %s: %v", h.Hops[0], err)}
+	}
+	return s.track(c)
+}
+
+// track hands the tracker a connection dialed for a dialer being
+// admitted: should the listener close before handing the connection
+// over, shutdown still closes it.
+func (s *server) track(c net.Conn) (any, error) {
+	if !s.t.Add(c) {
+		c.Close()
+		return nil, &vlink.RefusedError{Code: vlink.CodeBusy, Reason: "shutting down"}
+	}
+	return &admitted{Conn: c, t: s.t}, nil
+}
+
+// sendProxyHeader sends c a PROXY v2 header naming origin when target
+// matches --proxy-protocol.
+func (s *server) sendProxyHeader(c net.Conn, target string, origin net.Addr) error {
+	if s.proxy == nil {
+		return nil
+	}
+	if r, err := s.proxy.Match(target); err != nil || r.Action == selector.Refuse {
+		return nil
+	}
+	src, ok1 := origin.(*net.TCPAddr)
+	dst, ok2 := c.RemoteAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return fmt.Errorf("addresses %v -> %v are not TCP", origin, c.RemoteAddr())
+	}
+	c.SetWriteDeadline(time.Now().Add(s.dialTimeout))
+	defer c.SetWriteDeadline(time.Time{})
+	_, err := c.Write(proxyproto.Header(src.AddrPort(), dst.AddrPort()))
+	return err
+}
+
+// admitted is a target connection dialed by admit. The listener closes it
+// if the handshake fails after all; that also forgets it.
+type admitted struct {
+	net.Conn
+	t *forward.Tracker
+}
+
+func (a *admitted) Close() error {
+	a.t.Remove(a.Conn)
+	return a.Conn.Close()
+}
+
+// handle forwards one accepted connection.
+func (s *server) handle(c *vlink.Conn) {
+	attrs := []any{"remote", c.RemoteAddr().String()}
+	h := c.Hello()
+	if h == nil {
+		attrs = append(attrs, "stack", "plain", "target", s.target)
+		d := net.Dialer{Timeout: s.dialTimeout}
+		tc, err := d.DialContext(s.t.Ctx, "tcp", s.target)
+		if err == nil {
+			if err = s.sendProxyHeader(tc, s.target, c.RemoteAddr()); err != nil {
+				tc.Close()
+			}
+		}
+		if err != nil {
+			netconn.Abort(c) // a reset, never a clean empty stream
+			if !errors.Is(err, context.Canceled) {
+				s.log.Warn("target unreachable: plain connection closed", append(attrs, "err", err)...)
+			}
+			return
+		}
+		s.log.Debug("forwarding", attrs...)
+		s.t.RelayIdle(s.log, s.idleTimeout, "plain", c, tc, attrs...)
+		return
+	}
+	stack := metrics.StackLabel(h.Stack)
+	to := h.Target
+	if to == "" {
+		to = s.target
+	}
+	switch {
+	case len(h.Hops) > 0:
+		// Nothing is mirrored or targeted here: the bytes go on to the
+		// next node. Every node of a route logs where the connection
+		// came from, as the nodes before it vouched for it.
+		stack = "route" // the layers run end to end, unread here
+		attrs = []any{"origin", h.RemoteAddr.String(), "from", c.RemoteAddr().String(), "forwarded", h.Forwarded,
+			"next", h.Hops[0], "then", strings.Join(h.Hops[1:], ","), "authenticated", h.Authenticated}
+		s.log.Info("forwarding a routed connection to the next node", attrs...)
+	case h.Forwarded > 0:
+		attrs = []any{"origin", h.RemoteAddr.String(), "from", c.RemoteAddr().String(), "forwarded", h.Forwarded,
+			"stack", h.Stack.String(), "target", to, "authenticated", h.Authenticated}
+		s.log.Info("forwarding a routed connection to its target", attrs...)
+	default:
+		attrs = append(attrs, "stack", h.Stack.String(), "target", to, "authenticated", h.Authenticated)
+	}
+	a, ok := c.Admitted().(*admitted)
+	if !ok { // cannot happen: admit returns a connection or an error
+		c.Close()
+		return
+	}
+	tc := a.Conn // unwrapped, so that relaying TCP to TCP takes the zero-copy path
+	s.log.Debug("forwarding", attrs...)
+	s.t.Relay(s.log, stack, c, tc, attrs...)
+}
+
+// portOf returns the port of a listener's address.
+func portOf(a net.Addr) string {
+	_, port, _ := net.SplitHostPort(a.String())
+	return port
+}
