@@ -69,16 +69,16 @@ type HostKeyError struct {
 	Files []string
 	// Err is ErrHostKeyUnknown, ErrHostKeyChanged or ErrHostKeyRevoked.
 	Err error
+
+	addr   string   // the server, host:port, for the commands the message suggests
+	looked []string // every known_hosts file looked for, read or missing
+	record string   // where a key is added: the first of looked
 }
 
 func (e *HostKeyError) Unwrap() error { return e.Err }
 
 func (e *HostKeyError) Error() string {
 	key := e.KeyType + " " + e.Fingerprint
-	files := strings.Join(e.Files, ", ")
-	if files == "" {
-		files = "no known_hosts file"
-	}
 	switch e.Err {
 	case ErrHostKeyChanged:
 		known := make([]string, len(e.Known))
@@ -91,8 +91,30 @@ func (e *HostKeyError) Error() string {
 	case ErrHostKeyRevoked:
 		return fmt.Sprintf("%v: %s offers %s, which known_hosts marks @revoked", e.Err, e.Host, key)
 	}
-	return fmt.Sprintf("%v: %s offers %s, which is not in %s; check the fingerprint with the server's administrator, "+
-		"then add it (ssh-keyscan) or use host-key-check=accept-new to record it on first use", e.Err, e.Host, key, files)
+	var read string
+	switch {
+	case len(e.Files) > 0:
+		read = "none of the known_hosts files read (" + strings.Join(e.Files, ", ") + ") holds it"
+	case len(e.looked) > 0:
+		read = "there is no known_hosts file to check it against (looked for " + strings.Join(e.looked, ", ") + ")"
+	default:
+		read = "there is no known_hosts file to check it against"
+	}
+	add := "add the key to known_hosts (ssh-keyscan prints it)"
+	if e.record != "" && e.addr != "" {
+		keyscan, login := "ssh-keyscan ", "ssh "
+		host, port, err := net.SplitHostPort(e.addr)
+		if err != nil {
+			host, port = e.addr, "22"
+		}
+		if port != "22" {
+			keyscan += "-p " + port + " "
+			login += "-p " + port + " "
+		}
+		add = fmt.Sprintf("add the key to %s: %s%s >> %s (or log in once with %s%s and accept it)", e.record, keyscan, host, e.record, login, host)
+	}
+	return fmt.Sprintf("%v: %s offers %s, and %s. Check the fingerprint with the server's administrator, then %s, "+
+		"or give the ssh layer host-key-check=accept-new to record it on first use", e.Err, e.Host, key, read, add)
 }
 
 // knownHostsMu serializes appends to known_hosts within the process.
@@ -101,6 +123,7 @@ var knownHostsMu sync.Mutex
 // hostKeys checks host keys for one server against known_hosts.
 type hostKeys struct {
 	files  []string // existing files, read
+	looked []string // the files given, or the defaults: existing or not
 	record string   // where AcceptNew records: the first file given
 	check  HostKeyCheck
 	db     gossh.HostKeyCallback // nil when no file exists
@@ -113,7 +136,7 @@ func newHostKeys(files []string, check HostKeyCheck) (*hostKeys, error) {
 		}
 		files = append(files, "/etc/ssh/ssh_known_hosts")
 	}
-	h := &hostKeys{record: files[0], check: check}
+	h := &hostKeys{looked: files, record: files[0], check: check}
 	for _, f := range files {
 		if _, err := os.Stat(f); err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -193,7 +216,7 @@ func (h *hostKeys) callback(addr string) gossh.HostKeyCallback {
 			return nil
 		}
 		e := &HostKeyError{Host: knownhosts.Normalize(addr), KeyType: key.Type(), Fingerprint: gossh.FingerprintSHA256(key),
-			Files: h.files, Err: ErrHostKeyUnknown}
+			Files: h.files, Err: ErrHostKeyUnknown, addr: addr, looked: h.looked, record: h.record}
 		if h.db != nil {
 			err := h.db(addr, hop.Addr{Net: "tcp", Host: addr}, key)
 			var ke *knownhosts.KeyError

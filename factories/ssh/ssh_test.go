@@ -339,6 +339,21 @@ func TestHostKeys(t *testing.T) {
 		!strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), "["+s.Host+"]:") {
 		t.Fatalf("unknown host key: %v, want a HostKeyError with %s", err, fp)
 	}
+	// What the user reads says which files were looked for or read, and
+	// the command that adds the key.
+	keyscan := fmt.Sprintf("ssh-keyscan -p %d %s >> ", s.Port, s.Host)
+	if msg := err.Error(); !strings.Contains(msg, "no known_hosts file to check it against (looked for "+empty+")") ||
+		!strings.Contains(msg, keyscan+empty) || !strings.Contains(msg, fmt.Sprintf("ssh -p %d %s", s.Port, s.Host)) {
+		t.Errorf("unknown host key, no known_hosts file: the message does not say so, nor how to add the key:\n%s", msg)
+	}
+	other := realserver.NewKey(t, dir, "other", "")
+	unrelated := filepath.Join(dir, "unrelated")
+	os.WriteFile(unrelated, []byte(realserver.KnownHostsLine("192.0.2.1:22", other.Public)), 0o600)
+	_, err = dial(t, withKH(unrelated, "host-key-check=strict"), echo)
+	if msg := fmt.Sprint(err); !errors.Is(err, ssh.ErrHostKeyUnknown) ||
+		!strings.Contains(msg, "none of the known_hosts files read ("+unrelated+") holds it") || !strings.Contains(msg, keyscan+unrelated) {
+		t.Errorf("unknown host key, known_hosts without it: the message does not name the file read and the command:\n%s", msg)
+	}
 	if _, err := os.Stat(empty); err == nil {
 		t.Fatal("strict checking wrote known_hosts")
 	}
@@ -358,7 +373,6 @@ func TestHostKeys(t *testing.T) {
 	}
 
 	// A changed key: known_hosts holds another one.
-	other := realserver.NewKey(t, dir, "other", "")
 	changed := filepath.Join(dir, "changed")
 	os.WriteFile(changed, []byte(realserver.KnownHostsLine(s.Addr, other.Public)), 0o600)
 	for _, check := range []string{"strict", "accept-new"} {
