@@ -84,6 +84,13 @@ func TestUsageErrors(t *testing.T) {
 	if code != exitUsage || !strings.Contains(errOut, "bad.toml") || !strings.Contains(errOut, "rtt") {
 		t.Errorf("up with a bad file: exit %d, %q", code, errOut)
 	}
+	// A host with no link is refused, naming it, before anything is made.
+	unlinked := filepath.Join(t.TempDir(), "unlinked.toml")
+	os.WriteFile(unlinked, []byte("[[host]]\nname = \"a\"\n[[host]]\nname = \"b\"\n[[host]]\nname = \"c\"\n[[link]]\na = \"a\"\nb = \"b\"\n"), 0o644)
+	code, out, errOut := runSync("up", unlinked)
+	if code != exitUsage || !strings.Contains(errOut, `host "c" has no link`) || strings.Contains(errOut, "panic") || out != "" {
+		t.Errorf("up with a host without link: exit %d (want %d), stdout %q, stderr %q", code, exitUsage, out, errOut)
+	}
 }
 
 func TestProfiles(t *testing.T) {

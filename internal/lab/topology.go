@@ -284,6 +284,15 @@ func (t *Topology) Validate() error {
 			return fail("host %q: firewall: %v", h.Name, err)
 		}
 	}
+	// A host alone is a lab; a host among others with no link reaches
+	// none of them, and has no address to show.
+	if len(t.Hosts) > 1 {
+		for _, h := range t.Hosts {
+			if len(neighbours[h.Name]) == 0 {
+				return fail("host %q has no link: in a lab of several hosts, each needs a [[link]] to another (a = %q, b = ...)", h.Name, h.Name)
+			}
+		}
+	}
 	return nil
 }
 

@@ -94,6 +94,7 @@ func TestValidate(t *testing.T) {
 		{"duplicate host", Topology{Hosts: []Host{{Name: "a"}, {Name: "a"}}}, "twice"},
 		{"unknown end", Topology{Hosts: []Host{{Name: "a"}}, Links: []Link{{A: "a", B: "z"}}}, "both ends"},
 		{"self link", Topology{Hosts: []Host{{Name: "a"}}, Links: []Link{{A: "a", B: "a"}}}, "two different"},
+		{"host without link", Topology{Hosts: []Host{{Name: "a"}, {Name: "b"}, {Name: "c"}}, Links: []Link{{A: "a", B: "b"}}}, `host "c" has no link`},
 		{"duplicate link", Topology{Hosts: []Host{{Name: "a"}, {Name: "b"}}, Links: []Link{{A: "a", B: "b"}, {A: "b", B: "a"}}}, "already linked"},
 		{"loss over 1", pairTopo(Link{Loss: 1.5}), "loss"},
 		{"huge delay", pairTopo(Link{RTT: Duration(time.Minute)}), "rtt"},
