@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
@@ -287,6 +288,43 @@ func TestLaunchCustomBad(t *testing.T) {
 				}
 			}
 			waitGone(t, "sleep "+marker)
+		})
+	}
+}
+
+// TestLaunchSSHErrors checks that the ssh spawner blames what failed: a
+// host key it cannot check is no TCP forwarding refused, and a refused
+// forwarding says what the server must allow.
+func TestLaunchSSHErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		forwarding bool
+		knownHosts func(s *realserver.SSHD) string
+		want       []string
+		not        string
+	}{
+		{"unknown host key", true, func(*realserver.SSHD) string { return filepath.Join(t.TempDir(), "known_hosts") },
+			[]string{"reaching 127.0.0.1 over SSH", "host key unknown", "ssh-keyscan -p "}, "TCP forwarding"},
+		{"forwarding refused", false, func(s *realserver.SSHD) string { return s.KnownHosts },
+			[]string{"its sshd must allow TCP forwarding", "refused to listen"}, "host key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: tc.forwarding})
+			opts := fmt.Sprintf("port=%d,user=%s,identity=%s,known-hosts=%s,agent=false,config=none",
+				s.Port, s.User, s.UserKey.Private, tc.knownHosts(s))
+			_, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "--n", "1", "--ssh-servers", s.Host, "--ssh-options", opts, "--", "true")
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Errorf("vlink launch: %v, want exit status 1", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr does not say %q:\n%s", w, stderr)
+				}
+			}
+			if strings.Contains(stderr, tc.not) {
+				t.Errorf("stderr speaks of %q:\n%s", tc.not, stderr)
+			}
 		})
 	}
 }

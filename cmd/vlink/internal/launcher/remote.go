@@ -357,8 +357,11 @@ func (s *sshSpawner) start(ctx context.Context, j *job) error {
 			addr, err := s.forwardRelay(ctx, j, f)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			switch {
+			case errors.Is(err, sshf.ErrListenRefused):
 				errs = append(errs, fmt.Errorf("forwarding the job's relay to %s (its sshd must allow TCP forwarding): %w", server, err))
+			case err != nil: // the login itself: a host key, the user's keys, the network
+				errs = append(errs, fmt.Errorf("reaching %s over SSH: %w", server, err))
 			}
 			relays[server] = addr
 		}()
