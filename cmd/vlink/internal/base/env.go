@@ -19,6 +19,7 @@ import (
 
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -194,4 +195,18 @@ func FormatRate(bps float64) string {
 		return fmt.Sprintf("%.1f kbit/s", bps/1e3)
 	}
 	return fmt.Sprintf("%.0f bit/s", bps)
+}
+
+// CheckKeyCarried refuses a --key-file that the --stack given (s, parsed
+// from stack) cannot carry: a stack with no layer for the peer to mirror
+// and no gateway sends no hello, so the key would prove nothing, and a
+// vlink serve with --key-file refuses the connection as a plain one. A
+// node (node given) derives its node key from the network key, which
+// --key-file may hold, so a node may give one with any stack.
+func CheckKeyCarried(stack string, s vlink.Stack, via string, node *NodeOptions) error {
+	if via != "" || !s.IsPlain() || node.Given() {
+		return nil
+	}
+	shown := secret.RedactStack(stack)
+	return Usagef("--key-file with --stack %s: that stack has no layer for the server to mirror, so it sends no hello and the key would prove nothing (a vlink serve with --key-file refuses such a connection): put a filter above it, e.g. --stack zstd+%s, or leave out --key-file", shown, shown)
 }

@@ -55,7 +55,7 @@ func TestLoadForwardsRefuses(t *testing.T) {
 		{"same port", ok + ok, "forward 2: forward 1 listens on 127.0.0.1:9001 already"},
 		{"same name", "[[forward]]\nname = \"a\"\nstack = \"tcp\"\nto = \"h:1\"\nlisten = \"127.0.0.1:0\"\n[[forward]]\nname = \"a\"\nstack = \"tcp\"\nto = \"h:2\"\nlisten = \"127.0.0.1:0\"\n", `forward 1 has the same name, "a"`},
 		{"same forward", "[[forward]]\nstack = \"tcp\"\nto = \"h:1\"\nlisten = \"127.0.0.1:0\"\n[[forward]]\nstack = \"tcp\"\nto = \"h:1\"\nlisten = \"127.0.0.1:0\"\n", "forward 2: the same forward as forward 1"},
-		{"missing key file", ok + "key-file = \"nokey\"\n", "nokey: no such file"},
+		{"missing key file", strings.Replace(ok, `"tcp"`, `"zstd"`, 1) + "key-file = \"nokey\"\n", "nokey: no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := loadTunnels(t, tc.file)

@@ -140,6 +140,9 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 			route += " via " + d.Via
 		}
 		if o.keyFile != "" {
+			if err := base.CheckKeyCarried(o.stack, s, o.via, &o.node); err != nil {
+				return nil, nil, "", err
+			}
 			if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
 				return nil, nil, "", err
 			}

@@ -178,6 +178,9 @@ func (o *dialOptions) dialer() (*vlink.Dialer, error) {
 	}
 	d.Stack = s
 	if o.keyFile != "" {
+		if err := base.CheckKeyCarried(o.stack, s, o.via, &o.node); err != nil {
+			return nil, err
+		}
 		if d.Key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
 			return nil, err
 		}

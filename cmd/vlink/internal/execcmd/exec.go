@@ -237,8 +237,14 @@ func (o *execOptions) routes() (*vlink.Config, error) {
 		}
 		return vlink.DefaultConfig()
 	}
-	if _, err := vlink.Parse(o.stack); err != nil {
+	s, err := vlink.Parse(o.stack)
+	if err != nil {
 		return nil, base.Usagef("--stack: %v", err)
+	}
+	if o.keyFile != "" {
+		if err := base.CheckKeyCarried(o.stack, s, o.via, &o.node); err != nil {
+			return nil, err
+		}
 	}
 	if o.via != "" {
 		if err := base.CheckHostPort(o.via); err != nil {
@@ -247,7 +253,6 @@ func (o *execOptions) routes() (*vlink.Config, error) {
 	}
 	var key []byte
 	if o.keyFile != "" {
-		var err error
 		if key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
 			return nil, err
 		}
