@@ -57,6 +57,7 @@ Exit status 0 if a way connected, 1 if none did.
 type routeOptions struct {
 	timeout time.Duration
 	count   int
+	keyFile string // the network key, to derive the node's key from
 	node    base.NodeOptions
 }
 
@@ -66,6 +67,7 @@ func routeFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.IntVar(&o.count, "count", 1, "dial `N` times in a row, to see what the dialer remembers between dials")
 	base.NodeFlags(fs, &o.node, "to reach NODE.vlink.alt:PORT through the relay")
 	base.ReverseFlag(fs, &o.node)
+	fs.StringVar(&o.keyFile, "key-file", "", "the network key in `FILE` (mode 600), to derive the node's key from, as serve and tunnel do; needs --node (default: --node-key-file, or the configuration's key)")
 	return func(ctx context.Context, e *base.Env) int {
 		ok, err := o.run(ctx, e)
 		if err != nil {
@@ -93,13 +95,23 @@ func (o *routeOptions) run(ctx context.Context, e *base.Env) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	_, _, isNode := vlink.SplitNodeAddr(dest)
+	if o.keyFile != "" && !isNode {
+		return false, base.Usagef("--key-file is the network key a node's key derives from: it goes with --node, to reach a node (NODE.vlink.alt:PORT); %s is dialed by the configuration, with its key", dest)
+	}
 	d := &vlink.Dialer{Config: cfg, Timeout: o.timeout}
 	defer d.Close()
-	if _, _, isNode := vlink.SplitNodeAddr(dest); isNode {
+	if isNode {
 		if !o.node.Given() {
 			return false, base.Usagef("%s names a node of a vlink network: join it with --node NAME --relay HOST:PORT (and --node-key-file)", dest)
 		}
-		node, err := o.node.Connect(ctx, e, cfg.Key)
+		networkKey := cfg.Key
+		if o.keyFile != "" {
+			if networkKey, err = vlink.ReadKeyFile(o.keyFile); err != nil {
+				return false, err
+			}
+		}
+		node, err := o.node.Connect(ctx, e, networkKey)
 		if err != nil {
 			return false, err
 		}
@@ -122,7 +134,7 @@ func (o *routeOptions) run(ctx context.Context, e *base.Env) (bool, error) {
 		if c != nil {
 			c.Close()
 		}
-		printReport(e, rep)
+		printReport(e, rep, err)
 		switch {
 		case err != nil:
 			fmt.Fprintf(e.Stdout, "no connection after %v: %v\n", round(took), err)
@@ -138,8 +150,14 @@ func (o *routeOptions) run(ctx context.Context, e *base.Env) (bool, error) {
 
 // printReport prints the route and each attempt of a dial: the ways in
 // full, then a table that names them by number and layers.
-func printReport(e *base.Env, rep *vlink.RouteReport) {
+func printReport(e *base.Env, rep *vlink.RouteReport, err error) {
 	if len(rep.Attempts) == 0 {
+		if rep.Rule == "" && err != nil {
+			// The dial failed before it had a route (a node the network
+			// could not reach, say): say why rather than name none.
+			fmt.Fprintf(e.Stdout, "route: none: %s\n", oneLine(err.Error()))
+			return
+		}
 		fmt.Fprintf(e.Stdout, "route: %s\n", rep.Rule)
 		return
 	}

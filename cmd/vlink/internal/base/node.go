@@ -24,12 +24,12 @@ type NodeOptions struct {
 func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
 	fs.StringVar(&o.name, "node", "", "join the vlink network as the node called `NAME` (a DNS label: lower-case letters, digits, '-'), "+role+"; needs --relay")
 	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order; needs --node")
-	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, from vlink key node NAME, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
+	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, made with vlink key --node NAME --key-file NETWORK_KEY, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
 }
 
 // ReverseFlag defines --reverse-listen, for the commands that dial nodes.
 func ReverseFlag(fs *flag.FlagSet, o *NodeOptions) {
-	fs.StringVar(&o.reverseListen, "reverse-listen", "", "let the nodes we dial connect back to us on `ADDR` (host:port other nodes can reach, e.g. 0.0.0.0:7200), so that a node behind a firewall is reached without the relay carrying the bytes; needs --node (default: off, the relay carries them)")
+	fs.StringVar(&o.reverseListen, "reverse-listen", "", "let the nodes we dial connect back to us on `ADDR` (host:port other nodes can reach, e.g. 0.0.0.0:7200), so that a node behind a firewall that lets no connection in is reached directly; needs --node (default: off: a dial to a node tries the spliced path, both nodes connecting at once, then has the relay carry the bytes)")
 }
 
 // KeyFileContent is what --node-key-file holds, for a reload to notice
@@ -73,7 +73,7 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 	case networkKey != nil:
 		key = vlink.NodeKey(networkKey, o.name)
 	default:
-		return nil, Usagef("--node %s needs its key: --node-key-file FILE, made with vlink key node %s --key-file NETWORK_KEY", o.name, o.name)
+		return nil, Usagef("--node %s needs its key: --node-key-file FILE, made with vlink key --node %s --key-file NETWORK_KEY (or the network key itself in --key-file)", o.name, o.name)
 	}
 	if o.reverseListen != "" {
 		if err := CheckHostPort(o.reverseListen); err != nil {

@@ -30,7 +30,7 @@ import (
 var Cmd = &cli.Command{
 	Name:     "bench",
 	Summary:  "measure every stack against raw TCP on loopback: throughput, latency, compression",
-	Synopsis: "[--size SIZE] [--stacks LIST] [--data text|random|both] [--rounds N] [--link RATES] [--json]",
+	Synopsis: "[--size SIZE] [--stacks LIST] [--data text|random|both] [--rounds N] [--pings N] [--link RATES] [--plot FILE] [--json]",
 	About: `
 Measures, on loopback and with no setup, what each stack costs and gains
 against raw TCP (net.Dial to net.Listen), which is measured in the same run

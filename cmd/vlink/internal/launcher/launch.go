@@ -37,7 +37,7 @@ import (
 var Cmd = &cli.Command{
 	Name:     "launch",
 	Summary:  "start a job of N processes that reach each other by rank over a vlink network",
-	Synopsis: "-n N [flags] -- PROGRAM [ARGS...]",
+	Synopsis: "--n N [flags] -- PROGRAM [ARGS...]",
 	About: `
 Starts N processes of PROGRAM, a job, and runs the job's vlink network:
 a relay made for the job, with a key of its own that only the job's
@@ -102,16 +102,16 @@ read nothing: their standard input is /dev/null.
 `,
 	Examples: `
   # Four workers, each saying where it is in the job:
-  vlink launch -n 4 -- sh -c 'echo "rank $VLINK_RANK of $VLINK_SIZE is $VLINK_NODE"'
+  vlink launch --n 4 -- sh -c 'echo "rank $VLINK_RANK of $VLINK_SIZE is $VLINK_NODE"'
 
   # Eight workers of a Go program that calls launch.Join:
-  vlink launch -n 8 -- ./allreduce
+  vlink launch --n 8 -- ./allreduce
 
   # Over SSH, on two servers that have this vlink at the same path:
-  vlink launch -n 4 --ssh-servers 'node1 node2' -- ./allreduce
+  vlink launch --n 4 --ssh-servers 'node1 node2' -- ./allreduce
 
   # Through SLURM:
-  vlink launch -n 64 --custom 'srun -n %N %C' -- ./allreduce
+  vlink launch --n 64 --custom 'srun -n %N %C' -- ./allreduce
 `,
 	Args: true,
 	// The workers' output is the output: vlink launch adds warnings and
@@ -121,6 +121,7 @@ read nothing: their standard input is /dev/null.
 
 type launchOptions struct {
 	n                  int
+	nSet               bool // --n was given: 0 is then out of range rather than missing
 	joinTimeout, grace time.Duration
 	listen             string
 	routeOutput        bool
@@ -160,7 +161,10 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 			return runWorker(ctx, e, o)
 		}
 		routeSet := false
-		fs.Visit(func(f *flag.Flag) { routeSet = routeSet || f.Name == "route-output" })
+		fs.Visit(func(f *flag.Flag) {
+			routeSet = routeSet || f.Name == "route-output"
+			o.nSet = o.nSet || f.Name == "n"
+		})
 		err := o.run(ctx, e, routeSet)
 		var jf *jobFailed
 		if errors.As(err, &jf) {
@@ -275,9 +279,11 @@ type spawner interface {
 func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) error {
 	switch {
 	case len(e.Args) == 0:
-		return base.Usagef("give the program to start after --: vlink launch -n N -- PROGRAM [ARGS...]")
+		return base.Usagef("give the program to start after --: vlink launch --n N -- PROGRAM [ARGS...]")
+	case !o.nSet:
+		return base.Usagef("--n N is required: how many workers to start, 1 to %d", launch.MaxSize)
 	case o.n < 1 || o.n > launch.MaxSize:
-		return base.Usagef("-n %d: want 1 to %d workers", o.n, launch.MaxSize)
+		return base.Usagef("--n %d: want 1 to %d workers", o.n, launch.MaxSize)
 	case o.joinTimeout < 0 || o.grace < 0:
 		return base.Usagef("--join-timeout and --grace want durations of 0 or more")
 	}
