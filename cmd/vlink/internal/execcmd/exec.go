@@ -50,7 +50,7 @@ side's errno in SO_ERROR.
     except loopback (localhost, 127.0.0.0/8, ::1), which stays direct. With
     --via, the gateway (vlink serve --allow) dials each destination; names
     are resolved there, so a host only the far side knows can be reached.
-  - --config FILE: the routes of a vlink config file (see README).
+  - --config FILE: the routes of a vlink config file (docs/REFERENCE.md).
   - neither: the user's configuration (VLINK_CONFIG, default
     ~/.config/vlink/config.toml, VLINK_STACK, VLINK_VIA, VLINK_KEY_FILE);
     with none, everything goes direct.
