@@ -137,7 +137,7 @@ func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, 
 	return c, nil
 }
 
-// LoadConfig reads a TOML config file (see the package README for the
+// LoadConfig reads a TOML config file (docs/REFERENCE.md describes the
 // format). Unknown keys are errors, so a typo does not silently route
 // traffic the wrong way.
 func LoadConfig(path string) (*Config, error) {
