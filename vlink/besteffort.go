@@ -19,7 +19,7 @@ import (
 // Best-effort routes: a config route that lists several ways to reach its
 // destinations (try = ["direct", "ssh:host=bastion", ...]) races them, as
 // Happy Eyeballs (RFC 8305) races addresses: the first way starts at once,
-// each next one RaceStagger later or as soon as every way started so far
+// each next one raceStagger later or as soon as every way started so far
 // has failed; the first to connect wins, and the others are cancelled, or
 // closed if they connected too. A Dialer remembers, per destination, the
 // way that won (tried first for winnerTTL) and the ways that failed (tried
@@ -33,9 +33,9 @@ import (
 // whose stack holds that layer, or a way's whole text. They narrow the
 // paths to a node too (PathNodeDialer: reverse, splice, relay).
 
-// RaceStagger is how long a best-effort dial gives a way before it starts
+// raceStagger is how long a best-effort dial gives a way before it starts
 // the next (RFC 8305's Connection Attempt Delay).
-const RaceStagger = 250 * time.Millisecond
+const raceStagger = 250 * time.Millisecond
 
 // Environment variables read by [ConfigFromEnv] for best-effort routes.
 const (
@@ -397,7 +397,7 @@ type racer struct {
 	won      net.Conn // the winner's connection
 	wonAt    int
 	// On the stagger clock's list, under its lock: when the way started
-	// last has had its RaceStagger, and the racers due before and after.
+	// last has had its raceStagger, and the racers due before and after.
 	due        time.Time
 	prev, next *racer
 	waiting    bool
@@ -464,11 +464,11 @@ func (x *racer) finish(i int, c net.Conn, err error) {
 // all: a timer per dial, armed while the runtime's network poller sleeps
 // without one, woke the poller on every dial (best effort went from
 // 1.16x to 1.14x a loopback net.Dial without it, BENCHMARKS §8).
-// Back-to-back dials now arm it about once per RaceStagger.
+// Back-to-back dials now arm it about once per raceStagger.
 var stagger staggerClock
 
 // A staggerClock ticks racers once their current way has had its
-// RaceStagger. Every wait is RaceStagger long, so the racers waiting, in
+// raceStagger. Every wait is raceStagger long, so the racers waiting, in
 // the order they began to wait, are in the order they are due: the list
 // is a queue whose head is due first, and the timer is armed for it.
 type staggerClock struct {
@@ -478,13 +478,13 @@ type staggerClock struct {
 	head, tail *racer
 }
 
-// wait (re)starts x's stagger: x ticks RaceStagger from now, unless it
+// wait (re)starts x's stagger: x ticks raceStagger from now, unless it
 // is forgotten first. Called with x.mu held, or before x runs.
 func (k *staggerClock) wait(x *racer) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.unlink(x)
-	x.due, x.waiting = time.Now().Add(RaceStagger), true
+	x.due, x.waiting = time.Now().Add(raceStagger), true
 	x.waits++
 	x.prev = k.tail
 	if k.tail != nil {
@@ -496,9 +496,9 @@ func (k *staggerClock) wait(x *racer) {
 	switch {
 	case k.armed: // for a racer due before x
 	case k.timer == nil:
-		k.timer, k.armed = time.AfterFunc(RaceStagger, k.fire), true
+		k.timer, k.armed = time.AfterFunc(raceStagger, k.fire), true
 	default:
-		k.timer.Reset(RaceStagger)
+		k.timer.Reset(raceStagger)
 		k.armed = true
 	}
 }

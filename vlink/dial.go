@@ -91,7 +91,7 @@ type Dialer struct {
 	memory memory
 }
 
-// A PeerKeyCallback checks the static public key (X25519, IdentitySize
+// A PeerKeyCallback checks the static public key (X25519, 32
 // bytes) that the listener at address announced in its accept, before the
 // encryption layer proves the listener holds its private half. address is
 // the listener dialed: the destination, or the gateway (Dialer.Via), as

@@ -32,9 +32,9 @@ const (
 
 	nonceSize = 32
 	proofSize = 32 // HMAC-SHA256
-	// IdentitySize is the size of a listener's static key (Policy.Identity),
+	// identitySize is the size of a listener's static key (Policy.Identity),
 	// private or public: X25519.
-	IdentitySize  = 32
+	identitySize  = 32
 	maxStackText  = 1024
 	maxTargetText = 262 // a 255-byte host name, ':' and a port, or a bracketed IPv6 address
 	maxReasonText = 1024
@@ -241,7 +241,7 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 		case tagProof:
 			m.proof, err = fixed(v, proofSize, "proof")
 		case tagStatic:
-			m.static, err = fixed(v, IdentitySize, "static key")
+			m.static, err = fixed(v, identitySize, "static key")
 		case tagLookup:
 			if len(v) != 1 || v[0] != 1 {
 				err = errors.New("lookup must be the byte 1")

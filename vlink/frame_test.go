@@ -17,7 +17,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		{typ: msgChallenge, nonce: bytes.Repeat([]byte{1}, nonceSize)},
 		{typ: msgAuth, proof: bytes.Repeat([]byte{2}, proofSize)},
 		{typ: msgAccept},
-		{typ: msgAccept, proof: bytes.Repeat([]byte{4}, proofSize), static: bytes.Repeat([]byte{5}, IdentitySize)},
+		{typ: msgAccept, proof: bytes.Repeat([]byte{4}, proofSize), static: bytes.Repeat([]byte{5}, identitySize)},
 		{typ: msgRefuse, code: CodeParam, reason: "zstd level 22 is outside [1, 9]\nsecond line"},
 		{typ: msgHello, hops: []string{"gw2.example:7000", "[fd00::1]:7000"}, trail: bytes.Repeat([]byte{9}, 2*trailIDSize), origin: "192.0.2.1:5555"},
 		{typ: msgRefuse, code: CodeLoop, reason: "round", hop: 3},
@@ -83,7 +83,7 @@ func TestFrameErrors(t *testing.T) {
 		{"origin not an address", hello(field(tagOrigin, []byte("gw.example:80"))), ErrBadHello, "origin"},
 		{"ragged trail", hello(field(tagTrail, make([]byte, trailIDSize+1))), ErrBadHello, "trail is 9 bytes"},
 		{"long trail", hello(field(tagTrail, make([]byte, (MaxHops+1)*trailIDSize))), ErrBadHello, "trail is 72 bytes"},
-		{"static key in a hello", hello(field(tagStatic, make([]byte, IdentitySize))), ErrBadHello, "unexpected field 12"},
+		{"static key in a hello", hello(field(tagStatic, make([]byte, identitySize))), ErrBadHello, "unexpected field 12"},
 		{"lookup not 1", hello(field(tagLookup, []byte{2})), ErrBadHello, "lookup must be"},
 		{"family in a hello", hello(field(tagFamily, []byte{1})), ErrBadHello, "unexpected field 14"},
 	}
@@ -107,7 +107,7 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgRefuse, code: CodeAuthFailed, reason: "no"}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, hops: []string{"a:1", "[::1]:2"}, trail: make([]byte, trailIDSize), origin: "[::1]:9"}).appendFrame(nil))
 	f.Add((&message{typ: msgRefuse, code: CodeLoop, hop: 2}).appendFrame(nil))
-	f.Add((&message{typ: msgAccept, static: make([]byte, IdentitySize)}).appendFrame(nil))
+	f.Add((&message{typ: msgAccept, static: make([]byte, identitySize)}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:0", lookup: true}).appendFrame(nil))
 	f.Add((&message{typ: msgAccept, family: FamilyIPv4 | FamilyIPv6, proof: make([]byte, proofSize)}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})

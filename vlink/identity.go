@@ -8,7 +8,7 @@ import (
 )
 
 // NewIdentity returns a fresh static key for a listener (Policy.Identity):
-// an X25519 private key of IdentitySize bytes.
+// an X25519 private key of identitySize bytes.
 func NewIdentity() []byte {
 	k, err := ecdh.X25519().GenerateKey(rand.Reader)
 	if err != nil {
@@ -22,7 +22,7 @@ func NewIdentity() []byte {
 func IdentityPublic(identity []byte) ([]byte, error) {
 	k, err := ecdh.X25519().NewPrivateKey(identity)
 	if err != nil {
-		return nil, fmt.Errorf("identity is %d bytes, want an X25519 private key of %d", len(identity), IdentitySize)
+		return nil, fmt.Errorf("identity is %d bytes, want an X25519 private key of %d", len(identity), identitySize)
 	}
 	return k.PublicKey().Bytes(), nil
 }
@@ -40,7 +40,7 @@ func ReadIdentityFile(path string) ([]byte, error) {
 		_, err = IdentityPublic(id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("identity file %s does not hold a base64 X25519 key of %d bytes (make one with vlink key --identity)", path, IdentitySize)
+		return nil, fmt.Errorf("identity file %s does not hold a base64 X25519 key of %d bytes (make one with vlink key --identity)", path, identitySize)
 	}
 	return id, nil
 }

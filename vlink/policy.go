@@ -59,7 +59,7 @@ type Policy struct {
 	// itself is trusted.
 	InsecurePlaintext bool
 	// Identity is the listener's static X25519 private key
-	// (IdentitySize bytes, see NewIdentity), nil for none. With it, the
+	// (32 bytes, see NewIdentity), nil for none. With it, the
 	// listener announces the public half in the accept of every hello
 	// whose stack holds the encryption layer, and that layer proves the
 	// listener holds the private half (Noise NKpsk0 rather than NNpsk0):
