@@ -37,7 +37,7 @@ func mustAuto(tb testing.TB, cfg AutoConfig) *Auto {
 func encodeAuto(tb testing.TB, a *Auto, j int, writes ...[]byte) []byte {
 	tb.Helper()
 	var wire bytes.Buffer
-	c := newAutoConn(&fakeConn{w: &wire}, a)
+	c := newAutoConn(&testnet.FakeConn{W: &wire}, a)
 	if j >= 0 {
 		c.ctrl = newController(a.rungs, nil)
 		c.ctrl.cur = j
@@ -72,9 +72,9 @@ func frames(tb testing.TB, wire []byte) []header {
 
 func readAuto(t *testing.T, a *Auto, wire []byte) ([]byte, error) {
 	t.Helper()
-	got, err := io.ReadAll(newAutoConn(&fakeConn{r: bytes.NewReader(wire)}, a))
+	got, err := io.ReadAll(newAutoConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, a))
 	var b bytes.Buffer
-	_, err2 := newAutoConn(&fakeConn{r: bytes.NewReader(wire)}, a).WriteTo(&b)
+	_, err2 := newAutoConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, a).WriteTo(&b)
 	if !bytes.Equal(got, b.Bytes()) || (err == nil) != (err2 == nil) {
 		t.Errorf("Read gave %d bytes and %v; WriteTo %d bytes and %v", len(got), err, b.Len(), err2)
 	}
@@ -393,7 +393,7 @@ func TestNoAllocsAuto(t *testing.T) {
 	}
 	a := mustAuto(t, AutoConfig{Codecs: codecNames, MaxLevel: 22})
 	text, random := textCorpus(3*MaxBlock), testnet.RandomBytes(2*MaxBlock, 7)
-	w := newAutoConn(&fakeConn{w: io.Discard}, a)
+	w := newAutoConn(&testnet.FakeConn{W: io.Discard}, a)
 	w.vectored = true
 	var wire []byte
 	for j := range a.rungs {
@@ -401,7 +401,7 @@ func TestNoAllocsAuto(t *testing.T) {
 	}
 	wire = ended(wire)
 	src := bytes.NewReader(wire)
-	r := newAutoConn(&fakeConn{r: src}, a)
+	r := newAutoConn(&testnet.FakeConn{R: src}, a)
 	buf := make([]byte, 256<<10)
 	w.Write(text) // makes the controller
 	allocs := testing.AllocsPerRun(20, func() {

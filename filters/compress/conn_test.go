@@ -164,29 +164,6 @@ func exchange(t *testing.T, c, s net.Conn, up, down []byte, read func(io.Reader)
 	}
 }
 
-// dribbleConn hands out a stream a few bytes at a time and fails every
-// other Read with a deadline error, as a real connection would when a
-// read deadline fires in the middle of a frame.
-type dribbleConn struct {
-	fakeConn
-	data  []byte
-	step  int
-	calls int
-}
-
-func (d *dribbleConn) Read(p []byte) (int, error) {
-	d.calls++
-	if d.calls%2 == 0 {
-		return 0, &net.OpError{Op: "read", Net: "fake", Err: os.ErrDeadlineExceeded}
-	}
-	if len(d.data) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p[:min(len(p), d.step)], d.data)
-	d.data = d.data[n:]
-	return n, nil
-}
-
 // TestReadDeadlineMidFrame checks that deadlines firing anywhere in a
 // frame lose nothing: every timed-out Read is retried and the stream
 // still arrives whole.
@@ -198,7 +175,7 @@ func TestReadDeadlineMidFrame(t *testing.T) {
 		for _, step := range []int{1, 3, 4096} {
 			for _, bufSize := range []int{7, 64 << 10, 1 << 20} {
 				t.Run(fmt.Sprintf("%s/step%d/buf%d", name, step, bufSize), func(t *testing.T) {
-					c := newConn(&dribbleConn{data: wire, step: step}, name, mustNew(t, name, 1).codec)
+					c := newConn(&testnet.DribbleConn{Data: wire, Step: step}, name, mustNew(t, name, 1).codec)
 					var got []byte
 					buf := make([]byte, bufSize)
 					timeouts := 0
@@ -227,24 +204,6 @@ func TestReadDeadlineMidFrame(t *testing.T) {
 	}
 }
 
-// cutConn records writes, and cuts the write that crosses byte cutAt short
-// with a deadline error.
-type cutConn struct {
-	fakeConn
-	wire  bytes.Buffer
-	cutAt int
-}
-
-func (c *cutConn) Write(p []byte) (int, error) {
-	if c.cutAt >= 0 && c.wire.Len()+len(p) > c.cutAt {
-		n := c.cutAt - c.wire.Len()
-		c.wire.Write(p[:n])
-		c.cutAt = -1
-		return n, timeoutErr
-	}
-	return c.wire.Write(p)
-}
-
 // TestWriteDeadlineMidFrame cuts writes at every kind of position and
 // checks the stream stays whole: a block whose frame was partly sent
 // counts as written, and its rest goes out before the next frame.
@@ -256,9 +215,9 @@ func TestWriteDeadlineMidFrame(t *testing.T) {
 		for _, cutAt := range []int{0, 3, headerSize, headerSize + 5, 1000, len(full) / 2, len(full) - 20, len(full) - 1} {
 			for _, wrap := range []string{"copy", "vectored"} {
 				t.Run(fmt.Sprintf("%s/%s/cut%d", name, wrap, cutAt), func(t *testing.T) {
-					cc := &cutConn{cutAt: cutAt}
+					cc := &testnet.CutConn{CutAt: cutAt}
 					c := newConn(cc, name, mustNew(t, name, defaultLevel(name)).codec)
-					c.vectored = wrap == "vectored" // fakeConn has no writev, but send must cope the same
+					c.vectored = wrap == "vectored" // testnet.FakeConn has no writev, but send must cope the same
 					var sent []byte
 					for _, w := range writes {
 						for len(w) > 0 {
@@ -273,7 +232,7 @@ func TestWriteDeadlineMidFrame(t *testing.T) {
 					if err := c.CloseWrite(); err != nil {
 						t.Fatalf("CloseWrite: %v", err)
 					}
-					r := newConn(&fakeConn{r: &cc.wire}, name, c.codec)
+					r := newConn(&testnet.FakeConn{R: &cc.Wire}, name, c.codec)
 					got, err := io.ReadAll(r)
 					if err != nil {
 						t.Fatalf("reading back: %v", err)
@@ -501,7 +460,7 @@ func TestCompresses(t *testing.T) {
 				t.Errorf("random: %d bytes on the wire for %d, want raw frames", len(wire), len(random))
 			}
 			var rec bytes.Buffer
-			c := newConn(&fakeConn{w: &rec}, name, mustNew(t, name, defaultLevel(name)).codec)
+			c := newConn(&testnet.FakeConn{W: &rec}, name, mustNew(t, name, defaultLevel(name)).codec)
 			for i := range 3 {
 				msg := text[:200+i]
 				c.Write(msg)
@@ -520,7 +479,7 @@ func TestCompresses(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
-	c := newConn(&fakeConn{}, "zstd", mustNew(t, "zstd", 3).codec)
+	c := newConn(&testnet.FakeConn{}, "zstd", mustNew(t, "zstd", 3).codec)
 	random, text := testnet.RandomBytes(200*MaxBlock, 7), textCorpus(MaxBlock)
 	attempts := 0
 	for i := 0; i < 200; i++ {
@@ -535,7 +494,7 @@ func TestBackoff(t *testing.T) {
 	}
 	// Text is compressed again after at most maxBackoff blocks.
 	var wire bytes.Buffer
-	c.c = &fakeConn{w: &wire}
+	c.c = &testnet.FakeConn{W: &wire}
 	for i := 0; i <= maxBackoff; i++ {
 		wire.Reset()
 		c.Write(text)
@@ -571,7 +530,7 @@ func TestLevels(t *testing.T) {
 		for level := s.minLevel; level <= s.maxLevel; level++ {
 			t.Run(fmt.Sprintf("%s-%d", s.name, level), func(t *testing.T) {
 				wire := encode(t, s.name, level, text)
-				got, err := io.ReadAll(newConn(&fakeConn{r: bytes.NewReader(ended(wire))}, s.name, mustNew(t, s.name, level).codec))
+				got, err := io.ReadAll(newConn(&testnet.FakeConn{R: bytes.NewReader(ended(wire))}, s.name, mustNew(t, s.name, level).codec))
 				if err != nil || !bytes.Equal(got, text) {
 					t.Fatalf("round trip: %d bytes, %v", len(got), err)
 				}
@@ -613,11 +572,11 @@ func TestNoAllocs(t *testing.T) {
 	for _, name := range codecNames {
 		t.Run(name, func(t *testing.T) {
 			codec := mustNew(t, name, defaultLevel(name)).codec
-			w := newConn(&fakeConn{w: io.Discard}, name, codec)
+			w := newConn(&testnet.FakeConn{W: io.Discard}, name, codec)
 			w.vectored = true
 			wire := ended(encode(t, name, defaultLevel(name), text, random, text[:100]))
 			src := bytes.NewReader(wire)
-			r := newConn(&fakeConn{r: src}, name, codec)
+			r := newConn(&testnet.FakeConn{R: src}, name, codec)
 			buf := make([]byte, 256<<10)
 			allocs := testing.AllocsPerRun(20, func() {
 				w.skip, w.backoff = 0, 0 // compress every time
@@ -642,19 +601,6 @@ func TestNoAllocs(t *testing.T) {
 	}
 }
 
-// trailerConn stands for a layer below compression that has an end of
-// its own (noise's end record): its CloseWrite sends a few more bytes, a
-// moment after the end frame, before the TCP end.
-type trailerConn struct{ *net.TCPConn }
-
-func (c trailerConn) CloseWrite() error {
-	time.Sleep(20 * time.Millisecond)
-	if _, err := c.TCPConn.Write([]byte("end of the layer below")); err != nil {
-		return err
-	}
-	return c.TCPConn.CloseWrite()
-}
-
 // TestCloseAfterPeerEnd: a side that read the peer's end frame, answered
 // and closed must not leave the bytes of the layer below's own end
 // unread: closing a socket with unread bytes makes the kernel reset the
@@ -673,13 +619,13 @@ func TestCloseAfterPeerEnd(t *testing.T) {
 }
 
 func closeAfterPeerEnd(t *testing.T, name string, closeWrite bool) {
-	a, b := testnet.TCPPair(t)
 	// Small buffers: the answer is still on its way when the
 	// server closes.
-	a.SetReadBuffer(16 << 10)
-	b.SetWriteBuffer(64 << 10)
+	a, b := testnet.TCPPairBuffers(t, 16<<10, 64<<10)
+	defer a.Close()
+	defer b.Close()
 	f := mustNew(t, name, defaultLevel(name))
-	c, _ := f.Client(trailerConn{a})
+	c, _ := f.Client(testnet.TrailerConn{TCPConn: a})
 	s, _ := f.Server(b)
 	if _, err := c.Write([]byte("question")); err != nil {
 		t.Fatal(err)
@@ -705,7 +651,17 @@ func closeAfterPeerEnd(t *testing.T, name string, closeWrite bool) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond) // the trailer is in the server's socket, unread
-	got, err := io.ReadAll(c)
+	// The client reads all but the answer's last 100 KiB, which the
+	// buffers hold, and waits: the server's Write returns and it closes
+	// with them still on their way.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(answer)-100<<10)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("client read: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	rest, err := io.ReadAll(c)
+	got = append(got, rest...)
 	if err != nil || !bytes.Equal(got, answer) {
 		t.Errorf("client read %d of %d bytes of the answer: %v", len(got), len(answer), err)
 	}

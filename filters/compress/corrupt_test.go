@@ -14,6 +14,7 @@ import (
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/s2"
 	"github.com/pierrec/lz4/v4"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // readBoth reads a stream through both Read and WriteTo and checks they
@@ -21,9 +22,9 @@ import (
 func readBoth(t *testing.T, name string, wire []byte) ([]byte, error) {
 	t.Helper()
 	codec := mustNew(t, name, defaultLevel(name)).codec
-	got, err := io.ReadAll(newConn(&fakeConn{r: bytes.NewReader(wire)}, name, codec))
+	got, err := io.ReadAll(newConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, name, codec))
 	var b bytes.Buffer
-	_, err2 := newConn(&fakeConn{r: bytes.NewReader(wire)}, name, codec).WriteTo(&b)
+	_, err2 := newConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, name, codec).WriteTo(&b)
 	if !bytes.Equal(got, b.Bytes()) || (err == nil) != (err2 == nil) {
 		t.Errorf("Read gave %d bytes and %v; WriteTo %d bytes and %v", len(got), err, b.Len(), err2)
 	}
@@ -216,11 +217,11 @@ func TestBombs(t *testing.T) {
 			t.Run(layer+"/"+tc.codec+"/"+tc.name, func(t *testing.T) {
 				wire := frame(frameCompressed, tc.raw, tc.payload)
 				newReader := func() *conn {
-					return newConn(&fakeConn{r: bytes.NewReader(wire)}, tc.codec, mustNew(t, tc.codec, defaultLevel(tc.codec)).codec)
+					return newConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, tc.codec, mustNew(t, tc.codec, defaultLevel(tc.codec)).codec)
 				}
 				if layer == "adaptive" {
 					wire = withType(wire, byte(s.id)<<4|byte(frameCompressed))
-					newReader = func() *conn { return newAutoConn(&fakeConn{r: bytes.NewReader(wire)}, a) }
+					newReader = func() *conn { return newAutoConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, a) }
 				}
 				var err error
 				alloc := allocated(func() { _, err = io.ReadAll(newReader()) })

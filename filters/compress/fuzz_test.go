@@ -31,7 +31,7 @@ func FuzzAuto(f *testing.F) {
 	wire := encodeAuto(f, a, 3, text)
 	f.Add(wire[headerSize:])
 	f.Add(wire[:len(wire)/2])
-	fuzzStreams(f, "adaptive", func(wire []byte) *conn { return newAutoConn(&fakeConn{r: bytes.NewReader(wire)}, a) },
+	fuzzStreams(f, "adaptive", func(wire []byte) *conn { return newAutoConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, a) },
 		func(data []byte) byte { return data[0]&0xf0 | byte(frameCompressed) })
 }
 
@@ -55,7 +55,7 @@ func fuzzDecoder(f *testing.F, name string) {
 	f.Add(wire[headerSize:]) // a bare payload
 	f.Add(wire[:len(wire)/2])
 	codec := mustNew(f, name, s.defLevel).codec
-	fuzzStreams(f, name, func(wire []byte) *conn { return newConn(&fakeConn{r: bytes.NewReader(wire)}, name, codec) },
+	fuzzStreams(f, name, func(wire []byte) *conn { return newConn(&testnet.FakeConn{R: bytes.NewReader(wire)}, name, codec) },
 		func([]byte) byte { return byte(frameCompressed) })
 }
 

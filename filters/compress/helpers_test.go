@@ -3,13 +3,11 @@ package compress
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
-	"os"
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"go.uber.org/goleak"
 )
 
@@ -60,43 +58,11 @@ func textCorpus(n int) []byte {
 	return b.Bytes()[:n]
 }
 
-// fakeConn is a net.Conn over an io.Reader and an io.Writer, for feeding
-// a conn hand-made streams and recording what it writes.
-type fakeConn struct {
-	r io.Reader
-	w io.Writer
-}
-
-type fakeAddr struct{}
-
-func (fakeAddr) Network() string { return "fake" }
-func (fakeAddr) String() string  { return "fake" }
-
-func (f *fakeConn) Read(p []byte) (int, error) {
-	if f.r == nil {
-		return 0, io.EOF
-	}
-	return f.r.Read(p)
-}
-
-func (f *fakeConn) Write(p []byte) (int, error) {
-	if f.w == nil {
-		return len(p), nil
-	}
-	return f.w.Write(p)
-}
-func (f *fakeConn) Close() error                     { return nil }
-func (f *fakeConn) LocalAddr() net.Addr              { return fakeAddr{} }
-func (f *fakeConn) RemoteAddr() net.Addr             { return fakeAddr{} }
-func (f *fakeConn) SetDeadline(time.Time) error      { return nil }
-func (f *fakeConn) SetReadDeadline(time.Time) error  { return nil }
-func (f *fakeConn) SetWriteDeadline(time.Time) error { return nil }
-
 // encode returns the wire form of the given writes.
 func encode(tb testing.TB, name string, level int, writes ...[]byte) []byte {
 	tb.Helper()
 	var wire bytes.Buffer
-	c := newConn(&fakeConn{w: &wire}, name, mustNew(tb, name, level).codec)
+	c := newConn(&testnet.FakeConn{W: &wire}, name, mustNew(tb, name, level).codec)
 	for _, w := range writes {
 		if _, err := c.Write(w); err != nil {
 			tb.Fatal(err)
@@ -117,8 +83,5 @@ func frame(t frameType, rawLen int, payload []byte) []byte {
 	h.set(t, rawLen, len(payload))
 	return append(h[:], payload...)
 }
-
-// timeoutErr is what a fake connection returns when its deadline fires.
-var timeoutErr = &net.OpError{Op: "write", Net: "fake", Err: os.ErrDeadlineExceeded}
 
 var codecNames = []string{"zstd", "s2", "deflate", "lz4"}

@@ -1,9 +1,9 @@
 package compress
 
 import (
-	"fmt"
 	"io"
-	"net"
+
+	"github.com/vlink-dev/vlink/netconn/framed"
 )
 
 // The read side takes bytes off the underlying connection in three ways:
@@ -30,11 +30,10 @@ const readAhead = 2 * MaxBlock
 // compressed frame is decoded straight into p when it fits. Read returns
 // what it has rather than wait for more.
 func (c *conn) Read(p []byte) (int, error) {
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	if c.closed.Load() {
-		c.releaseRead()
-		return 0, c.opErr("read", net.ErrClosed)
+	c.ends.LockRead()
+	defer c.ends.UnlockRead()
+	if err := c.ends.ReadClosed(); err != nil {
+		return 0, err
 	}
 	n := 0
 	for n < len(p) {
@@ -106,13 +105,12 @@ func (c *conn) Read(p []byte) (int, error) {
 // for a frame header it holds no buffer, so relaying an idle connection
 // pins no memory.
 func (c *conn) WriteTo(w io.Writer) (int64, error) {
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
+	c.ends.LockRead()
+	defer c.ends.UnlockRead()
 	var total int64
 	for {
-		if c.closed.Load() {
-			c.releaseRead()
-			return total, c.opErr("read", net.ErrClosed)
+		if err := c.ends.ReadClosed(); err != nil {
+			return total, err
 		}
 		if len(c.out) > 0 {
 			k, err := w.Write(c.out)
@@ -242,7 +240,7 @@ func (c *conn) nextFrame(wait bool) (ready bool, err error) {
 		switch c.hdr.Type() {
 		case frameEnd:
 			c.rerr = io.EOF // anything after it is ignored
-			c.peerEnded.Store(true)
+			c.ends.PeerEnded()
 			c.releaseRead()
 			return true, nil
 		case frameRaw:
@@ -321,19 +319,13 @@ func (c *conn) drain(p []byte) int {
 	return n
 }
 
-// errNoEnd is the failure of a stream whose connection ended before its
-// end frame: the peer was killed, or a hop cut the stream short. Only the
-// end frame is a clean end.
-var errNoEnd = fmt.Errorf("%w: the stream ended without its end frame", io.ErrUnexpectedEOF)
-
 // readErr sorts an error of the underlying Read. Deadlines and transport
 // errors are returned unchanged and leave the frame state as it is; the
 // end of the connection is always a failure (a clean end is the end
 // frame, which nextFrame handles).
 func (c *conn) readErr(err error) error {
-	if c.closed.Load() {
-		c.releaseRead()
-		return c.opErr("read", net.ErrClosed)
+	if err := c.ends.ReadClosed(); err != nil {
+		return err
 	}
 	if err != io.EOF {
 		return err
@@ -341,7 +333,9 @@ func (c *conn) readErr(err error) error {
 	if c.hdrN > 0 || c.inComp || c.rawLeft > 0 {
 		return c.fail(io.ErrUnexpectedEOF)
 	}
-	return c.fail(errNoEnd)
+	// The connection ended before the end frame: the peer was killed, or a
+	// hop cut the stream short. Only the end frame is a clean end.
+	return c.fail(framed.ErrNoEnd)
 }
 
 // fail ends the read side for good.

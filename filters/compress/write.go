@@ -12,9 +12,9 @@ import (
 // A frame goes out in one write, a run of raw frames in one writev when
 // the underlying connection has it.
 func (c *conn) Write(p []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := c.writable("write"); err != nil {
+	c.ends.LockWrite()
+	defer c.ends.UnlockWrite()
+	if err := c.ends.Writable("write"); err != nil {
 		return 0, err
 	}
 	if err := c.flushTail(); err != nil {
@@ -119,19 +119,6 @@ func (c *conn) account(ct *controller, mark time.Time, j, raw, wire int, probe b
 	return now
 }
 
-func (c *conn) writable(op string) error {
-	switch {
-	case c.closed.Load():
-		c.dropTail()
-		return c.opErr(op, net.ErrClosed)
-	case c.werr != nil:
-		return c.werr
-	case c.wshut:
-		return c.opErr(op, errWriteShut)
-	}
-	return nil
-}
-
 func (c *conn) tryCompress(n int) bool {
 	if n < minCompress {
 		return false
@@ -177,9 +164,9 @@ func (c *conn) send(fb *[]byte, size int) (sent bool, err error) {
 		framePool.Put(fb)
 		return true, nil
 	}
-	if k == 0 || !errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
+	if k == 0 || !errors.Is(err, os.ErrDeadlineExceeded) || c.ends.Closed() {
 		framePool.Put(fb)
-		return false, c.writeErr(err)
+		return false, c.ends.WriteErr(err)
 	}
 	c.tail, c.tailData = fb, frame[k:]
 	return true, err
@@ -226,7 +213,7 @@ func (c *conn) writeRaw(run []byte) (int, error) {
 			sent += len(blk)
 			continue
 		}
-		if !errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
+		if !errors.Is(err, os.ErrDeadlineExceeded) || c.ends.Closed() {
 			break
 		}
 		fb := framePool.Get().(*[]byte)
@@ -235,7 +222,7 @@ func (c *conn) writeRaw(run []byte) (int, error) {
 		c.tail, c.tailData = fb, (*fb)[k:headerSize+len(blk)]
 		return sent + len(blk), err
 	}
-	return sent, c.writeErr(err)
+	return sent, c.ends.WriteErr(err)
 }
 
 // flushTail sends what a deadline left of the last frame.
@@ -246,7 +233,7 @@ func (c *conn) flushTail() error {
 	k, err := c.c.Write(c.tailData)
 	c.tailData = c.tailData[k:]
 	if err != nil {
-		return c.writeErr(err)
+		return c.ends.WriteErr(err)
 	}
 	c.dropTail()
 	return nil
@@ -263,18 +250,4 @@ func putFrame(fb *[]byte) {
 	if fb != nil {
 		framePool.Put(fb)
 	}
-}
-
-// writeErr sorts an error of the underlying Write. A deadline leaves the
-// stream usable; any other error breaks it for good.
-func (c *conn) writeErr(err error) error {
-	if c.closed.Load() {
-		c.dropTail()
-		return c.opErr("write", net.ErrClosed)
-	}
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		c.werr = err
-		c.dropTail()
-	}
-	return err
 }
