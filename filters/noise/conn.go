@@ -1,13 +1,12 @@
 package noise
 
 import (
-	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/framed"
 )
 
 // Buffers come from pools and are held only while they hold bytes: wire
@@ -28,18 +27,16 @@ var (
 	writePool = sync.Pool{New: func() any { b := make([]byte, 0, writeBufCap); return &b }}
 )
 
-// errWriteShut is returned by writes after CloseWrite.
-var errWriteShut = fmt.Errorf("%w: write side shut down", net.ErrClosed)
-
 // conn seals what it writes into records and opens the records it reads.
-// Reads and writes have separate state and locks, so one of each may run
-// at a time; Close takes neither and unblocks both through the
-// connection below.
+// Reads and writes have separate state and locks (ends.LockRead,
+// ends.LockWrite), so one of each may run at a time; its ends (Close,
+// Abort, CloseWrite) are framed.Ends', with the end record as the end
+// marker.
 type conn struct {
-	c      net.Conn
-	closed atomic.Bool
+	c    net.Conn
+	ends framed.Ends
 
-	rmu   sync.Mutex // guards the read side (read.go)
+	// The read side (read.go), under ends.LockRead.
 	recv  *cipherState
 	hdr   header  // the current record's header
 	hdrN  int     // bytes of the next header read so far
@@ -49,141 +46,64 @@ type conn struct {
 	plain []byte // opened bytes not yet returned, inside *rbuf
 	rerr  error  // sticky: io.EOF or a failure of the stream
 
-	wmu      sync.Mutex // guards the write side (write.go)
+	// The write side (write.go), under ends.LockWrite.
 	send     *cipherState
 	tail     *[]byte // holds tailData
 	tailData []byte  // the rest of records a deadline cut, sent before anything else
-	werr     error   // sticky: a write failed and the stream is broken
-	wshut    bool    // the end record was written (or is in tail)
-	shutDone bool    // and c was shut down
 }
 
 var (
 	_ net.Conn        = (*conn)(nil)
 	_ closeWriter     = (*conn)(nil)
 	_ netconn.Aborter = (*conn)(nil)
+	_ framed.Framing  = framing{}
 )
 
 type closeWriter interface{ CloseWrite() error }
 
 func newConn(c net.Conn, send, recv *cipherState) *conn {
-	return &conn{c: c, send: send, recv: recv}
+	cn := &conn{c: c, send: send, recv: recv}
+	cn.ends.Init(c, "noise", framing{cn})
+	return cn
 }
 
-func (c *conn) opErr(op string, err error) error {
-	return &net.OpError{Op: op, Net: "noise", Source: c.c.LocalAddr(), Addr: c.c.RemoteAddr(), Err: err}
-}
+func (c *conn) opErr(op string, err error) error { return c.ends.OpError(op, err) }
 
 // CloseWrite shuts down the writing side: it sends the end record, after
 // which the peer reads io.EOF, and shuts down the writing side of the
-// connection below if it can. Calling it again does nothing.
-func (c *conn) CloseWrite() error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if c.closed.Load() {
-		c.dropTail()
-		return c.opErr("close", net.ErrClosed)
-	}
-	if err := c.sendEnd(); err != nil {
-		return err
-	}
-	if !c.shutDone {
-		c.shutDone = true
-		if cw, ok := c.c.(closeWriter); ok {
-			return cw.CloseWrite()
-		}
-	}
-	return nil
-}
+// connection below if it can (framed.Ends.CloseWrite).
+func (c *conn) CloseWrite() error { return c.ends.CloseWrite() }
 
-// sendEnd sends what a deadline left of the last records and the end
-// record, unless it was sent. It holds wmu.
-func (c *conn) sendEnd() error {
-	if c.werr != nil {
-		return c.werr
-	}
-	if !c.wshut {
-		if err := c.flushTail(); err != nil {
-			return err
-		}
-		fb := writePool.Get().(*[]byte)
-		buf, err := c.seal((*fb)[:0], recEnd, nil)
-		if err != nil {
-			writePool.Put(fb)
-			c.werr = c.opErr("write", err)
-			return c.werr
-		}
-		sent, err := c.sendBuf(fb, buf)
-		c.wshut = sent
-		if err != nil {
-			return err
-		}
-	}
-	return c.flushTail()
-}
-
-// closeLinger bounds how long a closed connection still tries to send
-// its end record to a peer that does not read.
-const closeLinger = 10 * time.Second
-
-// Close closes the connection as a socket's close does: unless the
-// writing side was shut down already, the end record is still sent, in
-// the background for up to closeLinger, so the peer reads what was
-// written and then io.EOF. If a Write is in progress or failed, the
-// stream is cut short and no end record is sent: the peer's Read fails
-// with io.ErrUnexpectedEOF. Close unblocks any Read or Write at once;
-// later calls return an error matching net.ErrClosed.
-func (c *conn) Close() error {
-	if !c.closed.CompareAndSwap(false, true) {
-		return c.opErr("close", net.ErrClosed)
-	}
-	// A Write in progress holds wmu: Close must not wait for it.
-	if c.wmu.TryLock() {
-		if !c.wshut && c.werr == nil {
-			netconn.InterruptRead(c.c)
-			go c.linger()
-			return nil
-		}
-		c.dropTail()
-		c.wmu.Unlock()
-	}
-	return c.closeBelow(c.c.Close())
-}
-
-// linger sends the end record, then closes the connection below. It
-// holds wmu, which Close took.
-func (c *conn) linger() {
-	defer c.wmu.Unlock()
-	c.c.SetWriteDeadline(time.Now().Add(closeLinger))
-	c.sendEnd()
-	c.dropTail()
-	c.closeBelow(c.c.Close())
-}
+// Close closes the connection as a socket's close does: the end record is
+// still sent, in the background for up to framed.CloseLinger, unless a
+// Write is in progress or failed, which cuts the stream short; after the
+// peer's end record, it reads what the layer below still sends
+// (framed.Ends.Close).
+func (c *conn) Close() error { return c.ends.Close() }
 
 // Abort closes the connection without its end record and aborts the one
 // below (netconn.Abort), so the peer sees a failure, never an end of
 // stream.
-func (c *conn) Abort() error {
-	if !c.closed.CompareAndSwap(false, true) {
-		return c.opErr("close", net.ErrClosed)
+func (c *conn) Abort() error { return c.ends.Abort() }
+
+// framing is the layer's part of its ends: the end record, the tail a
+// deadline left, the read buffer.
+type framing struct{ c *conn }
+
+func (f framing) WriteEnd() (bool, error) {
+	c := f.c
+	fb := writePool.Get().(*[]byte)
+	buf, err := c.seal((*fb)[:0], recEnd, nil)
+	if err != nil {
+		writePool.Put(fb)
+		return false, c.ends.FailWrite(c.opErr("write", err))
 	}
-	if c.wmu.TryLock() {
-		c.dropTail()
-		c.wmu.Unlock()
-	}
-	return c.closeBelow(netconn.Abort(c.c))
+	return c.sendBuf(fb, buf)
 }
 
-// closeBelow returns the read buffer once the connection below is
-// closed, unless a Read holds it: that one returns it when it sees the
-// close.
-func (c *conn) closeBelow(err error) error {
-	if c.rmu.TryLock() {
-		c.releaseRead()
-		c.rmu.Unlock()
-	}
-	return err
-}
+func (f framing) FlushTail() error { return f.c.flushTail() }
+func (f framing) DropTail()        { f.c.dropTail() }
+func (f framing) ReleaseRead()     { f.c.releaseRead() }
 
 // NetConn returns the connection below, as tls.Conn.NetConn does, for
 // what reads its state (the kernel's byte counts of the socket at the

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -183,7 +182,7 @@ func TestReadDeadlineMidRecord(t *testing.T) {
 		for _, bufSize := range []int{7, 64 << 10, 1 << 20} {
 			t.Run(fmt.Sprintf("step%d/buf%d", step, bufSize), func(t *testing.T) {
 				wire, recv := encode(t, true, writes...)
-				c := newConn(&dribbleConn{data: wire, step: step}, nil, recv)
+				c := newConn(&testnet.DribbleConn{Data: wire, Step: step}, nil, recv)
 				var got []byte
 				buf := make([]byte, bufSize)
 				timeouts := 0
@@ -221,7 +220,7 @@ func TestWriteDeadlineMidRecord(t *testing.T) {
 	for _, cutAt := range []int{0, 1, headerSize, headerSize + 5, 40, 1000, len(full) / 2, len(full) - 20, len(full) - 1} {
 		t.Run(fmt.Sprintf("cut%d", cutAt), func(t *testing.T) {
 			send, recv := states()
-			cc := &cutConn{cutAt: cutAt}
+			cc := &testnet.CutConn{CutAt: cutAt}
 			c := newConn(cc, send, nil)
 			var sent []byte
 			for _, w := range writes {
@@ -241,7 +240,7 @@ func TestWriteDeadlineMidRecord(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CloseWrite: %v", err)
 			}
-			got, err := io.ReadAll(newConn(&fakeConn{r: &cc.wire}, nil, recv))
+			got, err := io.ReadAll(newConn(&testnet.FakeConn{R: &cc.Wire}, nil, recv))
 			if err != nil {
 				t.Fatalf("reading back: %v", err)
 			}
@@ -322,7 +321,7 @@ func TestEnds(t *testing.T) {
 	}
 }
 
-func isReset(err error) bool { return err != nil && strings.Contains(err.Error(), "connection reset") }
+func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
 
 // TestTruncated cuts a stream at every record boundary and inside
 // records: the reader returns only whole authenticated records and then
@@ -333,7 +332,7 @@ func TestTruncated(t *testing.T) {
 	for _, cut := range []int{0, 1, headerSize, headerSize + maxRecord, headerSize + maxRecord + 1, len(wire) - headerSize - tagSize, len(wire) - 1} {
 		t.Run(fmt.Sprint(cut), func(t *testing.T) {
 			_, recv := states()
-			got, err := io.ReadAll(newConn(&fakeConn{r: bytes.NewReader(wire[:cut])}, nil, recv))
+			got, err := io.ReadAll(newConn(&testnet.FakeConn{R: bytes.NewReader(wire[:cut])}, nil, recv))
 			var oe *net.OpError
 			if !errors.Is(err, io.ErrUnexpectedEOF) || !errors.As(err, &oe) || oe.Net != "noise" {
 				t.Fatalf("read %d bytes then %v; want io.ErrUnexpectedEOF in a *net.OpError naming noise", len(got), err)
@@ -375,7 +374,7 @@ func TestTamper(t *testing.T) {
 	for name, in := range tests {
 		t.Run(name, func(t *testing.T) {
 			_, recv := states()
-			c := newConn(&fakeConn{r: bytes.NewReader(in)}, nil, recv)
+			c := newConn(&testnet.FakeConn{R: bytes.NewReader(in)}, nil, recv)
 			got, err := io.ReadAll(c)
 			if !errors.Is(err, ErrAuth) && !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Fatalf("read %d bytes then %v; want ErrAuth", len(got), err)
@@ -399,9 +398,9 @@ func TestNoAllocs(t *testing.T) {
 	data := testnet.RandomBytes(5*MaxPlain, 7)
 	wire, recv := encode(t, true, data, data[:100])
 	send, _ := states()
-	w := newConn(&fakeConn{w: io.Discard}, send, nil)
+	w := newConn(&testnet.FakeConn{W: io.Discard}, send, nil)
 	src := bytes.NewReader(wire)
-	r := newConn(&fakeConn{r: src}, nil, recv)
+	r := newConn(&testnet.FakeConn{R: src}, nil, recv)
 	small, big := make([]byte, 32<<10), make([]byte, 256<<10)
 	allocs := testing.AllocsPerRun(20, func() {
 		w.Write(data)
@@ -457,14 +456,79 @@ func TestIdleHoldsNoBuffer(t *testing.T) {
 			t.Fatal(err)
 		}
 		sc, cc := s.(*conn), c.(*conn)
-		sc.rmu.Lock()
+		sc.ends.LockRead()
 		held := sc.rbuf != nil || sc.plain != nil
-		sc.rmu.Unlock()
-		cc.wmu.Lock()
+		sc.ends.UnlockRead()
+		cc.ends.LockWrite()
 		held = held || cc.tail != nil
-		cc.wmu.Unlock()
+		cc.ends.UnlockWrite()
 		if held {
 			t.Fatalf("after %d bytes, an idle connection holds a buffer", size)
 		}
+	}
+}
+
+// TestCloseAfterPeerEnd: a side that read the peer's end record, answered
+// and closed must first read the end of the layer below (compression's
+// end frame, in noise+zstd), which the peer's CloseWrite sends right
+// after the end record. Closing the socket with it unread makes the
+// kernel reset the connection and throw away the end of the answer
+// still on its way.
+func TestCloseAfterPeerEnd(t *testing.T) {
+	for _, closeWrite := range []bool{false, true} {
+		name := "close"
+		if closeWrite {
+			name = "closewrite"
+		}
+		t.Run(name, func(t *testing.T) {
+			// Small buffers: the answer is still on its way when the
+			// server closes.
+			a, b := testnet.TCPPairBuffers(t, 16<<10, 64<<10)
+			defer a.Close()
+			defer b.Close()
+			client, server := pair(t, testnet.TrailerConn{TCPConn: a}, b)
+			defer client.Close()
+			if _, err := client.Write([]byte("question")); err != nil {
+				t.Fatal(err)
+			}
+			shut := make(chan error, 1)
+			go func() { shut <- client.(closeWriter).CloseWrite() }()
+			if q, err := io.ReadAll(server); err != nil || string(q) != "question" {
+				t.Fatalf("server read %q, %v", q, err)
+			}
+			if err := <-shut; err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // the trailer is in the server's socket, unread
+			answer := testnet.RandomBytes(4<<20, 7)
+			done := make(chan error, 1)
+			go func() {
+				_, err := server.Write(answer)
+				if closeWrite && err == nil {
+					err = server.(closeWriter).CloseWrite()
+				}
+				if cerr := server.Close(); err == nil {
+					err = cerr
+				}
+				done <- err
+			}()
+			// The client reads all but the answer's last 100 KiB, which the
+			// buffers hold, and waits: the server's Write returns and it
+			// closes with them still on their way.
+			client.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got := make([]byte, len(answer)-100<<10)
+			if _, err := io.ReadFull(client, got); err != nil {
+				t.Fatalf("client read: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			rest, err := io.ReadAll(client)
+			got = append(got, rest...)
+			if err != nil || !bytes.Equal(got, answer) {
+				t.Errorf("client read %d of %d bytes of the answer: %v", len(got), len(answer), err)
+			}
+			if err := <-done; err != nil {
+				t.Errorf("server: %v", err)
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -28,7 +29,7 @@ func FuzzRecords(f *testing.F) {
 	f.Add(append(bytes.Clone(recs[1]), recs[0]...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		_, recv := states()
-		c := newConn(&fakeConn{r: bytes.NewReader(in)}, nil, recv)
+		c := newConn(&testnet.FakeConn{R: bytes.NewReader(in)}, nil, recv)
 		var got []byte
 		buf := make([]byte, 1000)
 		var err error
@@ -57,7 +58,7 @@ func FuzzHandshake(f *testing.F) {
 	f.Add([]byte{byte(recHandshake), 0xff, 0xff}, true)
 	f.Fuzz(func(t *testing.T, in []byte, initiator bool) {
 		hs := layer.Handshake{Key: testKey, Transcript: testTranscript}
-		c := &fakeConn{r: bytes.NewReader(in)}
+		c := &testnet.FakeConn{R: bytes.NewReader(in)}
 		var err error
 		var nc net.Conn
 		if initiator {

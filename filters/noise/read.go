@@ -3,7 +3,8 @@ package noise
 import (
 	"fmt"
 	"io"
-	"net"
+
+	"github.com/vlink-dev/vlink/netconn/framed"
 )
 
 // The read side takes a record's header into c.hdr and its body into
@@ -16,11 +17,10 @@ import (
 // Read reads opened bytes. It returns what one record gave rather than
 // wait for more.
 func (c *conn) Read(p []byte) (int, error) {
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	if c.closed.Load() {
-		c.releaseRead()
-		return 0, c.opErr("read", net.ErrClosed)
+	c.ends.LockRead()
+	defer c.ends.UnlockRead()
+	if err := c.ends.ReadClosed(); err != nil {
+		return 0, err
 	}
 	for {
 		if len(c.plain) > 0 {
@@ -109,6 +109,7 @@ func (c *conn) openRecord(p []byte) (int, error) {
 	}
 	if c.hdr.Type() == recEnd {
 		c.rerr = io.EOF // anything after it is ignored
+		c.ends.PeerEnded()
 		c.releaseRead()
 		return 0, nil
 	}
@@ -138,23 +139,20 @@ func (c *conn) consume(k int) {
 	}
 }
 
-// errNoEnd is the failure of a stream whose connection ended before its
-// end record: the peer was killed, or someone cut the stream short.
-var errNoEnd = fmt.Errorf("%w: the stream ended without its end record", io.ErrUnexpectedEOF)
-
 // readErr sorts an error of the underlying Read. Deadlines and transport
 // errors are returned unchanged and leave the record state as it is; the
 // end of the connection is always a failure (a clean end is the end
 // record).
 func (c *conn) readErr(err error) error {
-	if c.closed.Load() {
-		c.releaseRead()
-		return c.opErr("read", net.ErrClosed)
+	if err := c.ends.ReadClosed(); err != nil {
+		return err
 	}
 	if err != io.EOF {
 		return err
 	}
-	return c.fail(errNoEnd)
+	// The connection ended before the end record: the peer was killed, or
+	// someone cut the stream short.
+	return c.fail(framed.ErrNoEnd)
 }
 
 // fail ends the read side for good.

@@ -2,7 +2,6 @@ package noise
 
 import (
 	"errors"
-	"net"
 	"os"
 )
 
@@ -10,9 +9,9 @@ import (
 // up to writeBatch records per write to the connection below, before it
 // returns.
 func (c *conn) Write(p []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := c.writable("write"); err != nil {
+	c.ends.LockWrite()
+	defer c.ends.UnlockWrite()
+	if err := c.ends.Writable("write"); err != nil {
 		return 0, err
 	}
 	if err := c.flushTail(); err != nil {
@@ -28,8 +27,7 @@ func (c *conn) Write(p []byte) (int, error) {
 			var err error
 			if buf, err = c.seal(buf, recData, chunk); err != nil {
 				writePool.Put(fb)
-				c.werr = c.opErr("write", err)
-				return start, c.werr
+				return start, c.ends.FailWrite(c.opErr("write", err))
 			}
 			n += len(chunk)
 		}
@@ -56,19 +54,6 @@ func (c *conn) seal(buf []byte, t recordType, p []byte) ([]byte, error) {
 	return c.send.seal(buf, h[:], p)
 }
 
-func (c *conn) writable(op string) error {
-	switch {
-	case c.closed.Load():
-		c.dropTail()
-		return c.opErr(op, net.ErrClosed)
-	case c.werr != nil:
-		return c.werr
-	case c.wshut:
-		return c.opErr(op, errWriteShut)
-	}
-	return nil
-}
-
 // sendBuf writes the records in buf, which fb holds, and frees fb. If a
 // deadline cuts them, the peer has part of them: the rest is kept in
 // c.tail, to be sent before anything else, and they count as sent, as
@@ -80,13 +65,13 @@ func (c *conn) sendBuf(fb *[]byte, buf []byte) (sent bool, err error) {
 		writePool.Put(fb)
 		return true, nil
 	}
-	if k == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.closed.Load() {
+	if k == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.ends.Closed() {
 		writePool.Put(fb)
 		return false, err
 	}
-	if !errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || c.ends.Closed() {
 		writePool.Put(fb)
-		return false, c.writeErr(err)
+		return false, c.ends.WriteErr(err)
 	}
 	*fb = buf // keep the records, which may have grown past the pooled slice
 	c.tail, c.tailData = fb, buf[k:]
@@ -101,7 +86,7 @@ func (c *conn) flushTail() error {
 	k, err := c.c.Write(c.tailData)
 	c.tailData = c.tailData[k:]
 	if err != nil {
-		return c.writeErr(err)
+		return c.ends.WriteErr(err)
 	}
 	c.dropTail()
 	return nil
@@ -113,18 +98,4 @@ func (c *conn) dropTail() {
 		writePool.Put(c.tail)
 		c.tail, c.tailData = nil, nil
 	}
-}
-
-// writeErr sorts an error of the underlying Write. A deadline leaves the
-// stream usable; any other error breaks it for good.
-func (c *conn) writeErr(err error) error {
-	if c.closed.Load() {
-		c.dropTail()
-		return c.opErr("write", net.ErrClosed)
-	}
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		c.werr = err
-		c.dropTail()
-	}
-	return err
 }
