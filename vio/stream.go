@@ -6,9 +6,10 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
-	"syscall"
 	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/framed"
 )
 
 // A MessageConn is a packet transport with the reliability a stream
@@ -44,9 +45,18 @@ type MessageConn interface {
 // Abort) and from a transport that ended with neither (the process
 // died), which Read reports as ErrReset, never as io.EOF. Any other
 // message is a protocol error (ErrMessage) that ends the stream.
+//
+// Its ends are those of every framed layer (netconn/framed): Close sends
+// fin in the background, for up to framed.CloseLinger, unless a Write is
+// in progress, which it cuts (no fin: the peer reads ErrReset); Abort
+// sends rst.
 func Stream(m MessageConn) net.Conn {
 	max := m.MaxMessage()
-	return &stream{m: m, rbuf: make([]byte, max), wbuf: make([]byte, max)}
+	s := &stream{m: m, rbuf: make([]byte, max), wbuf: make([]byte, max)}
+	// Only MessageConn's methods: what else m's type has (a seqpacket
+	// socket's Read and CloseWrite) is not the stream's.
+	s.ends.Init(struct{ MessageConn }{m}, "vio", streamFraming{s})
+	return s
 }
 
 // Message kinds: the first byte of every message of a Stream.
@@ -58,38 +68,45 @@ const (
 
 var (
 	// ErrReset: the peer aborted the stream, or its transport ended
-	// without the end of the stream: what was read is not all of it.
-	ErrReset = errors.New("vio: stream reset by peer")
+	// without the end of the stream: what was read is not all of it. It
+	// matches framed.ErrReset (and syscall.ECONNRESET), as the other
+	// framed layers' resets do.
+	ErrReset = fmt.Errorf("vio: %w", framed.ErrReset)
 	// ErrMessage: the peer sent a message that is not the stream's.
 	ErrMessage = errors.New("vio: malformed stream message")
 )
 
 type stream struct {
-	m MessageConn
+	m    MessageConn
+	ends framed.Ends
 
-	rmu   sync.Mutex
-	rbuf  []byte
-	rest  []byte // data of the last message not yet read
-	rerr  error  // sticky: io.EOF, or why the stream failed
-	wmu   sync.Mutex
-	wbuf  []byte
-	wdone bool // fin or rst sent
+	// The read side, under ends.LockRead.
+	rbuf []byte
+	rest []byte // data of the last message not yet read
+	rerr error  // sticky: io.EOF, or why the stream failed
 
-	closeOnce sync.Once
+	// The write side, under ends.LockWrite.
+	wbuf []byte
 }
 
-var _ net.Conn = (*stream)(nil)
+var (
+	_ net.Conn        = (*stream)(nil)
+	_ netconn.Aborter = (*stream)(nil)
+)
 
 func (s *stream) opErr(op string, err error) error {
 	if err == io.EOF {
 		return err
 	}
-	return &net.OpError{Op: op, Net: "vio", Source: s.m.LocalAddr(), Addr: s.m.RemoteAddr(), Err: err}
+	return s.ends.OpError(op, err)
 }
 
 func (s *stream) Read(p []byte) (int, error) {
-	s.rmu.Lock()
-	defer s.rmu.Unlock()
+	s.ends.LockRead()
+	defer s.ends.UnlockRead()
+	if err := s.ends.ReadClosed(); err != nil {
+		return 0, err
+	}
 	for len(s.rest) == 0 {
 		if s.rerr != nil {
 			return 0, s.opErr("read", s.rerr)
@@ -99,6 +116,8 @@ func (s *stream) Read(p []byte) (int, error) {
 		}
 		n, err := s.m.ReadMessage(s.rbuf)
 		switch {
+		case err != nil && s.ends.Closed():
+			return 0, s.ends.ReadClosed()
 		case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
 			return 0, s.opErr("read", err) // not sticky: a later read may succeed
 		case err == io.EOF:
@@ -129,6 +148,7 @@ func (s *stream) take(msg []byte) error {
 		if len(msg) != 1 {
 			return fmt.Errorf("%w: an end of stream with %d bytes", ErrMessage, len(msg)-1)
 		}
+		s.ends.PeerEnded()
 		return io.EOF
 	case kindRst:
 		return ErrReset
@@ -136,18 +156,20 @@ func (s *stream) take(msg []byte) error {
 	return fmt.Errorf("%w: kind %#x", ErrMessage, msg[0])
 }
 
+// Write sends p as data messages. Messages go whole or not at all, so a
+// deadline leaves no part of one to send later.
 func (s *stream) Write(p []byte) (int, error) {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if s.wdone {
-		return 0, s.opErr("write", syscall.EPIPE)
+	s.ends.LockWrite()
+	defer s.ends.UnlockWrite()
+	if err := s.ends.Writable("write"); err != nil {
+		return 0, err
 	}
 	written := 0
 	for len(p) > 0 {
 		n := copy(s.wbuf[1:], p)
 		s.wbuf[0] = kindData
 		if err := s.m.WriteMessage(s.wbuf[:1+n]); err != nil {
-			return written, s.opErr("write", err)
+			return written, s.ends.WriteErr(s.opErr("write", err))
 		}
 		written += n
 		p = p[n:]
@@ -155,46 +177,35 @@ func (s *stream) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-// end sends the end of what this side writes, fin or rst, once.
-func (s *stream) end(kind byte) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if s.wdone {
-		return nil
-	}
-	s.wdone = true
-	return s.m.WriteMessage([]byte{kind})
-}
-
 // CloseWrite ends the stream this side sends: the peer reads what was
 // written, then io.EOF.
-func (s *stream) CloseWrite() error {
-	if err := s.end(kindFin); err != nil {
-		return s.opErr("close", err)
-	}
-	return nil
-}
+func (s *stream) CloseWrite() error { return s.ends.CloseWrite() }
 
-// Close ends the stream as CloseWrite does, then closes the transport.
-func (s *stream) Close() error { return s.close(kindFin) }
+// Close ends the stream as CloseWrite does, then closes the transport;
+// a Close during a Write cuts the stream instead (framed.Ends.Close).
+func (s *stream) Close() error { return s.ends.Close() }
 
 // Abort ends the stream so that the peer reads ErrReset, not its end
 // (netconn.Abort).
-func (s *stream) Abort() error { return s.close(kindRst) }
+func (s *stream) Abort() error { return s.ends.Abort() }
 
-func (s *stream) close(kind byte) error {
-	err := net.ErrClosed
-	s.closeOnce.Do(func() {
-		// The end is sent with a bound: a peer that reads nothing must
-		// not hold Close.
-		s.m.SetWriteDeadline(time.Now().Add(time.Second))
-		s.end(kind)
-		err = s.m.Close()
-	})
-	if err != nil {
-		return s.opErr("close", err)
+// streamFraming is the stream's part of its ends: fin and rst. A message
+// goes whole or not at all: there is never a tail, and the read buffer
+// is the stream's for its life.
+type streamFraming struct{ s *stream }
+
+func (f streamFraming) WriteEnd() (bool, error) { return f.marker(kindFin) }
+func (f streamFraming) WriteAbort() error       { _, err := f.marker(kindRst); return err }
+func (f streamFraming) FlushTail() error        { return nil }
+func (f streamFraming) DropTail()               {}
+func (f streamFraming) ReleaseRead()            { f.s.rest = nil }
+
+func (f streamFraming) marker(kind byte) (bool, error) {
+	f.s.wbuf[0] = kind
+	if err := f.s.m.WriteMessage(f.s.wbuf[:1]); err != nil {
+		return false, f.s.ends.WriteErr(f.s.opErr("close", err))
 	}
-	return nil
+	return true, nil
 }
 
 func (s *stream) LocalAddr() net.Addr  { return s.m.LocalAddr() }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn/framed"
 	"github.com/vlink-dev/vlink/vio"
 )
 
@@ -113,7 +114,43 @@ func TestStreamEnds(t *testing.T) {
 			if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
 				t.Errorf("read's end: %v, want %v", err, tc.want)
 			}
+			// The one reset every transport and framed layer reports.
+			if tc.want == vio.ErrReset && (!errors.Is(err, framed.ErrReset) || !errors.Is(err, syscall.ECONNRESET)) {
+				t.Errorf("read's end: %v, want it to match framed.ErrReset and ECONNRESET", err)
+			}
 		})
+	}
+}
+
+// TestStreamCloseDuringWrite: a Close while a Write is blocked (the peer
+// does not read) cuts the stream: the Write fails with net.ErrClosed and
+// the peer, reading what got through, then reads ErrReset, not io.EOF.
+func TestStreamCloseDuringWrite(t *testing.T) {
+	a, b := streamPair(t)
+	defer b.Close()
+	wrote := make(chan error, 1)
+	go func() { _, err := a.Write(make([]byte, 32<<20)); wrote <- err }()
+	if _, err := io.ReadFull(b, make([]byte, 1)); err != nil { // the Write runs
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waits for the Write in progress")
+	}
+	if err := <-wrote; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("the Write Close cut short: %v, want net.ErrClosed", err)
+	}
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(b)
+	if !errors.Is(err, vio.ErrReset) {
+		t.Fatalf("peer read %d more bytes, then %v; want ErrReset", len(got), err)
 	}
 }
 
