@@ -10,16 +10,17 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/vlink-dev/vlink/netconn/framed"
 	"golang.org/x/sys/unix"
 )
 
 // ErrReset: the peer aborted the connection, or went away without
 // closing it (its process died): what was received is not the whole
-// stream.
-var ErrReset = errors.New("shm: connection reset by peer")
+// stream. It matches framed.ErrReset (and syscall.ECONNRESET), as the
+// framed layers' and vio's resets do.
+var ErrReset = fmt.Errorf("shm: %w", framed.ErrReset)
 
 // bells are a side's eventfd doorbells. It sleeps on two (files, so
 // the runtime's poller waits and deadlines apply) and rings the other
@@ -284,7 +285,7 @@ func (c *conn) writeState() error {
 	case c.closed.Load():
 		return net.ErrClosed
 	case c.wclosed:
-		return syscall.EPIPE
+		return framed.ErrWriteShut
 	case c.reset.Load():
 		return ErrReset
 	case c.wdl.exceeded():

@@ -14,6 +14,14 @@
 // from a whole one) and aborts, and its end tells the other side that a
 // process died.
 //
+// Its ends follow the same rule as the framed layers' (netconn/framed):
+// Close sends the end marker unless a Write is in progress, which it cuts;
+// Abort sends an abort; a reader gets ErrReset, which matches
+// framed.ErrReset, where the stream did not end with its marker. But not
+// their code: the markers travel on the unix socket, beside the data, and
+// a Write's bytes are in the peer's memory when it returns, so a Close
+// has nothing to linger for and unmaps at once.
+//
 // The peer is another process and is not trusted: every value read from
 // the shared memory is checked before use, the memory's size is sealed
 // so the peer cannot shrink it under this side, and a peer that breaks

@@ -14,9 +14,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/netconn/framed"
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 )
@@ -134,8 +136,33 @@ func TestAbort(t *testing.T) {
 	if !errors.Is(err, ErrReset) {
 		t.Fatalf("read after the peer aborted: %q, %v; want ErrReset", got, err)
 	}
+	// The one reset every transport and framed layer reports.
+	if !errors.Is(err, framed.ErrReset) || !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("read after the peer aborted: %v, want it to match framed.ErrReset and ECONNRESET", err)
+	}
 	if string(got) != "partial" {
 		t.Errorf("read %q before the reset, want %q", got, "partial")
+	}
+}
+
+// TestWriteAfterCloseWrite: a write after CloseWrite fails as a socket's
+// does (EPIPE), and as every framed layer's (framed.ErrWriteShut,
+// net.ErrClosed); the other way still works.
+func TestWriteAfterCloseWrite(t *testing.T) {
+	a, b := pair(t, minRingSize)
+	defer a.Close()
+	defer b.Close()
+	if err := a.(*conn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.Write([]byte("x"))
+	if !errors.Is(err, syscall.EPIPE) || !errors.Is(err, net.ErrClosed) || !errors.Is(err, framed.ErrWriteShut) {
+		t.Errorf("Write after CloseWrite: %v, want framed.ErrWriteShut (EPIPE, net.ErrClosed)", err)
+	}
+	go b.Write([]byte("back"))
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(a, got); err != nil || string(got) != "back" {
+		t.Errorf("read %q, %v the other way", got, err)
 	}
 }
 
