@@ -18,6 +18,9 @@ var (
 	// ErrInvalid: the arguments of a post make no sense (a minimum above
 	// the buffer's size, say).
 	ErrInvalid = errors.New("vio: invalid argument")
+	// ErrNotConnected: a read or write was posted on a Sock whose connect
+	// has not completed.
+	ErrNotConnected = errors.New("vio: the connect has not completed")
 )
 
 // An OpError is the error of a posted operation.

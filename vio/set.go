@@ -13,9 +13,11 @@ import (
 type Op uint8
 
 const (
-	OpRead  Op = iota + 1 // PostRead, PostReadv
-	OpWrite               // PostWrite, PostWritev
-	OpClose               // PostClose
+	OpRead    Op = iota + 1 // PostRead, PostReadv
+	OpWrite                 // PostWrite, PostWritev
+	OpClose                 // PostClose, of a Sock or a Listener
+	OpAccept                // PostAccept
+	OpConnect               // PostConnect
 )
 
 func (o Op) String() string {
@@ -26,14 +28,23 @@ func (o Op) String() string {
 		return "write"
 	case OpClose:
 		return "close"
+	case OpAccept:
+		return "accept"
+	case OpConnect:
+		return "connect"
 	}
 	return fmt.Sprintf("op %d", uint8(o))
 }
 
 // An Event is a completed operation.
 type Event struct {
-	Op   Op
+	Op Op
+	// Sock is the Sock the operation was posted on; for OpAccept, the
+	// new Sock (nil if the accept failed).
 	Sock *Sock
+	// Listener is the Listener of an OpAccept, or of the OpClose that
+	// closed it.
+	Listener *Listener
 	// N is how many bytes the operation moved: on success at least the
 	// minimum posted; on failure what it moved before.
 	N int
@@ -49,13 +60,14 @@ type Set struct {
 	woken  bool    // a Wakeup not yet returned by Wait
 	closed bool    // Close was called
 	socks  map[*Sock]struct{}
+	lns    map[*Listener]struct{}
 	signal chan struct{} // holds a token while ready or woken may be set
 	ops    sync.WaitGroup
 }
 
 // NewSet returns an empty Set.
 func NewSet() *Set {
-	return &Set{socks: map[*Sock]struct{}{}, signal: make(chan struct{}, 1)}
+	return &Set{socks: map[*Sock]struct{}{}, lns: map[*Listener]struct{}{}, signal: make(chan struct{}, 1)}
 }
 
 // Add puts c in the set. The Sock owns c: PostClose, or the set's Close,
@@ -143,10 +155,10 @@ func (s *Set) complete(ev Event) {
 	s.notifyLocked()
 }
 
-// Close closes every Sock of the set, interrupting what is posted, and
-// waits until no operation runs; Waits then return net.ErrClosed, and
-// the completions not yet taken are dropped. Calling it again does
-// nothing and returns net.ErrClosed.
+// Close closes every Sock and Listener of the set, interrupting what is
+// posted (connects are cancelled), and waits until no operation runs;
+// Waits then return net.ErrClosed, and the completions not yet taken are
+// dropped. Calling it again does nothing and returns net.ErrClosed.
 func (s *Set) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -154,17 +166,22 @@ func (s *Set) Close() error {
 		return fmt.Errorf("vio: close: %w", net.ErrClosed)
 	}
 	s.closed = true
-	socks := s.socks
-	s.socks = nil
+	socks, lns := s.socks, s.lns
+	s.socks, s.lns = nil, nil
 	s.ready = nil
 	s.notifyLocked()
 	s.mu.Unlock()
 	var errs []error
 	for k := range socks {
-		k.mu.Lock()
-		k.closing = true
-		k.mu.Unlock()
-		if err := k.c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		if err := k.shut(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	for l := range lns {
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
+		if err := l.l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
 	}
@@ -182,18 +199,40 @@ type Sock struct {
 	User any
 
 	set *Set
-	c   net.Conn
 
 	mu               sync.Mutex
+	c                net.Conn // nil until a posted connect completes
+	cancel           func()   // cancels the posted connect, if one runs
 	reading, writing bool
 	closing          bool
-	ops              sync.WaitGroup // the read and write in progress
+	ops              sync.WaitGroup // the read, write or connect in progress
 }
 
 // Conn returns the Sock's connection, for what vio does not do (its
-// addresses, deadlines). Reading or writing it while an operation is
-// posted mixes the bytes unpredictably.
-func (k *Sock) Conn() net.Conn { return k.c }
+// addresses, deadlines); nil until its connect completed. Reading or
+// writing it while an operation is posted mixes the bytes
+// unpredictably.
+func (k *Sock) Conn() net.Conn {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.c
+}
+
+// shut marks the Sock closing and interrupts what runs on it: it cancels
+// a connect, or closes the connection.
+func (k *Sock) shut() error {
+	k.mu.Lock()
+	k.closing = true
+	c, cancel := k.c, k.cancel
+	k.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if c == nil {
+		return nil
+	}
+	return c.Close()
+}
 
 // post starts op on its own goroutine if the Sock takes it.
 func (k *Sock) post(op Op, run func() (int, error)) error {
@@ -206,6 +245,8 @@ func (k *Sock) post(op Op, run func() (int, error)) error {
 	switch {
 	case k.closing:
 		return &OpError{Op: op, Err: net.ErrClosed}
+	case k.c == nil:
+		return &OpError{Op: op, Err: ErrNotConnected}
 	case *busy:
 		return &OpError{Op: op, Err: ErrBusy}
 	}
@@ -343,10 +384,11 @@ func (k *Sock) PostWritev(bufs net.Buffers, progress func(n int)) error {
 	})
 }
 
-// PostClose closes the Sock: the read and write posted on it are
-// interrupted and complete with an error matching net.ErrClosed, then
-// an OpClose event completes, with the connection's Close error if any.
-// Posting on the Sock afterwards fails with net.ErrClosed.
+// PostClose closes the Sock: the read and write posted on it, or its
+// connect, are interrupted and complete with an error matching
+// net.ErrClosed, then an OpClose event completes, with the connection's
+// Close error if any. Posting on the Sock afterwards fails with
+// net.ErrClosed.
 func (k *Sock) PostClose() error {
 	k.mu.Lock()
 	if k.closing {
@@ -366,7 +408,7 @@ func (k *Sock) PostClose() error {
 	s.mu.Unlock()
 	go func() {
 		defer s.ops.Done()
-		err := k.c.Close()
+		err := k.shut()
 		k.ops.Wait() // the interrupted operations complete first
 		if err != nil {
 			err = &OpError{Op: OpClose, Err: err}
