@@ -161,7 +161,7 @@ func (s *stream) take(msg []byte) error {
 func (s *stream) Write(p []byte) (int, error) {
 	s.ends.LockWrite()
 	defer s.ends.UnlockWrite()
-	if err := s.ends.Writable("write"); err != nil {
+	if err := s.ends.Writable(); err != nil {
 		return 0, err
 	}
 	written := 0

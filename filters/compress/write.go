@@ -14,7 +14,7 @@ import (
 func (c *conn) Write(p []byte) (int, error) {
 	c.ends.LockWrite()
 	defer c.ends.UnlockWrite()
-	if err := c.ends.Writable("write"); err != nil {
+	if err := c.ends.Writable(); err != nil {
 		return 0, err
 	}
 	if err := c.flushTail(); err != nil {

@@ -190,8 +190,12 @@ func (e *Ends) UnlockWrite() { e.wmu.Unlock() }
 // net.ErrClosed in a *net.OpError. The read lock is held.
 func (e *Ends) ReadClosed() error {
 	if !e.closed.Load() {
-		return nil
+		return nil // inlined: the check every Read makes
 	}
+	return e.readClosed()
+}
+
+func (e *Ends) readClosed() error {
 	e.f.ReleaseRead()
 	return e.OpError("read", net.ErrClosed)
 }
@@ -200,20 +204,25 @@ func (e *Ends) ReadClosed() error {
 // is held.
 func (e *Ends) PeerEnded() { e.peerEnded.Store(true) }
 
-// Writable returns why a write (op) cannot start, or nil: the connection
-// is closed (net.ErrClosed), a write failed (that failure) or the writing
+// Writable returns why a Write cannot start, or nil: the connection is
+// closed (net.ErrClosed), a write failed (that failure) or the writing
 // side was shut down (ErrWriteShut). The write lock is held.
-func (e *Ends) Writable(op string) error {
+func (e *Ends) Writable() error {
+	if !e.closed.Load() && e.werr == nil && !e.wshut {
+		return nil // inlined: the check every Write makes
+	}
+	return e.notWritable()
+}
+
+func (e *Ends) notWritable() error {
 	switch {
 	case e.closed.Load():
 		e.f.DropTail()
-		return e.OpError(op, net.ErrClosed)
+		return e.OpError("write", net.ErrClosed)
 	case e.werr != nil:
 		return e.werr
-	case e.wshut:
-		return e.OpError(op, ErrWriteShut)
 	}
-	return nil
+	return e.OpError("write", ErrWriteShut)
 }
 
 // WriteErr sorts an error of a write to the connection below, and

@@ -66,7 +66,7 @@ func (f toyAbortFraming) WriteAbort() error {
 func (t *toy) Write(p []byte) (int, error) {
 	t.ends.LockWrite()
 	defer t.ends.UnlockWrite()
-	if err := t.ends.Writable("write"); err != nil {
+	if err := t.ends.Writable(); err != nil {
 		return 0, err
 	}
 	if err := t.flushTail(); err != nil {
