@@ -28,9 +28,10 @@
 //   - Use after Close is net.ErrClosed in a *net.OpError naming the
 //     layer; Close unblocks any Read or Write at once.
 //
-// The end markers of the framed layers and of the transports that have
-// their own (shm, vio's Stream) all report a stream that did not end
-// with one through [ErrReset].
+// Every framed layer, and shm, whose end markers are its own, reports a
+// stream that did not end with its marker through an error matching
+// [ErrReset], and so syscall.ECONNRESET, as a TCP reset and quic's
+// ErrReset do.
 package framed
 
 import (
