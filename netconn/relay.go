@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 )
@@ -28,7 +29,9 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // direction fails, Relay aborts both connections (see [Abort]: a TCP
 // connection is reset, so its peer sees a failure rather than an end of
 // stream) and the other direction does not hang; the net.ErrClosed this
-// teardown causes is not reported. A peer that ended its own stream and
+// teardown causes is not reported. A reset is passed on as a reset even
+// when the kernel gave its error to the write in one direction and an end
+// of stream to the read in the other (on Linux; see hiddenReset). A peer that ended its own stream and
 // then reset the connection rather than read the end of ours (it closed
 // early, as an HTTP client done with its response may) is a normal end:
 // Relay reports no error and closes both sides as after any end. It does
@@ -55,9 +58,9 @@ func Relay(a, b net.Conn) (aToB, bToA int64, err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		bToA = r.run(a, b)
+		bToA = r.run(a, b, &r.aEnded, &r.bEnded)
 	}()
-	aToB = r.run(b, a)
+	aToB = r.run(b, a, &r.bEnded, &r.aEnded)
 	<-done
 	a.Close()
 	b.Close()
@@ -74,12 +77,27 @@ type relay struct {
 	// after it is Relay's own doing, not the peer's.
 	closed bool
 	torn   bool // both connections closed after a failure
+	// aEnded and bEnded are set, before the half-close, once Relay passes
+	// an end on to a's or b's peer.
+	aEnded, bEnded bool
 }
 
 // run copies src to dst and passes the end of src on to dst's peer.
-func (r *relay) run(dst, src net.Conn) int64 {
+func (r *relay) run(dst, src net.Conn, dstEnded, srcEnded *bool) int64 {
 	n, err := copyConn(dst, src)
 	if err == nil {
+		err = r.hiddenReset(src, srcEnded)
+	}
+	if err == nil {
+		r.mu.Lock()
+		torn := r.torn
+		*dstEnded = !torn
+		r.mu.Unlock()
+		if torn {
+			// The other direction failed, maybe on the reset this end
+			// hides, and is aborting both: no end to pass on.
+			return n
+		}
 		if err = r.closeWrite(dst); err != nil && ResetByPeer(err) {
 			// The peer reset after its own end, or before it: the other
 			// direction's read from dst ends at once, cleanly or with
@@ -97,6 +115,50 @@ func (r *relay) run(dst, src net.Conn) int64 {
 // once the peer has reset the connection.
 func ResetByPeer(err error) bool {
 	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// hiddenReset returns the reset that ended src when its end of stream
+// was one. The kernel reports a TCP reset to one call only: when the
+// other direction's write to src takes it, the read finds what looks like
+// an end of stream, and passing that on (a FIN) would tell dst's peer
+// that a stream cut short was whole. A connection that has seen a reset
+// is closed in the kernel (TCP_CLOSE), while one the peer only ended waits
+// for our end (CLOSE_WAIT) unless Relay passed that on already (then it
+// is closed either way, and nothing raced for the error). Framed layers
+// (Aborters) read their own end markers and are trusted. Linux only.
+func (r *relay) hiddenReset(src net.Conn, srcEnded *bool) error {
+	tc := rawTCP(src)
+	if tc == nil || !tcpClosed(tc) {
+		return nil
+	}
+	r.mu.Lock()
+	ended := *srcEnded
+	r.mu.Unlock()
+	if ended {
+		return nil
+	}
+	return &net.OpError{Op: "read", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(),
+		Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+}
+
+// rawTCP returns the TCP connection whose end of stream is c's: the one
+// below c's wrappers unless one of them frames the stream (an Aborter).
+func rawTCP(c net.Conn) *net.TCPConn {
+	for c != nil {
+		switch w := c.(type) {
+		case *net.TCPConn:
+			return w
+		case Aborter:
+			return nil
+		case Unwrapper:
+			c = w.UnwrapConn()
+		case interface{ NetConn() net.Conn }:
+			c = w.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 func (r *relay) closeWrite(c net.Conn) error {

@@ -24,15 +24,20 @@ type delegating struct {
 func (c delegating) WriteTo(w io.Writer) (int64, error)  { return c.tc.WriteTo(w) }
 func (c delegating) ReadFrom(r io.Reader) (int64, error) { return c.tc.ReadFrom(r) }
 func (c delegating) CloseWrite() error                   { return c.tc.CloseWrite() }
+func (c delegating) NetConn() net.Conn                   { return c.tc }
 
 // hidden shows nothing but net.Conn and CloseWrite: no zero-copy path
-// (splice(2)), no WriterTo, so relays copy through user space.
+// (splice(2)), no WriterTo, so relays copy through user space. Like a
+// filter, it names the connection below (NetConn), which Abort resets.
 type hidden struct{ net.Conn }
 
 func (c hidden) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite() }
+func (c hidden) NetConn() net.Conn { return c.Conn }
 
-// bare shows nothing but net.Conn: no half-close either.
+// bare shows nothing but net.Conn and NetConn: no half-close either.
 type bare struct{ net.Conn }
+
+func (c bare) NetConn() net.Conn { return c.Conn }
 
 type wrap func(net.Conn) net.Conn
 
@@ -261,49 +266,71 @@ func TestRelayWithoutCloseWrite(t *testing.T) {
 }
 
 // TestRelayReset: a peer that resets mid-transfer or while idle makes
-// Relay fail with the reset and close both sides.
+// Relay fail with the reset and close both sides, and the peer on the
+// other side reads the reset too (ECONNRESET, never an end of stream: a
+// stream cut short must not pass for a complete one), in each direction.
 func TestRelayReset(t *testing.T) {
 	for _, shape := range relayShapes {
-		for _, busy := range []bool{true, false} {
-			name := shape.name + "/idle"
-			if busy {
-				name = shape.name + "/mid-transfer"
-			}
-			t.Run(name, func(t *testing.T) {
-				r := startRelay(t, shape.wrapA, shape.wrapB)
+		for _, serverResets := range []bool{true, false} {
+			for _, busy := range []bool{true, false} {
+				name := shape.name + "/client-resets"
+				if serverResets {
+					name = shape.name + "/server-resets"
+				}
 				if busy {
-					go func() {
-						chunk := testnet.RandomBytes(64<<10, 1)
-						for {
-							if _, err := r.client.Write(chunk); err != nil {
-								return
-							}
-						}
-					}()
-					if _, err := io.ReadFull(r.server, make([]byte, 256<<10)); err != nil {
-						t.Fatal(err)
-					}
+					name += "/mid-transfer"
 				} else {
-					// Let both directions park in their waits.
-					time.Sleep(50 * time.Millisecond)
+					name += "/idle"
 				}
-				r.server.(*net.TCPConn).SetLinger(0)
-				r.server.Close() // RST
-				res := r.wait(t)
-				if !errors.Is(res.err, syscall.ECONNRESET) && !errors.Is(res.err, syscall.EPIPE) {
-					t.Errorf("Relay error %v, want a connection reset", res.err)
-				}
-				var oe *net.OpError
-				if !errors.As(res.err, &oe) {
-					t.Errorf("Relay error %T, want a *net.OpError", res.err)
-				}
-				assertClosed(t, r.a, r.b)
-				// The client sees its side go away.
-				r.client.SetReadDeadline(time.Now().Add(5 * time.Second))
-				if _, err := io.Copy(io.Discard, r.client); errors.Is(err, net.ErrClosed) || isTimeout(err) {
-					t.Errorf("client read after relay teardown: %v, want end of stream or reset", err)
-				}
-			})
+				t.Run(name, func(t *testing.T) {
+					r := startRelay(t, shape.wrapA, shape.wrapB)
+					resetter, peer := r.client, r.server
+					if serverResets {
+						resetter, peer = r.server, r.client
+					}
+					if busy {
+						// peer writes towards resetter until the relay is
+						// blocked on a full socket, then stops (its write
+						// deadline, which leaves the socket's error alone,
+						// so the read below is the first to see the reset).
+						written := make(chan error, 1)
+						go func() {
+							chunk := testnet.RandomBytes(64<<10, 1)
+							for {
+								if _, err := peer.Write(chunk); err != nil {
+									written <- err
+									return
+								}
+							}
+						}()
+						if _, err := io.ReadFull(resetter, make([]byte, 256<<10)); err != nil {
+							t.Fatal(err)
+						}
+						peer.SetWriteDeadline(time.Now())
+						if err := <-written; !isTimeout(err) {
+							t.Fatalf("peer's write: %v, want its deadline", err)
+						}
+					} else {
+						// Let both directions park in their waits.
+						time.Sleep(50 * time.Millisecond)
+					}
+					resetter.(*net.TCPConn).SetLinger(0)
+					resetter.Close() // RST
+					res := r.wait(t)
+					if !errors.Is(res.err, syscall.ECONNRESET) && !errors.Is(res.err, syscall.EPIPE) {
+						t.Errorf("Relay error %v, want a connection reset", res.err)
+					}
+					var oe *net.OpError
+					if !errors.As(res.err, &oe) {
+						t.Errorf("Relay error %T, want a *net.OpError", res.err)
+					}
+					assertClosed(t, r.a, r.b)
+					peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+					if n, err := io.Copy(io.Discard, peer); !errors.Is(err, syscall.ECONNRESET) {
+						t.Errorf("peer read %d bytes then %v after the relay's teardown, want ECONNRESET", n, err)
+					}
+				})
+			}
 		}
 	}
 }
