@@ -1,8 +1,11 @@
 package vlink_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -165,3 +168,189 @@ func TestSheddingWithoutChurn(t *testing.T) {
 
 // sweepEvery is vlink's sweep period for parked connections.
 const sweepEvery = 50 * time.Millisecond
+
+// silentDialer dials l from the address from, sends the magic and goes silent,
+// as a dialer holding a handshake slot would.
+func silentDialer(t *testing.T, l net.Listener, from string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte(magic)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// closedWithin reports whether the listener closed c within d: c then
+// reads an end of stream or an error rather than reaching its deadline.
+func closedWithin(c net.Conn, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	_, err := c.Read(make([]byte, 1))
+	return !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// TestShedTheBusiestSource: when every slot is taken, the connection
+// that gives way is one of the source that holds the most slots, though
+// another source's is older: a dialer cannot push out other sources'
+// handshakes by opening more of its own.
+func TestShedTheBusiestSource(t *testing.T) {
+	const slots = 4
+	l := listen(t, vlink.ListenConfig{
+		Policy:           vlink.Policy{Key: key},
+		HandshakeTimeout: time.Minute,
+		SniffTimeout:     -1,
+		MaxHandshakes:    slots,
+	})
+	// The oldest slot is the lone one's; the busy source holds the rest.
+	// The listener accepts in the order dialed, so all are in their slots
+	// before the client's connection is accepted.
+	lone := silentDialer(t, l, "127.0.0.3")
+	var busy []net.Conn
+	for range slots - 1 {
+		busy = append(busy, silentDialer(t, l, "127.0.0.2"))
+	}
+	d := vlink.Dialer{Key: key, Stack: vlink.MustParse("test-filter"), Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatalf("a client from a third address, all %d slots taken: %v", slots, err)
+	}
+	defer c.Close()
+	testnet.RoundTrip(t, c, 1<<10)
+	// The slot was made before the client's handshake began.
+	if closedWithin(lone, 100*time.Millisecond) {
+		t.Error("the lone source's connection was shed; want one of the source holding 3 slots")
+	}
+	shed := 0
+	for _, b := range busy {
+		if closedWithin(b, 100*time.Millisecond) {
+			shed++
+		}
+	}
+	if shed != 1 {
+		t.Errorf("%d connections of the source holding 3 slots were shed, want 1", shed)
+	}
+}
+
+// acceptSignal is a listener that says each time Accept is called: the
+// accept loop calls it again only once it has given the previous
+// connection a slot or parked it.
+type acceptSignal struct {
+	net.Listener
+	calls chan struct{}
+}
+
+func (l acceptSignal) Accept() (net.Conn, error) {
+	l.calls <- struct{}{}
+	return l.Listener.Accept()
+}
+
+// TestAuthenticatedNotShed: a handshake past its proof of the key keeps
+// its slot, even when every slot is taken and a client from another
+// address arrives: that client waits (parked) for a slot to free rather
+// than cutting an authenticated client's handshake short.
+func TestAuthenticatedNotShed(t *testing.T) {
+	const slots = 2
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepts := make(chan struct{}, 16)
+	admitted := make(chan struct{}, 16)
+	release := make(chan struct{})
+	lc := vlink.ListenConfig{
+		Policy:           vlink.Policy{Key: key},
+		HandshakeTimeout: time.Minute,
+		SniffTimeout:     -1,
+		MaxHandshakes:    slots,
+		// Admit runs past the proof of the key: the handshakes in it
+		// are authenticated, and hold their slots until released.
+		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
+			admitted <- struct{}{}
+			select {
+			case <-release:
+				return nil, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}
+	l, err := lc.NewListener(acceptSignal{inner, accepts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, l, func(c net.Conn) { io.Copy(c, c) })
+	dial := func(from string) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			d := vlink.Dialer{Key: key, Stack: vlink.MustParse("test-filter+tcp:local=" + from), Timeout: 30 * time.Second}
+			c, err := d.Dial("tcp", l.Addr().String())
+			if err == nil {
+				err = echoed(c, 1<<10)
+				c.Close()
+			}
+			errc <- err
+		}()
+		return errc
+	}
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waited 10 s for %s", what)
+		}
+	}
+	var held []<-chan error
+	for i := range slots {
+		held = append(held, dial("127.0.0.2"))
+		wait(admitted, fmt.Sprintf("authenticated handshake %d in Admit", i+1))
+	}
+	late := dial("127.0.0.1")
+	// Accept is called once before each connection and once after the
+	// last: its call after the late client's says that one was placed.
+	for i := range slots + 2 {
+		wait(accepts, fmt.Sprintf("Accept call %d", i+1))
+	}
+	select {
+	case <-admitted:
+		t.Error("the late client's handshake reached Admit with every slot held by an authenticated handshake")
+	default:
+	}
+	close(release)
+	for i, errc := range held {
+		if err := <-errc; err != nil {
+			t.Errorf("authenticated client %d: %v (want it kept while the late client waits)", i+1, err)
+		}
+	}
+	if err := <-late; err != nil {
+		t.Errorf("the late client, once a slot freed: %v", err)
+	}
+}
+
+// echoed sends size bytes through c to an echo, half-closes, and reports
+// whether the same bytes came back, as testnet.RoundTrip does from any
+// goroutine.
+func echoed(c net.Conn, size int) error {
+	data := testnet.RandomBytes(size, 1)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		errc <- err
+	}()
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if werr := <-errc; err == nil {
+		err = werr
+	}
+	if err == nil && !bytes.Equal(got, data) {
+		err = fmt.Errorf("%d bytes sent, %d different bytes echoed", size, len(got))
+	}
+	return err
+}

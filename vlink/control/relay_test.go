@@ -160,3 +160,30 @@ func TestMaxNodes(t *testing.T) {
 		t.Fatalf("alice to bob with the relay full: %v", err)
 	}
 }
+
+// TestNoNodeNameClosed: a connection that proves the network key itself
+// but no node name is closed before its first frame is read: it could
+// otherwise register as the node "" and send as it, every node trusting
+// the relay for who sent what.
+func TestNoNodeNameClosed(t *testing.T) {
+	r := startRelay(t, RelayConfig{}, "")
+	d := vlink.Dialer{Stack: vlink.MustParse(vlink.EncryptionLayer), Key: networkKey}
+	c, err := d.DialContext(ctxT(t), "tcp", r.addr)
+	if err != nil {
+		t.Fatalf("the network key, no node name: the handshake itself passes (%v)", err)
+	}
+	defer c.Close()
+	c.Write((&frame{op: opAdvertise}).append(nil))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	f, err := readFrame(c)
+	if err == nil {
+		t.Fatalf("the relay answered a connection that proved no node name with %s", f.op)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the relay kept a connection that proved no node name")
+	}
+	if nodes := r.Nodes(); len(nodes) != 0 {
+		t.Errorf("the relay holds %+v", nodes)
+	}
+}
