@@ -72,17 +72,7 @@ func TestShmTunnel(t *testing.T) {
 // addresses.
 func TestExecShm(t *testing.T) {
 	testenv.Programs(t, "socat", "cc") // cc: vlink exec builds its shim
-	var ip net.IP
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
-			ip = n.IP
-			break
-		}
-	}
-	if ip == nil {
-		t.Skip("this machine has no IPv4 address beyond loopback")
-	}
+	ip := testenv.NonLoopbackIPv4(t)
 	port := realserver.FreePort(t)
 	target := net.JoinHostPort(ip.String(), strconv.Itoa(port))
 	echo := startProc(t, "socat", "TCP-LISTEN:"+strconv.Itoa(port)+",bind="+ip.String()+",reuseaddr,fork", "EXEC:cat")

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
@@ -23,7 +24,7 @@ func procIO(t testing.TB) (rchar, wchar int64) {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/io")
 	if err != nil {
-		t.Skipf("skipping: no I/O accounting: %v", err)
+		testenv.Missing(t, "needs the kernel's I/O accounting (/proc/self/io, CONFIG_TASK_IO_ACCOUNTING): %v", err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		var v int64

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/factories/quic"
+	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
@@ -100,22 +101,6 @@ func TestHelloBinding(t *testing.T) {
 	}
 }
 
-// nonLoopback returns an IPv4 address of this machine that is not
-// loopback, or skips.
-func nonLoopback(t *testing.T) string {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
-			return n.IP.String()
-		}
-	}
-	t.Skip("this machine has no IPv4 address beyond loopback")
-	return ""
-}
-
 // TestEncryptionRule: beyond loopback, a keyed stack over quic runs
 // without the noise layer (QUIC's TLS encrypts, the bound proofs
 // authenticate) and the keyed listener takes it; over tcp the dialer
@@ -123,7 +108,7 @@ func nonLoopback(t *testing.T) string {
 // noise, which is what proves it.
 func TestEncryptionRule(t *testing.T) {
 	t.Cleanup(quic.CloseAll)
-	host := nonLoopback(t)
+	host := testenv.NonLoopbackIPv4(t).String()
 	for _, tc := range []struct {
 		factory string
 		pinned  bool

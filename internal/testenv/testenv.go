@@ -13,6 +13,7 @@ package testenv
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,6 +104,32 @@ func Netns(tb testing.TB, programs ...string) []string {
 	tb.Helper()
 	Root(tb, "to make network namespaces")
 	return Programs(tb, append([]string{"ip"}, programs...)...)
+}
+
+// NonLoopbackIPv4 returns an IPv4 address of this machine beyond
+// loopback, for tests that must leave it (a listener's encryption rule,
+// shm's refusal of a remote peer), or skips tb.
+func NonLoopbackIPv4(tb testing.TB) net.IP {
+	tb.Helper()
+	addrs, err := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP
+		}
+	}
+	Missing(tb, "needs an IPv4 address beyond loopback (a network interface with one; interfaces: %d, %v)", len(addrs), err)
+	return nil
+}
+
+// IPv6Loopback skips tb unless this machine listens on ::1.
+func IPv6Loopback(tb testing.TB) {
+	tb.Helper()
+	l, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		Missing(tb, "needs an IPv6 loopback (listen [::1]: %v)", err)
+		return
+	}
+	l.Close()
 }
 
 // packages maps the programs the tests look for to their Debian packages,
