@@ -585,7 +585,19 @@ func udpRcvbufErrors(l *Lab, host string) string {
 }
 
 // TestRate checks with iperf3 that rate limits hold, on a veth pair and
-// on a delay line.
+// on a delay line, and can be changed and removed on the fly.
+//
+// A limit's upper bound is checked strictly. Its lower bound says the
+// machine carried the limit, which a loaded one may not: tbf's bucket
+// holds a few milliseconds of tokens, the 64K queue of a veth pair drops
+// what a late sender sends in bursts, and the delay line runs in this
+// process, under -race too. So while each limit is measured, this
+// process measures how late its timers fire, and the lower bound is
+// checked only when their 99th percentile stays within the bucket's
+// depth (burst/rate, 5 ms at 50 Mbit/s); otherwise the test logs why it
+// is not. On a loaded machine a single TCP flow through a veth pair's
+// limit fell to 0.7 of it while the shaper, measured with UDP, still
+// carried 0.95: the machine, not the shaper, fell short.
 func TestRate(t *testing.T) {
 	Require(t, "iperf3", "tc")
 	const rate = 50 * Mbit
@@ -598,33 +610,62 @@ func TestRate(t *testing.T) {
 		Sysctls: TCPSysctls,
 	}
 	l := New(t, topo)
-	for _, pair := range [][2]string{{"a", "b"}, {"c", "d"}} {
-		res, err := l.Iperf3(context.Background(), Iperf3{Client: pair[0], Server: pair[1], Time: 3 * time.Second, Args: []string{"-O", "1"}})
+	// iperf runs client->server and returns the 99th percentile of this
+	// process's timer lateness meanwhile.
+	iperf := func(client, server string) (Iperf3Result, time.Duration) {
+		t.Helper()
+		stop := timerLateness()
+		res, err := l.Iperf3(context.Background(), Iperf3{Client: client, Server: server, Time: 3 * time.Second, Args: []string{"-O", "1"}})
+		late := stop()
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%s->%s: %.1f Mbit/s (limit %v), %d retransmits", pair[0], pair[1], res.Mbps(), rate, res.Retransmits)
-		if got := res.BitsPerSecond / float64(rate); got < 0.75 || got > 1.05 {
-			t.Errorf("%s->%s: %.1f Mbit/s through a %v limit", pair[0], pair[1], res.Mbps(), rate)
+		return res, late
+	}
+	// depth is tbf's bucket for a limit (tbfArgs: 1 ms at the rate, 32K
+	// at least), in time.
+	depth := func(limit Bitrate) time.Duration {
+		return time.Duration(float64(max(limit.BytesPer(time.Millisecond), 32<<10)*8) / float64(limit) * float64(time.Second))
+	}
+	limited := func(what, client, server string, limit Bitrate) Iperf3Result {
+		t.Helper()
+		res, late := iperf(client, server)
+		d := depth(limit)
+		t.Logf("%s: %.1f Mbit/s (limit %v), %d retransmits; timers late %v at the 99th percentile (bucket %v)",
+			what, res.Mbps(), limit, res.Retransmits, late.Round(10*time.Microsecond), d.Round(10*time.Microsecond))
+		if res.BitsPerSecond > 1.05*float64(limit) {
+			t.Errorf("%s: %.1f Mbit/s through a %v limit", what, res.Mbps(), limit)
 		}
+		switch {
+		case late > d:
+			t.Logf("%s: lower bound not checked: this machine ran timers up to %v late, more than the bucket's %v: it has not the headroom to show it now", what, late.Round(10*time.Microsecond), d.Round(10*time.Microsecond))
+		case res.BitsPerSecond < 0.75*float64(limit):
+			t.Errorf("%s: %.1f Mbit/s through a %v limit, timers late %v at most (99th percentile)", what, res.Mbps(), limit, late.Round(10*time.Microsecond))
+		}
+		return res
+	}
+	for _, res := range []Iperf3Result{limited("a->b", "a", "b", rate), limited("c->d", "c", "d", rate)} {
 		if res.ClientCPU <= 0 || res.ServerCPU <= 0 {
 			t.Errorf("no CPU time measured: %+v", res)
 		}
 	}
 	// Change the rate on the fly, then remove it.
-	for _, r := range []Bitrate{20 * Mbit, 0} {
-		s := Shape{Rate: r, Delay: Duration(5 * time.Millisecond)}
-		if err := l.SetLink(context.Background(), "d", "c", s, s); err != nil {
-			t.Fatal(err)
-		}
-		res, err := l.Iperf3(context.Background(), Iperf3{Client: "c", Server: "d", Time: 3 * time.Second, Args: []string{"-O", "1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("c->d after SetLink rate %v: %.1f Mbit/s", r, res.Mbps())
-		if r > 0 && (res.BitsPerSecond < 0.75*float64(r) || res.BitsPerSecond > 1.05*float64(r)) || r == 0 && res.BitsPerSecond < 2*float64(rate) {
-			t.Errorf("after SetLink to rate %v: %.1f Mbit/s", r, res.Mbps())
-		}
+	s := Shape{Rate: 20 * Mbit, Delay: Duration(5 * time.Millisecond)}
+	if err := l.SetLink(context.Background(), "d", "c", s, s); err != nil {
+		t.Fatal(err)
+	}
+	limited("c->d after SetLink", "c", "d", s.Rate)
+	s.Rate = 0
+	if err := l.SetLink(context.Background(), "d", "c", s, s); err != nil {
+		t.Fatal(err)
+	}
+	res, late := iperf("c", "d")
+	t.Logf("c->d after SetLink rate 0: %.1f Mbit/s; timers late %v at the 99th percentile", res.Mbps(), late.Round(10*time.Microsecond))
+	switch {
+	case late > depth(rate):
+		t.Logf("c->d after SetLink rate 0: not checked: timers ran up to %v late", late.Round(10*time.Microsecond))
+	case res.BitsPerSecond < 2*float64(rate):
+		t.Errorf("after SetLink to rate 0: %.1f Mbit/s, still limited", res.Mbps())
 	}
 	if err := l.SetLink(context.Background(), "a", "b", Shape{Delay: Duration(time.Millisecond)}, Shape{}); err == nil {
 		t.Error("SetLink gave a veth pair a delay")
@@ -632,6 +673,34 @@ func TestRate(t *testing.T) {
 	if err := l.SetLink(context.Background(), "a", "d", Shape{}, Shape{}); err == nil {
 		t.Error("SetLink on hosts that have no link")
 	}
+}
+
+// timerLateness starts measuring how late this process's timers fire
+// (1 ms sleeps, back to back); stop ends it and returns the 99th
+// percentile.
+func timerLateness() (stop func() time.Duration) {
+	quit := make(chan struct{})
+	done := make(chan time.Duration)
+	go func() {
+		var late []time.Duration
+		for {
+			select {
+			case <-quit:
+				slices.Sort(late)
+				if len(late) == 0 {
+					done <- 0
+					return
+				}
+				done <- late[len(late)*99/100]
+				return
+			default:
+			}
+			start := time.Now()
+			time.Sleep(time.Millisecond)
+			late = append(late, time.Since(start)-time.Millisecond)
+		}
+	}()
+	return func() time.Duration { close(quit); return <-done }
 }
 
 // TestFirewall: a host's firewall accepts new connections to its open
