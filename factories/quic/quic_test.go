@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"io"
 	"maps"
@@ -470,4 +471,70 @@ func TestHappyEyeballs(t *testing.T) {
 	d := <-acc
 	defer d.Close()
 	checkEcho(t, c, d)
+}
+
+// TestSilentStreamsBound: streams that never send their first byte hold
+// at most MaxOpening of the listener's slots; the next stream is refused
+// at once (codeBusyStream), not left waiting for the open timeout, and a
+// stream holding a slot is served once it opens.
+func TestSilentStreamsBound(t *testing.T) {
+	l := listen(t, newFactory(t, Options{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	qc, err := quic.DialAddr(ctx, l.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}},
+		&quic.Config{MaxIdleTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qc.CloseWithError(0, "")
+	// Streams reach the listener in order, and a byte on the last one
+	// opens all below it there: all but the last are silent.
+	streams := make([]*quic.Stream, MaxOpening+2)
+	for i := range streams {
+		if streams[i], err = qc.OpenStream(); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if _, err := streams[len(streams)-1].Write([]byte{streamOpen}); err != nil {
+		t.Fatal(err)
+	}
+	// Well before openTimeout, which would end a silent stream anyway.
+	for _, i := range []int{MaxOpening, MaxOpening + 1} {
+		streams[i].SetReadDeadline(time.Now().Add(openTimeout / 2))
+		_, err := streams[i].Read(make([]byte, 1))
+		var se *quic.StreamError
+		if !errors.As(err, &se) || se.ErrorCode != codeBusyStream || !se.Remote {
+			t.Errorf("stream %d, past %d silent ones: %v, want the listener's refusal (code %#x)", i+1, MaxOpening, err, codeBusyStream)
+		}
+	}
+	// The first and the last silent streams held slots all along: they
+	// open, and are served.
+	for _, i := range []int{0, MaxOpening - 1} {
+		if _, err := streams[i].Write([]byte{streamOpen, 'p', 'i', 'n', 'g'}); err != nil {
+			t.Fatalf("stream %d of %d, within the bound: %v", i+1, MaxOpening, err)
+		}
+	}
+	acc := make(chan net.Conn, 2)
+	go func() {
+		for range 2 {
+			c, _ := l.Accept()
+			acc <- c
+		}
+	}()
+	for range 2 {
+		select {
+		case c := <-acc:
+			if c == nil {
+				t.Fatal("the listener closed")
+			}
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+				t.Fatalf("a stream that held a slot: read %q, %v", buf, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream that held a slot was not served once it opened")
+		}
+	}
 }
