@@ -127,6 +127,20 @@ func (p *Proc) stop(tb testing.TB) {
 	for _, pid := range tree {
 		started[pid] = startTime(pid)
 	}
+	// The processes the tree makes from now on are in no list: a daemon
+	// whose sessions the signals below end is reconnected to at once,
+	// and may start a session for the client before it ends itself
+	// (sshd did, under load: the new session, in a session of its own,
+	// kept a port it forwards open after the test stopped sshd). They
+	// still write to the process's output, which names them.
+	output := outputOf(pgid)
+	sweep := func() {
+		for _, pid := range holdersOf(output) {
+			if _, listed := started[pid]; !listed && pid != pgid && pid != os.Getpid() {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
 	signal := func(sig syscall.Signal) {
 		syscall.Kill(-pgid, sig)
 		for _, pid := range tree {
@@ -138,14 +152,24 @@ func (p *Proc) stop(tb testing.TB) {
 	if p.Strict {
 		grace = StopTimeout
 	}
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		if p.Strict && !p.killed {
-			tb.Errorf("%s ignored SIGTERM for %v; killing it", p, grace)
+	timeout := time.After(grace)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-p.done:
+			break wait
+		case <-tick.C:
+			sweep()
+		case <-timeout:
+			if p.Strict && !p.killed {
+				tb.Errorf("%s ignored SIGTERM for %v; killing it", p, grace)
+			}
+			signal(syscall.SIGKILL)
+			sweep()
+			timeout = nil
 		}
-		signal(syscall.SIGKILL)
-		<-p.done
 	}
 	// Children that outlived the leader: those in its group, and those
 	// that left it (a daemon's per-connection processes call setsid),
@@ -274,6 +298,39 @@ func Descendants(pid int) []int {
 		}
 	}
 	return out
+}
+
+// outputOf returns what the process's standard output is (its
+// /proc/PID/fd/1 link: "pipe:[INODE]" for a Proc), or "" if it is gone.
+func outputOf(pid int) string {
+	link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/1", pid))
+	if err != nil || !strings.HasPrefix(link, "pipe:") {
+		return ""
+	}
+	return link
+}
+
+// holdersOf lists the processes with output, a pipe, open as standard
+// output or error.
+func holdersOf(output string) []int {
+	if output == "" {
+		return nil
+	}
+	dirs, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		for _, fd := range []string{"1", "2"} {
+			if link, _ := os.Readlink("/proc/" + d.Name() + "/fd/" + fd); link == output {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
 }
 
 // startTime returns a process's start time (field 22 of /proc/PID/stat),

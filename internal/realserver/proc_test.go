@@ -62,3 +62,35 @@ func TestStopPortReused(t *testing.T) {
 		t.Errorf("holder says pid %d holds this process's listener on port %d, want %d", pid, port, os.Getpid())
 	}
 }
+
+// TestStopKillsWhatTheTreeMakesMeanwhile: a leader that starts a new
+// child (setsid, as a daemon's session for a client that reconnected)
+// once Stop's signals ended the old one, before it ends itself, does not
+// leave that child running: Stop listed the tree before it was made.
+func TestStopKillsWhatTheTreeMakesMeanwhile(t *testing.T) {
+	testenv.Programs(t, "setsid")
+	// The leader takes SIGTERM and goes on, as a daemon busy with a
+	// client may; each child keeps the output, as sshd's sessions do.
+	p := Start(t, "sh", "-c", `trap "busy=1" TERM; while :; do setsid sh -c 'echo child $$; exec sleep 1000' & wait $!; done`)
+	p.WaitFor(t, regexp.MustCompile(`child \d+`), 10*time.Second)
+	start := time.Now()
+	p.Stop(t)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Stop took %v: it waited for a child holding the output", d)
+	}
+	children := regexp.MustCompile(`child (\d+)`).FindAllStringSubmatch(p.Output(), -1)
+	if len(children) < 2 {
+		t.Fatalf("the leader made no child after Stop's signals: %q", p.Output())
+	}
+	for _, m := range children {
+		pid, _ := strconv.Atoi(m[1])
+		deadline := time.Now().Add(5 * time.Second)
+		for startTime(pid) != "" && !zombie(pid) {
+			if time.Now().After(deadline) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("child %d outlived Stop", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
