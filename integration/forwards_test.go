@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -11,11 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/procnet"
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
@@ -318,4 +321,128 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil || len(out) > 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
+}
+
+// TestForwardsSSHDown publishes a port on a real sshd's side (ssh -R) as
+// one forward of a file, beside a local one, and stops sshd and all its
+// sessions: the local forward keeps working, the published port closes,
+// and it comes back by itself once sshd does, as the ssh factory's
+// listener dials again.
+func TestForwardsSSHDown(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: true})
+	publishedPort := realserver.FreePort(t)
+	published := fmt.Sprintf("127.0.0.1:%d", publishedPort)
+	local := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	file := filepath.Join(t.TempDir(), "tunnels.toml")
+	writeFile(t, file, fmt.Sprintf("[[forward]]\nname = \"published\"\nlisten-stack = %q\nlisten = %q\nto = %q\nstack = \"tcp\"\n", sshLayer(s), published, echo)+
+		fmt.Sprintf("[[forward]]\nname = \"local\"\nlisten = %q\nto = %q\nstack = \"tcp\"\n", local, echo))
+	tunnel := startProc(t, vlinkBin, "tunnel", "--forwards", file, "--grace", "1s")
+	tunnel.Name, tunnel.CleanExit = "vlink tunnel", true
+	tunnel.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
+	checkEcho(t, published, genData(100000, 1))
+	tree := append(realserver.Descendants(s.Proc.Pid()), s.Proc.Pid())
+	// sshd's processes, sessions made later included, inherit its
+	// stderr (-e): the pipe to this test names them.
+	stderr, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/2", s.Proc.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := func(pid int) bool {
+		e, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/2", pid))
+		return err == nil && e == stderr
+	}
+	t.Logf("sshd's tree %v; %s listened by %s", tree, published, portHolders(publishedPort))
+
+	// sshd and its sessions, which hold the published port and call
+	// setsid: Stop ends them all (realserver.Proc.Stop).
+	s.Proc.Stop(t)
+	t.Logf("right after the stop: %s listened by %s", published, portHolders(publishedPort))
+	checkEcho(t, local, genData(100000, 2))
+	// The kernel closes the published port as soon as its holder exits.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		held := false
+		for _, h := range holders(publishedPort) {
+			held = held || ours(h.pid)
+		}
+		if !held {
+			break
+		}
+		if time.Now().After(deadline) {
+			out, _ := exec.Command("ss", "-ltnp", fmt.Sprintf("sport = :%d", publishedPort)).CombinedOutput()
+			t.Fatalf("%s still listens 5 s after sshd and its sessions stopped, held by sshd's: %s\n%s", published, portHolders(publishedPort), out)
+		}
+	}
+	if procnet.TCPListening(publishedPort) {
+		// Tests running beside this one may take a port the moment
+		// it is free.
+		t.Logf("%s is taken again, by %s", published, portHolders(publishedPort))
+	} else if c, err := net.DialTimeout("tcp", published, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatalf("%s accepts after sshd stopped, with nothing listening", published)
+	}
+
+	sshd := realserver.Start(t, s.Program, "-D", "-e", "-f", s.ConfigFile)
+	sshd.WaitListening(t, s.Port)
+	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := exchange(t, published, genData(100000, 3), 10*time.Second)
+		if err == nil && testnet.Sum(got) == testnet.Sum(genData(100000, 3)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the published port did not come back with sshd: %v\n%s", err, tunnel.Output())
+		}
+	}
+	if !tunnel.Running() || strings.Contains(tunnel.Output(), "level=ERROR") {
+		t.Errorf("the tunnel failed:\n%s", tunnel.Output())
+	}
+}
+
+// A holder is a process with a socket listening on a port.
+type holder struct {
+	pid  int
+	desc string // pid, name, parent, process group and session
+}
+
+// holders lists the processes holding a socket that listens on port.
+func holders(port int) []holder {
+	inodes := procnet.TCPListeners(port)
+	if len(inodes) == 0 {
+		return nil
+	}
+	var out []holder
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || !procnet.Holds(pid, inodes) {
+			continue
+		}
+		h := holder{pid: pid, desc: fmt.Sprintf("pid %d", pid)}
+		// pid (comm) state ppid pgrp session ...
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if i, j := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')'); i >= 0 && j > i {
+			if f := strings.Fields(string(stat[j+1:])); len(f) >= 4 {
+				h.desc = fmt.Sprintf("pid %d (%s) ppid %s pgrp %s session %s", pid, stat[i+1:j], f[1], f[2], f[3])
+			}
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// portHolders says which processes hold a socket listening on port.
+func portHolders(port int) string {
+	hs := holders(port)
+	if len(hs) == 0 {
+		if inodes := procnet.TCPListeners(port); len(inodes) > 0 {
+			return fmt.Sprintf("sockets %v, held by no process found", inodes)
+		}
+		return "nothing"
+	}
+	var d []string
+	for _, h := range hs {
+		d = append(d, h.desc)
+	}
+	return strings.Join(d, "; ")
 }
