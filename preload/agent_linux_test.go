@@ -136,7 +136,10 @@ func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 	var targets []string
 	lookups = new(atomic.Int64)
 	lc := vlink.ListenConfig{
-		Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}},
+		// Plain refused, as by vlink serve without --target: a hello slowed past
+		// the sniff timeout (a loaded machine, -race) must not be taken for a
+		// plain connection, which would reach the handler with nothing admitted.
+		Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}, Plain: vlink.PlainRefuse},
 		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
 			mu.Lock()
 			targets = append(targets, h.Target)

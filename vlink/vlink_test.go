@@ -487,7 +487,9 @@ var errTimeout = context.DeadlineExceeded
 
 func TestAdmitAndForwardTarget(t *testing.T) {
 	lc := vlink.ListenConfig{
-		Policy: vlink.Policy{Targets: []selector.Rule{{Host: "*.allowed", Ports: "1-65535"}}},
+		// Plain refused: a hello slowed past the sniff timeout must not be
+		// taken for a plain connection, which has no hello.
+		Policy: vlink.Policy{Targets: []selector.Rule{{Host: "*.allowed", Ports: "1-65535"}}, Plain: vlink.PlainRefuse},
 		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
 			if strings.HasPrefix(h.Target, "down.") {
 				return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: "connection refused"}

@@ -24,7 +24,9 @@ func init() {
 // their hello names, and returns its address.
 func forwarder(t *testing.T) string {
 	lc := vlink.ListenConfig{
-		Policy: vlink.Policy{Hops: []selector.Rule{{Host: "127.0.0.1", Ports: "*"}}},
+		// Plain refused: a hello slowed past the sniff timeout must not be
+		// taken for a plain connection, which has nothing admitted.
+		Policy: vlink.Policy{Hops: []selector.Rule{{Host: "127.0.0.1", Ports: "*"}}, Plain: vlink.PlainRefuse},
 		Admit:  func(ctx context.Context, h *vlink.Hello) (any, error) { return h.DialNextHop(ctx, nil) },
 	}
 	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
