@@ -57,7 +57,7 @@
 //     net.ErrClosed. A filter delegates deadlines to the connection
 //     below; a layer whose I/O blocks in user space uses
 //     netconn.Deadline.
-//   - Errors are *net.OpError: a layer's own name the layer in Net
+//   - Errors are *net.OpError: a layer's own errors name the layer in Net
 //     ("zstd") and wrap the cause with %w, so a program sees which layer
 //     failed and errors.Is still finds the sentinel (ErrAuth,
 //     io.ErrUnexpectedEOF, os.ErrDeadlineExceeded); an error of the
