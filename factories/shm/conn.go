@@ -214,8 +214,9 @@ func (c *conn) awaitData(block bool) (uint64, error) {
 			continue
 		}
 		// Sleep until the producer moves tail: say so, then look again,
-		// so that a tail moved in between is not slept through.
-		atomic.StoreUint32(c.in.wantData, 1)
+		// so that a tail moved in between is not slept through (ring.go
+		// says why raise is a swap).
+		raise(c.in.wantData)
 		if n, _ := c.in.readable(); n == 0 && c.finIn.Load() < 0 && !c.reset.Load() {
 			err = wait(c.b.waitData)
 		}
@@ -312,7 +313,7 @@ func (c *conn) awaitRoom() (uint64, error) {
 		if spin(func() bool { n, _ := c.out.writable(); return n > 0 || c.reset.Load() }) {
 			continue
 		}
-		atomic.StoreUint32(c.out.wantRoom, 1)
+		raise(c.out.wantRoom)
 		if room, _ := c.out.writable(); room == 0 && !c.reset.Load() {
 			err = wait(c.b.waitRoom)
 		}

@@ -7,7 +7,7 @@
 // holding two rings (one per direction), seals its size, makes four
 // eventfd doorbells, and passes the five descriptors (SCM_RIGHTS); the
 // listener checks them and maps the memory. From then on a write copies
-// into the ring and publishes the new end with an atomic store, and a
+// into the ring and publishes the new end with an atomic swap, and a
 // read copies out; a doorbell is rung only when the other side said it
 // sleeps. The unix socket stays open beside the rings: it carries the
 // end of each direction (with its byte count, so a cut stream is told
