@@ -30,13 +30,15 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // connection is reset, so its peer sees a failure rather than an end of
 // stream) and the other direction does not hang; the net.ErrClosed this
 // teardown causes is not reported. A reset is passed on as a reset even
-// when the kernel gave its error to the write in one direction and an end
-// of stream to the read in the other (on Linux; see hiddenReset). A peer that ended its own stream and
-// then reset the connection rather than read the end of ours (it closed
-// early, as an HTTP client done with its response may) is a normal end:
-// Relay reports no error and closes both sides as after any end. It does
-// not pass the reset on: an abort would throw away what the other side's
-// socket has not sent yet of a stream that ended whole.
+// when the kernel gave its error to the write in one direction and an
+// end of stream to the read in the other (on Linux; see hiddenReset).
+//
+// A peer that ended its own stream and then reset the connection rather
+// than read the end of ours (it closed early, as an HTTP client done
+// with its response may) is a normal end: Relay reports no error and
+// closes both sides as after any end. It does not pass the reset on: an
+// abort would throw away what the other side's socket has not sent yet
+// of a stream that ended whole.
 //
 // Relay picks the cheapest copy each direction allows:
 //   - on Linux, from a *net.TCPConn (or stream *net.UnixConn) to a

@@ -27,11 +27,11 @@ import (
 // is a true bool. A proxy URL, as curl takes it (socks5, socks5h, socks4,
 // socks4a or http; percent-encoded, so a '+' in a password is %2B), is the
 // layer that speaks it: "zstd+socks5h://alice@proxy:1080" is
-// "zstd+socks5:addr=proxy:1080,user=alice,resolve=remote". Values may hold any byte; '%', '+', ',' and bytes outside
-// printable ASCII are written %XX. If the last layer is not a terminal
-// factory, "tcp" is implied below it, so "zstd" means "zstd+tcp" and ""
-// means plain "tcp". None of the grammar's characters need quoting in a
-// POSIX shell.
+// "zstd+socks5:addr=proxy:1080,user=alice,resolve=remote". Values may
+// hold any byte; '%', '+', ',' and bytes outside printable ASCII are
+// written %XX. If the last layer is not a terminal factory, "tcp" is
+// implied below it, so "zstd" means "zstd+tcp" and "" means plain "tcp".
+// None of the grammar's characters need quoting in a POSIX shell.
 type Stack struct {
 	Layers []Layer
 }

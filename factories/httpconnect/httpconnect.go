@@ -143,10 +143,11 @@ var (
 	ErrProtocol = errors.New("http: malformed answer from the proxy")
 )
 
-// A StatusError is a proxy's refusal of a CONNECT. It matches ErrRefused,
-// ErrAuth for 407 (and 401, which tinyproxy sends for a wrong password), vlink.ErrNotAllowed for 403, and vlink.ErrUnreachable
-// for 502, 503 and 504 (how proxies report a destination they could not
-// reach).
+// A StatusError is a proxy's refusal of a CONNECT. It matches ErrRefused;
+// ErrAuth for 407 (and 401, which tinyproxy sends for a wrong password);
+// layer.ErrNotAllowed (which is vlink.ErrNotAllowed) for 403; and
+// layer.ErrUnreachable for 502, 503 and 504 (how proxies report a
+// destination they could not reach).
 type StatusError struct {
 	StatusCode int
 	Status     string // as the proxy wrote it: "403 Forbidden"
