@@ -41,10 +41,10 @@ const (
 // mover sees the flag, but only if neither side's load can pass its own
 // store. Go's atomic stores promise that, yet under the race detector,
 // on memory outside Go's heap such as this mapping, they are plain
-// stores that a later load may pass: both sides missed in 2% of rounds
-// (TestNoLostWakeup), and a transfer slept forever. So the two stores
-// are swaps, a full barrier on every platform, and the same XCHG as an
-// atomic store on amd64.
+// stores that a later load may pass: on a mapping, both sides missed in
+// 2% of a million rounds, and a transfer slept forever (TestNoLostWakeup
+// checks it). So the two stores are swaps, a full barrier on every
+// platform, and the same XCHG as an atomic store on amd64.
 
 // publish stores this side's position (tail or head) for the peer.
 func publish(p *uint64, v uint64) { atomic.SwapUint64(p, v) }
