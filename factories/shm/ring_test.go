@@ -44,7 +44,7 @@ func TestNoLostWakeup(t *testing.T) {
 	// Each side stores to lines the other reads just before its store
 	// under test (a chunk into the ring, a copy into scratch), as writes
 	// and reads do: those stores drain slowly, which widens the window a
-	// plain store leaves from one round in 100,000 to hundreds.
+	// plain store leaves from a few rounds in 200,000 to hundreds.
 	chunk, got := make([]byte, 1024), make([]byte, 1024)
 	scratch := mem[2*ringHeader+minRingSize:][:1024]
 	prodMissed := make([]bool, rounds)
@@ -79,6 +79,6 @@ func TestNoLostWakeup(t *testing.T) {
 	}
 	<-done
 	if both > 0 {
-		t.Fatalf("in %d of %d rounds neither side saw the other: the consumer would sleep through the producer's byte", both, rounds)
+		t.Fatalf("in %d of %d rounds neither side saw the other: the consumer would sleep through the producer's chunk", both, rounds)
 	}
 }
