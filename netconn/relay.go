@@ -129,7 +129,7 @@ func ResetByPeer(err error) bool {
 // is closed either way, and nothing raced for the error). Framed layers
 // (Aborters) read their own end markers and are trusted. Linux only.
 func (r *relay) hiddenReset(src net.Conn, srcEnded *bool) error {
-	tc := rawTCP(src)
+	tc := tcpBelow(src, true)
 	if tc == nil || !tcpClosed(tc) {
 		return nil
 	}
@@ -141,26 +141,6 @@ func (r *relay) hiddenReset(src net.Conn, srcEnded *bool) error {
 	}
 	return &net.OpError{Op: "read", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(),
 		Err: os.NewSyscallError("read", syscall.ECONNRESET)}
-}
-
-// rawTCP returns the TCP connection whose end of stream is c's: the one
-// below c's wrappers unless one of them frames the stream (an Aborter).
-func rawTCP(c net.Conn) *net.TCPConn {
-	for c != nil {
-		switch w := c.(type) {
-		case *net.TCPConn:
-			return w
-		case Aborter:
-			return nil
-		case Unwrapper:
-			c = w.UnwrapConn()
-		case interface{ NetConn() net.Conn }:
-			c = w.NetConn()
-		default:
-			return nil
-		}
-	}
-	return nil
 }
 
 func (r *relay) closeWrite(c net.Conn) error {

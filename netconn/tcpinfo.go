@@ -8,11 +8,20 @@ import (
 // TCPBelow returns the TCP connection at the bottom of c's wrappers (the
 // ones that implement Unwrapper or NetConn, as filters do), or nil when
 // there is none: a stream of a multiplexed session, a pipe.
-func TCPBelow(c net.Conn) *net.TCPConn {
+func TCPBelow(c net.Conn) *net.TCPConn { return tcpBelow(c, false) }
+
+// tcpBelow walks down as TCPBelow does; with endsOwn, it stops (nil) at a
+// wrapper that frames the stream (an Aborter), whose end of stream is its
+// own, not the TCP connection's.
+func tcpBelow(c net.Conn, endsOwn bool) *net.TCPConn {
 	for c != nil {
+		if tc, ok := c.(*net.TCPConn); ok {
+			return tc
+		}
+		if _, ok := c.(Aborter); ok && endsOwn {
+			return nil
+		}
 		switch w := c.(type) {
-		case *net.TCPConn:
-			return w
 		case Unwrapper:
 			c = w.UnwrapConn()
 		case interface{ NetConn() net.Conn }:

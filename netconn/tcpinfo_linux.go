@@ -7,15 +7,8 @@ import (
 )
 
 func readTCPCounts(c *net.TCPConn) (TCPCounts, bool) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return TCPCounts{}, false
-	}
-	var info *unix.TCPInfo
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-	}); err != nil || serr != nil {
+	info, ok := tcpInfo(c)
+	if !ok {
 		return TCPCounts{}, false
 	}
 	return TCPCounts{Acked: info.Bytes_acked, Received: info.Bytes_received}, true
@@ -24,19 +17,23 @@ func readTCPCounts(c *net.TCPConn) (TCPCounts, bool) {
 // tcpClosed reports whether c's kernel state is TCP_CLOSE: reset, or ended
 // both ways.
 func tcpClosed(c *net.TCPConn) bool {
+	info, ok := tcpInfo(c)
+	return ok && info.State == tcpStateClose
+}
+
+func tcpInfo(c *net.TCPConn) (*unix.TCPInfo, bool) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return false
+		return nil, false
 	}
-	var state uint8
+	var info *unix.TCPInfo
+	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			state = info.State
-		}
-	}); err != nil {
-		return false
+		info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil || serr != nil {
+		return nil, false
 	}
-	return state == tcpStateClose
+	return info, true
 }
 
 // tcpStateClose is the kernel's TCP_CLOSE.

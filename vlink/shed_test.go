@@ -1,7 +1,6 @@
 package vlink_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -289,7 +288,7 @@ func TestAuthenticatedNotShed(t *testing.T) {
 			d := vlink.Dialer{Key: key, Stack: vlink.MustParse("test-filter+tcp:local=" + from), Timeout: 30 * time.Second}
 			c, err := d.Dial("tcp", l.Addr().String())
 			if err == nil {
-				err = echoed(c, 1<<10)
+				err = testnet.Echoed(c, 1<<10)
 				c.Close()
 			}
 			errc <- err
@@ -329,28 +328,4 @@ func TestAuthenticatedNotShed(t *testing.T) {
 	if err := <-late; err != nil {
 		t.Errorf("the late client, once a slot freed: %v", err)
 	}
-}
-
-// echoed sends size bytes through c to an echo, half-closes, and reports
-// whether the same bytes came back, as testnet.RoundTrip does from any
-// goroutine.
-func echoed(c net.Conn, size int) error {
-	data := testnet.RandomBytes(size, 1)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(data)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		errc <- err
-	}()
-	c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	got, err := io.ReadAll(c)
-	if werr := <-errc; err == nil {
-		err = werr
-	}
-	if err == nil && !bytes.Equal(got, data) {
-		err = fmt.Errorf("%d bytes sent, %d different bytes echoed", size, len(got))
-	}
-	return err
 }

@@ -9,8 +9,8 @@ package testnet
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
@@ -76,11 +76,14 @@ func EchoServer(tb testing.TB) string {
 // 30 seconds.
 func RoundTrip(tb testing.TB, c net.Conn, size int) {
 	tb.Helper()
-	data := make([]byte, size)
-	rng := rand.New(rand.NewPCG(uint64(size), 7))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
+	if err := Echoed(c, size); err != nil {
+		tb.Fatal(err)
 	}
+}
+
+// Echoed is RoundTrip for any goroutine: it returns what went wrong.
+func Echoed(c net.Conn, size int) error {
+	data := RandomBytes(size, uint64(size))
 	errc := make(chan error, 1)
 	go func() {
 		_, err := c.Write(data)
@@ -92,14 +95,15 @@ func RoundTrip(tb testing.TB, c net.Conn, size int) {
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	got, err := io.ReadAll(c)
 	if err != nil {
-		tb.Fatalf("reading the echo: %v", err)
+		return fmt.Errorf("reading the echo: %w", err)
 	}
 	if err := <-errc; err != nil {
-		tb.Fatalf("writing: %v", err)
+		return fmt.Errorf("writing: %w", err)
 	}
 	if sha256.Sum256(got) != sha256.Sum256(data) {
-		tb.Fatalf("echo of %d bytes came back as %d different bytes", size, len(got))
+		return fmt.Errorf("echo of %d bytes came back as %d different bytes", size, len(got))
 	}
+	return nil
 }
 
 // A Buffer collects a process's or a logger's output, written from any
