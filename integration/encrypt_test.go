@@ -3,7 +3,9 @@
 package integration
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -11,11 +13,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
 )
 
 // TestEncryptedBeyondLoopback runs `vlink tunnel --stack zstd --key-file`
@@ -165,4 +169,74 @@ func TestExecEncryption(t *testing.T) {
 			serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=`+regexp.QuoteMeta(tc.accepted)+`( |$)`), startTimeout)
 		})
 	}
+}
+
+// TestEncryptedThroughProxy runs `vlink tunnel --stack identity+socks5`
+// with a key to a `vlink serve --key-file` on loopback, through dante
+// reached at this host's non-loopback address: serve sees the proxy's
+// loopback address, so the tunnel must add the noise layer by itself
+// (serve logs the stack it accepted), and the wire to the proxy carries
+// no part of the payload in clear. A TCP forwarder in front of dante
+// (which listens on loopback) records that wire.
+func TestEncryptedThroughProxy(t *testing.T) {
+	testenv.Programs(t, "socat")
+	host := hostIPv4(t)
+	dante := realserver.StartDante(t, false)
+	keyFile := filepath.Join(t.TempDir(), "vlink.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, echo := startSocatEcho(t)
+	serve, gw := startVLink(t, "serve", "--target", echo, "--key-file", keyFile, "--log-level", "debug")
+	proxy, wire := recordingForwarder(t, host, dante.Addr)
+
+	payload := testnet.RandomBytes(1<<20, 11)
+	for _, stack := range []string{"identity+socks5:addr=" + proxy, "mux+socks5h://" + proxy} {
+		_, tun := startVLink(t, "tunnel", "--to", gw, "--stack", stack, "--key-file", keyFile)
+		checkEcho(t, tun, payload)
+	}
+	if w := wire(); len(w) < len(payload) {
+		t.Errorf("the forwarder saw %d bytes, fewer than the payload's %d", len(w), len(payload))
+	} else if chunk := payload[1000:1064]; bytes.Contains(w, chunk) {
+		t.Errorf("the wire to the proxy carries the payload in clear")
+	}
+	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=identity\+noise( |$)`), startTimeout)
+}
+
+// recordingForwarder listens on host and forwards each connection to
+// target, recording what clients send. It returns its address and the
+// recording so far.
+func recordingForwarder(t *testing.T, host, target string) (string, func() []byte) {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		got []byte
+	)
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, l, func(c net.Conn) {
+		defer c.Close()
+		next, err := net.Dial("tcp", target)
+		if err != nil {
+			return
+		}
+		defer next.Close()
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := c.Read(buf)
+				mu.Lock()
+				got = append(got, buf[:n]...)
+				mu.Unlock()
+				if _, werr := next.Write(buf[:n]); err != nil || werr != nil {
+					netconn.CloseWrite(next)
+					return
+				}
+			}
+		}()
+		io.Copy(c, next)
+	})
+	return l.Addr().String(), func() []byte { mu.Lock(); defer mu.Unlock(); return bytes.Clone(got) }
 }

@@ -483,7 +483,7 @@ func (r *route) encrypted(address string) (*route, error) {
 	}
 	mirrored := r.stack.mirrored()
 	sendsHello := len(mirrored) > 0 || via != ""
-	local := isLoopbackHost(peer)
+	local := isLoopbackHost(peer) && r.stack.hopsLocal()
 	for _, v := range vias {
 		local = local && isLoopbackHost(v)
 	}
@@ -520,6 +520,25 @@ func (r *route) boundChannel(vias []string) bool {
 	return spec != nil && spec.Encrypted
 }
 
+// hopsLocal reports whether every host s's factories connect to
+// themselves (layer.Param.Hop: a proxy, an SSH server) is this host.
+// A hop beyond loopback carries the bytes across a network whatever the
+// destination's address says.
+func (s Stack) hopsLocal() bool {
+	for _, l := range s.factories() {
+		spec := lookup(l.Name)
+		if spec == nil {
+			return false
+		}
+		for _, p := range spec.Params {
+			if v, ok := l.Params[p.Name]; ok && p.Hop && !isLoopbackName(v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // isLoopbackHost reports whether address (host:port) names this host
 // by a loopback IP or "localhost". Any other name counts as remote: a
 // wrong guess then costs an encryption, never a leak.
@@ -528,6 +547,19 @@ func isLoopbackHost(address string) bool {
 	if err != nil {
 		return false
 	}
+	return isLoopbackName(host)
+}
+
+// isLoopbackName is isLoopbackHost for a hop as a layer names it:
+// [user@]host[:port], an IPv6 host in brackets when a port follows.
+func isLoopbackName(hop string) bool {
+	if i := strings.LastIndexByte(hop, '@'); i >= 0 {
+		hop = hop[i+1:]
+	}
+	if host, _, err := net.SplitHostPort(hop); err == nil {
+		hop = host
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(hop, "["), "]")
 	if ip, err := netip.ParseAddr(host); err == nil {
 		return ip.Unmap().IsLoopback()
 	}

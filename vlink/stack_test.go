@@ -204,3 +204,27 @@ func TestStackErrorRedacts(t *testing.T) {
 		})
 	}
 }
+
+// TestIsLoopbackName: a hop as layers name it ([user@]host[:port]) is
+// this host only when it says so; any other name counts as remote.
+func TestIsLoopbackName(t *testing.T) {
+	for hop, want := range map[string]bool{
+		"127.0.0.1:1080":         true,
+		"127.0.0.2":              true,
+		"alice@localhost:2222":   true,
+		"[::1]:22":               true,
+		"::1":                    true,
+		"[::1]":                  true,
+		"db.localhost":           true,
+		"10.77.0.1:1080":         false,
+		"alice@127.0.0.1@evil":   false, // the host is what follows the last @
+		"proxy.example:3128":     false,
+		"localhost.example:3128": false,
+		"myalias":                false, // an ssh_config alias may lead anywhere
+		"":                       false,
+	} {
+		if got := isLoopbackName(hop); got != want {
+			t.Errorf("isLoopbackName(%q) = %v, want %v", hop, got, want)
+		}
+	}
+}

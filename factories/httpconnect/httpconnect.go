@@ -41,7 +41,7 @@ func init() {
 		Kind:    layer.KindFactory,
 		Summary: "HTTP proxy client (CONNECT), with basic authentication",
 		Params: []layer.Param{
-			{Name: "addr", Type: layer.TypeString, Required: true,
+			{Name: "addr", Type: layer.TypeString, Required: true, Hop: true,
 				Doc: "the proxy's HOST:PORT, reached through the layer below"},
 			{Name: "user", Type: layer.TypeString,
 				Doc: "user name for basic authentication; needs password-file or password-env"},

@@ -56,7 +56,7 @@ func (v Version) String() string {
 }
 
 func init() {
-	addr := layer.Param{Name: "addr", Type: layer.TypeString, Required: true,
+	addr := layer.Param{Name: "addr", Type: layer.TypeString, Required: true, Hop: true,
 		Doc: "the proxy's HOST:PORT, reached through the layer below"}
 	for _, v := range []Version{V4, V4a, V5} {
 		params := []layer.Param{addr}

@@ -68,7 +68,7 @@ func init() {
 		Kind:    layer.KindFactory,
 		Summary: "SSH tunnels (direct-tcpip, netcat mode, reverse listening), one shared SSH connection per server",
 		Params: []layer.Param{
-			{Name: "host", Type: layer.TypeString, Required: true,
+			{Name: "host", Type: layer.TypeString, Required: true, Hop: true,
 				Doc: "the SSH server: a name, an address or a Host alias of ~/.ssh/config, as [user@]host[:port]"},
 			{Name: "port", Type: layer.TypeInt, Min: 0, Max: 65535,
 				Doc: "the server's port (default: from ~/.ssh/config, else 22)"},

@@ -1,13 +1,19 @@
 package noise_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"sync"
 	"testing"
 
+	"github.com/vlink-dev/vlink/factories/socks"
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -179,4 +185,96 @@ func TestEncryptedThroughRoute(t *testing.T) {
 	if h.RemoteAddr.String() != c.LocalAddr().String() {
 		t.Errorf("the gateway saw the connection from %s, want its origin %s", h.RemoteAddr, c.LocalAddr())
 	}
+}
+
+// TestEncryptedThroughProxy: a stack whose proxy is beyond loopback gets
+// the noise layer even though its destination is a loopback listener,
+// which sees the proxy's loopback address and cannot ask for it: the
+// wire to the proxy carries no byte of the payload in clear.
+func TestEncryptedThroughProxy(t *testing.T) {
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key}}
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	seen := make(chan string, 2)
+	go func() {
+		for {
+			c, err := l.AcceptVLink()
+			if err != nil {
+				return
+			}
+			seen <- c.Hello().Stack.String()
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	const size = 1 << 16
+	payload := testnet.RandomBytes(size, size)[100:164] // what testnet.Echoed sends
+	remote := hostAddr(t).String()
+	for _, tc := range []struct{ name, proxy, stack, want string }{
+		{"beyond loopback", remote, "identity+socks5:addr=%s", "identity+noise"},
+		{"beyond loopback, proxy URL", remote, "identity+socks5h://%s", "identity+noise"},
+		{"beyond loopback, multi-link", remote, "mux+socks5:addr=%s", ""}, // the listener hands out the nested hello
+		{"on loopback", "127.0.0.1", "identity+socks5:addr=%s", "identity"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy, wire := recordingSOCKS(t, tc.proxy)
+			d := vlink.Dialer{Stack: vlink.MustParse(fmt.Sprintf(tc.stack, proxy)), Key: key}
+			defer d.Close()
+			c, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := testnet.Echoed(c, size); err != nil {
+				t.Fatal(err)
+			}
+			if s := <-seen; tc.want != "" && s != tc.want {
+				t.Errorf("the listener saw stack %s, want %s", s, tc.want)
+			}
+			beyond := tc.proxy != "127.0.0.1"
+			if clear := bytes.Contains(wire(), payload); clear == beyond {
+				t.Errorf("payload in clear on the wire to the proxy: %v, want %v", clear, !beyond)
+			}
+		})
+	}
+}
+
+// recordingSOCKS starts a SOCKS server on host and returns its address
+// and what clients sent it so far.
+func recordingSOCKS(t *testing.T, host string) (string, func() []byte) {
+	var (
+		mu  sync.Mutex
+		got []byte
+	)
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &socks.Server{Dialer: &net.Dialer{}}
+	testnet.Serve(t, l, func(c net.Conn) {
+		defer c.Close()
+		rec := &recorder{Conn: c, record: func(b []byte) { mu.Lock(); got = append(got, b...); mu.Unlock() }}
+		next, _, err := srv.Handshake(context.Background(), rec)
+		if err != nil {
+			return
+		}
+		defer next.Close()
+		go func() { io.Copy(next, rec); netconn.CloseWrite(next) }()
+		io.Copy(c, next)
+	})
+	return l.Addr().String(), func() []byte { mu.Lock(); defer mu.Unlock(); return bytes.Clone(got) }
+}
+
+// recorder is a net.Conn that records what it reads.
+type recorder struct {
+	net.Conn
+	record func([]byte)
+}
+
+func (r *recorder) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	r.record(p[:n])
+	return n, err
 }

@@ -66,7 +66,14 @@ type Param struct {
 	// so no log holds it. Only factories have secrets: what is mirrored
 	// goes to the peer in the hello.
 	Secret bool
-	Doc    string
+	// Hop marks a parameter naming the host a factory connects to itself
+	// (a proxy's HOST:PORT, an SSH server's [user@]host[:port]): the
+	// first hop of the path, which the destination's address does not
+	// show. A dialer with a key encrypts end to end when any hop is
+	// beyond loopback, as it does for a destination beyond loopback: the
+	// listener then sees the hop's loopback address and cannot ask for it.
+	Hop bool
+	Doc string
 }
 
 // ErrBadParam is matched by errors about a parameter value. Package vlink
