@@ -35,16 +35,16 @@ type Dialer struct {
 	// a VLink listener, or a plain server if Stack is plain. Only used
 	// with Stack.
 	Via string
-	// Key is the pre-shared key proven to listeners that require one.
-	// Nil means: the Config's key (and node), if any. Only used with
-	// Stack.
+	// Key is the pre-shared key proven to listeners that require one,
+	// whether Stack or the Config's route picks the stack. Nil means: the
+	// Config's key (and node), if any.
 	Key []byte
 	// Node is the dialer's node name (see ValidNodeName). With it, Key
 	// must be that node's key, NodeKey(network key, Node), and every
 	// hello names the node: listeners holding the network key then know
 	// who dialed (Hello.Node), and no node can pass for another. Empty
 	// means none, or the Config's when Key is nil. A Node without a key
-	// is an error (ErrKeyRequired). Only used with Stack.
+	// is an error (ErrKeyRequired).
 	Node string
 	// Network reaches the addresses that name nodes of a vlink network
 	// (NODE.vlink.alt:PORT, see NodeSuffix): a *control.Node connected
@@ -458,7 +458,15 @@ func (d *Dialer) route(address string) (*route, error) {
 			return nil, err
 		}
 	}
-	return cfg.route(address)
+	r, err := cfg.route(address)
+	switch {
+	case err != nil:
+	case d.Key != nil:
+		r.key, r.node = d.Key, d.Node // the caller's key wins over the file's
+	case d.Node != "":
+		r.node = d.Node
+	}
+	return r, err
 }
 
 // EncryptionLayer is the layer a Dialer adds, and a Listener with a key
@@ -630,6 +638,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 	segs := segments(mirrored)
 	var d layer.ContextDialer
 	early := false
+	proven := false        // an encrypted segment below proves the listener's identity
 	below := len(mirrored) // index in mirrored of the bottom segment's first layer
 	for i := len(segs) - 1; i >= 0; i-- {
 		seg := segs[i]
@@ -639,16 +648,17 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 			segTarget = target
 		}
 		stack := helloStack(seg)
+		// The first segment that encrypts proves the listener's identity.
+		var peerKey PeerKeyCallback
+		if keyedLayer(seg) != "" && !proven {
+			peerKey, proven = r.peerKey, true
+		}
 		if d == nil {
-			hd := &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0}
-			if keyedLayer(seg) != "" {
-				hd.peerKey = r.peerKey // the identity is proven by this segment's encryption
-			}
-			d = hd
+			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, peerKey: peerKey}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
-			d = &nestedHelloDialer{next: d, stack: stack, target: segTarget, key: r.key, early: early, lookup: r.lookup && i == 0}
+			d = &nestedHelloDialer{next: d, peer: peer, stack: stack, target: segTarget, key: r.key, early: early, lookup: r.lookup && i == 0, peerKey: peerKey}
 		}
 		early = false
 		if r.lookup && i == 0 {

@@ -253,13 +253,25 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	// after it, which is checked where it ends.
 	// A channel whose binding the proofs covered (QUIC's) is encrypted
 	// and authenticated already.
-	if h.key != nil && !p.InsecurePlaintext && j == nil && !h.routed() && !isLoopback(h.RemoteAddr) && keyedLayer(stack.Layers) == "" && h.binding == nil {
+	// Above a multi-link layer (noise+mux), the encryption layer comes
+	// with each nested hello, and is required there.
+	keyed := keyedLayer(stack.Layers) != ""
+	if j == nil {
+		h.clear = h.key != nil && !p.InsecurePlaintext && !h.routed() && !isLoopback(h.RemoteAddr) && !keyed && h.binding == nil
+		h.unproven = !keyed
+	} else {
+		h.clear, h.unproven = j.clear && !keyed, j.unproven && !keyed
+	}
+	if h.clear && !multiLinkOnTop(stack) {
+		if j != nil {
+			return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: the layers above the multi-link layer need %s (vlink adds it below them when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
+		}
 		return nil, sendRefusal(c, refuse(CodeLayer, "this listener encrypts what comes from beyond loopback: add %s to the stack (vlink adds it when the key is set), or let plaintext in (vlink serve --insecure-plaintext, Policy.InsecurePlaintext)", EncryptionLayer))
 	}
-	// The encryption layer of a connection's own hello (not a nested
-	// one: its connection proved the identity already) proves the
-	// listener's identity.
-	h.static = l.static != nil && j == nil && keyedLayer(stack.Layers) != ""
+	// The first encryption layer on the connection's way up proves the
+	// listener's identity: its own hello's, or a nested one's when the
+	// segments below had none.
+	h.static = l.static != nil && keyed && (j == nil || j.unproven)
 	if h.Target != "" {
 		target := h.Target
 		if h.Lookup {
@@ -303,6 +315,16 @@ func appendFrameBytes(b []byte, t msgType, body []byte) []byte {
 
 // keyedLayer returns the name of the first layer that needs the
 // pre-shared key (a layer.HandshakeFilter), or "".
+// multiLinkOnTop reports whether a hello's stack ends with a multi-link
+// layer, so that nested hellos follow with the layers above it.
+func multiLinkOnTop(s Stack) bool {
+	if len(s.Layers) == 0 {
+		return false
+	}
+	spec := lookup(s.Layers[0].Name)
+	return spec != nil && spec.Kind == layer.KindMultiLink
+}
+
 func keyedLayer(layers []Layer) string {
 	for _, l := range layers {
 		if spec := lookup(l.Name); spec != nil && spec.Kind == layer.KindFilter {

@@ -128,6 +128,10 @@ type Hello struct {
 	binding     []byte // the channel's, when the proofs cover it (channelBinding)
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 	static      bool   // the accept announces the listener's identity
+	// clear: the hello needs encryption and has none, which the nested
+	// hellos above its multi-link layer must then bring. unproven: no
+	// encryption layer below has proven the listener's identity yet.
+	clear, unproven bool
 }
 
 // Conn is a connection accepted by a Listener.
@@ -596,7 +600,8 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 			if h.Target != "" {
 				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
 			}
-			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, depth: depth + 1, remote: h.RemoteAddr, forwarded: h.Forwarded}
+			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, depth: depth + 1, remote: h.RemoteAddr, forwarded: h.Forwarded,
+				clear: h.clear, unproven: h.unproven}
 			// Before the accept: once it is sent, the dialer can no
 			// longer be told that the layer has no room.
 			if r, ok := ml.(layer.Reserver); ok {

@@ -70,11 +70,15 @@ func pathOf(network, peer string, below Stack, key []byte) string {
 // named the node) when the listener wants a key.
 type nestedHelloDialer struct {
 	next   layer.ContextDialer
+	peer   string // the listener, for peerKey
 	stack  string
 	target string
 	key    []byte // for the filters of the segment; the hello carries none
 	early  bool   // send the hello and go on: see layer.EarlyDataLayer
 	lookup bool   // the hello is a lookup: see Dialer.LookupHost
+	// peerKey, set when this segment is the first encrypted one, checks
+	// the static key the listener announces (see helloDialer).
+	peerKey PeerKeyCallback
 }
 
 func (d *nestedHelloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -100,6 +104,9 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
 	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup}, nil, nil)
+	if err == nil && d.peerKey != nil && !d.lookup {
+		err = d.peerKey(d.peer, acc.static)
+	}
 	if err != nil {
 		c.Close()
 		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
@@ -107,7 +114,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 	if d.lookup {
 		return &lookupAnswer{Conn: c, family: acc.family}, hs, nil
 	}
-	return c, layer.Handshake{Key: d.key, Transcript: transcript}, nil
+	return c, layer.Handshake{Key: d.key, Transcript: transcript, PeerStatic: acc.static}, nil
 }
 
 // earlyConn is a connection whose nested hello is sent but not yet
@@ -226,6 +233,8 @@ type junction struct {
 	depth         int
 	remote        net.Addr // the origin, for a connection through route layers
 	forwarded     int      // the nodes the connections crossed (Hello.Forwarded)
+	clear         bool     // the nested hellos must bring encryption (Hello.clear)
+	unproven      bool     // no encryption below proved the identity (Hello.unproven)
 }
 
 var _ layer.Junction = (*junction)(nil)

@@ -86,6 +86,12 @@ func TestEncryptedByDefault(t *testing.T) {
 		// plaintext from beyond loopback is refused.
 		{"beyond loopback, multi-link", remote, "zstd+mux", false, false, "zstd", nil},
 		{"beyond loopback, noise already there", remote, "noise+zstd", false, false, "noise+zstd", nil},
+		// Noise above a multi-link layer encrypts each nested stream; the
+		// listener checks it there.
+		{"beyond loopback, noise above mux", remote, "noise+mux", false, false, "noise", nil},
+		{"beyond loopback, noise above parallel", remote, "zstd+noise+parallel:streams=2", false, false, "zstd+noise", nil},
+		{"beyond loopback, noise above nested multi-link", remote, "noise+mux+parallel:streams=2", false, false, "noise", nil},
+		{"dialer opts out, multi-link", remote, "zstd+mux", true, false, "", nil},
 		{"loopback", net.IPv4(127, 0, 0, 1), "zstd", false, false, "zstd", nil},
 		{"dialer opts out", remote, "zstd", true, false, "", nil},
 		{"both opt out", remote, "zstd", true, true, "zstd", nil},
@@ -112,6 +118,13 @@ func TestEncryptedByDefault(t *testing.T) {
 			defer d.Close()
 			c, err := d.Dial("tcp", l.Addr().String())
 			if tc.want == "" {
+				if err == nil {
+					// mux sends its nested hello with the first bytes: the
+					// refusal comes with the first read.
+					c.Write([]byte("x"))
+					_, err = c.Read(make([]byte, 1))
+					c.Close()
+				}
 				if !errors.Is(err, vlink.ErrNotAllowed) {
 					t.Fatalf("dial: %v, want a refusal matching ErrNotAllowed", err)
 				}
@@ -277,4 +290,55 @@ func (r *recorder) Read(p []byte) (int, error) {
 	n, err := r.Conn.Read(p)
 	r.record(p[:n])
 	return n, err
+}
+
+// TestDialerKeyWithConfig: Dialer.Key applies when the Config's route
+// picks the stack, as when Dialer.Stack does: the keyed listener admits
+// the dialer, and the noise layer comes with the key beyond loopback.
+func TestDialerKeyWithConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		listenOn  string
+		configKey []byte
+		want      string
+	}{
+		{"loopback, no key in the config", "127.0.0.1", nil, "zstd"},
+		{"beyond loopback, no key in the config", hostAddr(t).String(), nil, "zstd+noise"},
+		{"beyond loopback, another key in the config", hostAddr(t).String(), []byte("another key, which the listener refuses"), "zstd+noise"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key}}
+			l, err := lc.Listen(context.Background(), "tcp", net.JoinHostPort(tc.listenOn, "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			seen := make(chan string, 1)
+			go func() {
+				c, err := l.AcceptVLink()
+				if err != nil {
+					return
+				}
+				seen <- c.Hello().Stack.String()
+				testnet.Echo(c)
+			}()
+			cfg, err := vlink.NewConfig([]selector.Rule{{Host: tc.listenOn, Stack: "zstd"}}, selector.Rule{}, tc.configKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := vlink.Dialer{Config: cfg, Key: key}
+			defer d.Close()
+			c, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := testnet.Echoed(c, 1000); err != nil {
+				t.Fatal(err)
+			}
+			if s := <-seen; s != tc.want {
+				t.Errorf("the listener saw stack %s, want %s", s, tc.want)
+			}
+		})
+	}
 }

@@ -151,3 +151,46 @@ func TestIdentityProven(t *testing.T) {
 		})
 	}
 }
+
+// TestIdentityAboveMultiLink: with noise above a multi-link layer
+// (noise+mux, noise+parallel) the first encrypted segment proves the
+// listener's identity, as noise at the bottom does: the dialer's check
+// sees the listener's key, and refuses another.
+func TestIdentityAboveMultiLink(t *testing.T) {
+	id := vlink.NewIdentity()
+	pub, _ := vlink.IdentityPublic(id)
+	errOther := errors.New("not the pinned key")
+	for _, where := range []string{"127.0.0.1", hostAddr(t).String()} {
+		l := identityListener(t, net.JoinHostPort(where, "0"), id)
+		for _, stack := range []string{"noise+mux", "zstd+noise+parallel:streams=2", "mux+noise"} {
+			for _, pin := range []struct {
+				name string
+				key  []byte
+			}{{"pinned", pub}, {"another pinned", make([]byte, len(pub))}} {
+				t.Run(where+"/"+stack+"/"+pin.name, func(t *testing.T) {
+					var seen [][]byte
+					check := func(_ string, k []byte) error {
+						seen = append(seen, k)
+						if !bytes.Equal(k, pin.key) {
+							return errOther
+						}
+						return nil
+					}
+					d := &vlink.Dialer{Stack: vlink.MustParse(stack), Key: key, PeerKey: check}
+					defer d.Close()
+					c, err := d.Dial("tcp", l.Addr().String())
+					if err == nil {
+						err = testnet.Echoed(c, 1000)
+						c.Close()
+					}
+					if len(seen) == 0 || !bytes.Equal(seen[0], pub) {
+						t.Errorf("the dialer's check saw %x, want the listener's key %x", seen, pub)
+					}
+					if wantOK := bytes.Equal(pin.key, pub); wantOK != (err == nil) || !wantOK && !errors.Is(err, errOther) {
+						t.Errorf("dial and echo: %v, want success %v", err, wantOK)
+					}
+				})
+			}
+		}
+	}
+}
