@@ -14,17 +14,21 @@
 //
 // Messaging follows Paradis-Net. Messages are typed; a program registers
 // a [Handler] per type and never calls receive: handlers run in
-// goroutines of their own, may take their time and may send. [Node.Send]
-// sends; [Message.Reply] answers; [Message.Forward] delegates a request
-// to another node, which answers the origin directly. A [Cooperation]
-// ties requests to the replies they expect: its token travels with them,
-// and the replies fill it instead of reaching a handler. Wait (with a
-// context for the timeout), Finished (poll) and Cancel end it; one
-// cooperation sending to several nodes and expecting a reply from each
-// is scatter/gather.
+// goroutines of their own, may take their time and may send. A message
+// of a type with no handler yet is kept, within bounds, for the handler
+// [Node.Handle] registers later, as a socket's receive buffer keeps what
+// the program has not read: a program may Connect, then Handle, and miss
+// nothing sent to it in between. [Node.Send] sends; [Message.Reply]
+// answers; [Message.Forward] delegates a request to another node, which
+// answers the origin directly. A [Cooperation] ties requests to the
+// replies they expect: its token travels with them, and the replies fill
+// it instead of reaching a handler. Wait (with a context for the
+// timeout), Finished (poll) and Cancel end it; one cooperation sending
+// to several nodes and expecting a reply from each is scatter/gather.
 //
 // Everything that arrives is untrusted: frames are bounded (MaxPayload),
 // decoded strictly (a malformed frame ends the connection that sent it),
-// and the relay bounds what it queues per node and in total, answering
-// busy rather than buffering.
+// the relay bounds what it queues per node and in total, answering busy
+// rather than buffering, and a node bounds what it keeps for handlers to
+// come, dropping the oldest.
 package control

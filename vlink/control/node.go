@@ -62,8 +62,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Handlers are installed before the node registers, so that no
 	// message of their types, sent the moment the node is seen online,
-	// arrives before its handler (Handle after Connect leaves that
-	// window: a message with no handler is dropped).
+	// arrives before its handler. Handle after Connect works too, but
+	// what arrives before it waits in a bounded backlog (see Handle):
+	// more than that, and the oldest are lost.
 	Handlers map[Type]Handler
 }
 
@@ -108,6 +109,7 @@ type Node struct {
 
 	mu        sync.Mutex
 	handlers  map[Type]Handler
+	held      backlog // messages of types with no handler yet
 	coops     map[uint64]*Cooperation
 	ch        *channel      // the current connection, nil while disconnected
 	connected chan struct{} // closed while ch is set
@@ -154,6 +156,7 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		log:       cfg.Logger,
 		sem:       make(chan struct{}, cfg.MaxHandlers),
 		handlers:  map[Type]Handler{},
+		held:      backlog{draining: map[Type]chan struct{}{}},
 		coops:     map[uint64]*Cooperation{},
 		reverse:   map[[tokenSize]byte]*reverseWait{},
 		syncs:     map[[tokenSize]byte]chan struct{}{},
@@ -201,8 +204,16 @@ func (n *Node) Observed() netip.AddrPort {
 }
 
 // Handle registers h for messages of type t, replacing any handler it
-// had; a nil h removes it. Messages of a type with no handler are
-// dropped (and logged), unless a cooperation waits for them.
+// had; a nil h removes it.
+//
+// A message of a type with no handler, which no cooperation waits for,
+// is kept for the handler to come, as a socket's receive buffer keeps
+// what the program has not read yet: Handle after Connect misses nothing
+// that arrived in between. h gets the kept messages of type t first, in
+// the order they arrived, then the new ones. The backlog is bounded, for
+// all types together, to 1024 messages, 1 MiB (payloads, names and some
+// overhead) and one minute's wait; beyond that the oldest are dropped,
+// and logged. Config.Handlers leaves no such window.
 func (n *Node) Handle(t Type, h Handler) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -211,6 +222,52 @@ func (n *Node) Handle(t Type, h Handler) {
 		return
 	}
 	n.handlers[t] = h
+	if n.held.draining[t] != nil || !n.held.has(t) || n.ctx.Err() != nil {
+		return // nothing kept, or the drain under way takes h
+	}
+	// In a goroutine: Handle may be called from a handler, holding the
+	// slot the kept messages would wait for.
+	done := make(chan struct{})
+	n.held.draining[t] = done
+	n.wg.Add(1)
+	go n.drain(t, done)
+}
+
+// drain dispatches the kept messages of type t, in order, to its
+// handler, until none is left, the handler is removed or the node
+// closes; done is closed then.
+func (n *Node) drain(t Type, done chan struct{}) {
+	defer n.wg.Done()
+	defer func() {
+		n.mu.Lock()
+		delete(n.held.draining, t)
+		n.mu.Unlock()
+		close(done)
+	}()
+	for {
+		now := time.Now()
+		n.mu.Lock()
+		h := n.handlers[t]
+		var m *Message
+		if h != nil {
+			m = n.held.take(t, now)
+		}
+		k, total := n.held.toLog(now)
+		n.mu.Unlock()
+		n.logDropped(k, total)
+		if m == nil || !n.dispatch(h, m) {
+			return
+		}
+	}
+}
+
+// logDropped logs k messages dropped from the backlog, total since the
+// start; the backlog spaces the lines (heldLogEvery).
+func (n *Node) logDropped(k int, total uint64) {
+	if k > 0 {
+		n.log.Warn("control: dropped messages no handler took (backlog full, or kept too long)",
+			"node", n.cfg.Name, "dropped", k, "total", total)
+	}
 }
 
 // Send sends a message to the named node. It returns once the message is
@@ -502,23 +559,46 @@ func (n *Node) deliver(m *Message) {
 	if m.peer != nil || m.ready != nil {
 		return // the relay's answer to a request nobody waits for anymore
 	}
-	n.mu.Lock()
-	h := n.handlers[m.Type]
-	n.mu.Unlock()
-	if h == nil {
-		n.log.Debug("control: dropped a message with no handler", "from", m.From, "type", m.Type)
-		return
+	for {
+		n.mu.Lock()
+		h, draining := n.handlers[m.Type], n.held.draining[m.Type]
+		if h == nil && draining == nil {
+			now := time.Now()
+			n.held.push(m, now)
+			k, total := n.held.toLog(now)
+			n.mu.Unlock()
+			n.logDropped(k, total)
+			return
+		}
+		n.mu.Unlock()
+		if draining == nil {
+			n.dispatch(h, m)
+			return
+		}
+		// Behind the kept messages of its type, as a handler's
+		// back-pressure would have it: the channel waits.
+		select {
+		case <-draining:
+		case <-n.ctx.Done():
+			return
+		}
 	}
+}
+
+// dispatch runs h(m) in a goroutine of its own once a handler slot is
+// free, and reports false if the node closed first.
+func (n *Node) dispatch(h Handler, m *Message) bool {
 	select {
 	case n.sem <- struct{}{}:
 	case <-n.ctx.Done():
-		return
+		return false
 	}
 	n.wg.Add(1)
 	go func() {
 		defer func() { <-n.sem; n.wg.Done() }()
 		h(m)
 	}()
+	return true
 }
 
 // undeliverable fails the cooperation whose message the relay could not
