@@ -50,7 +50,7 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.IntVar(&maxRelayed, "max-relayed", control.DefaultMaxRelayed, "carry at most `N` connections between nodes at once")
 	fs.DurationVar(&idle, "idle-timeout", control.DefaultIdleTimeout, "drop a node silent for `DURATION` (nodes ping every 15s)")
 	base.GraceVar(fs, &grace)
-	fs.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): nodes registered, connections relayed (open, total, bytes), refusals by reason (default: none)")
+	fs.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): nodes registered, connections relayed (open, total, bytes), refusals and failed logins by reason (default: none)")
 	return func(ctx context.Context, e *base.Env) int {
 		if err := runRelay(ctx, e, listen, keyFile, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.Log}); err != nil {
 			return base.Fail(e, "vlink relay", err)
@@ -85,7 +85,7 @@ func runRelay(ctx context.Context, e *base.Env, listen, keyFile, metricsAddr str
 	if m != nil {
 		m.Reg.MustRegister(relayCollector{r})
 	}
-	l, err := control.Listen(ctx, listen, key)
+	l, err := r.Listen(ctx, listen, key)
 	if err != nil {
 		return err
 	}
@@ -127,10 +127,12 @@ var (
 		"Node registrations, again after a reconnect included.", nil, nil)
 	relayRefused = prometheus.NewDesc("vlink_relay_refusals_total",
 		"Messages and connections the relay refused, by reason (no such node, busy, forbidden, timed out).", []string{"reason"}, nil)
+	relayFailedLogins = prometheus.NewDesc("vlink_relay_failed_logins_total",
+		"Connections refused before a node registered or a relayed connection attached, by reason (authentication failed or required, malformed, refused, not encrypted, handshake failed).", []string{"reason"}, nil)
 )
 
 func (c relayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{relayNodes, relayOpen, relayTotal, relayBytes, relayRegistrations, relayRefused} {
+	for _, d := range []*prometheus.Desc{relayNodes, relayOpen, relayTotal, relayBytes, relayRegistrations, relayRefused, relayFailedLogins} {
 		ch <- d
 	}
 }
@@ -144,5 +146,8 @@ func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(relayRegistrations, prometheus.CounterValue, float64(s.Registrations))
 	for reason, n := range s.Refused {
 		ch <- prometheus.MustNewConstMetric(relayRefused, prometheus.CounterValue, float64(n), reason)
+	}
+	for reason, n := range s.FailedLogins {
+		ch <- prometheus.MustNewConstMetric(relayFailedLogins, prometheus.CounterValue, float64(n), reason)
 	}
 }

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
 )
@@ -70,7 +73,8 @@ func TestRelayCommand(t *testing.T) {
 	network := filepath.Join(t.TempDir(), "network.key")
 	runSync("key", "--out", network)
 	nk, _ := vlink.ReadKeyFile(network)
-	r := start(t, "relay", "--listen", "127.0.0.1:0", "--key-file", network)
+	r := start(t, "relay", "--listen", "127.0.0.1:0", "--key-file", network, "--metrics", "127.0.0.1:0")
+	metricsAddr := r.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
 	addr := r.stderr.waitFor(t, `msg="relay listening" addr=(\S+)`)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -97,6 +101,18 @@ func TestRelayCommand(t *testing.T) {
 	if _, err := join("c", vlink.NodeKey(nk, "a")); !errors.Is(err, vlink.ErrRefused) {
 		t.Fatalf("a node with another's key: %v, want refused", err)
 	}
+	// Failed logins are logged, with the reason, and counted.
+	r.stderr.waitFor(t, `msg="vlink: refused" remote=127\.0\.0\.1:\d+ code="authentication failed" reason="the proof does not match the key of node \\"c\\"`)
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Write([]byte("SSH-2.0-scanner\r\n"))
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+	testnet.WaitMetrics(t, "relay", metricsAddr, map[string]float64{
+		`vlink_relay_failed_logins_total{reason="authentication_failed"}`: 1,
+		`vlink_relay_failed_logins_total{reason="not_encrypted"}`:         1,
+		`vlink_relay_registrations_total`:                                 2,
+	})
 	if code := r.stop(t); code != base.ExitOK {
 		t.Fatalf("relay exit %d after SIGINT\n%s", code, r.stderr.String())
 	}

@@ -34,11 +34,11 @@ func ctxT(t *testing.T) context.Context {
 // network starts a relay on loopback and returns its address.
 func network(t *testing.T) string {
 	t.Helper()
-	l, err := control.Listen(context.Background(), "127.0.0.1:0", networkKey)
+	r, err := control.NewRelay(control.RelayConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := control.NewRelay(control.RelayConfig{})
+	l, err := r.Listen(context.Background(), "127.0.0.1:0", networkKey)
 	if err != nil {
 		t.Fatal(err)
 	}

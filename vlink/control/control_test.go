@@ -32,11 +32,11 @@ func startRelay(t *testing.T, cfg RelayConfig, addr string) *testRelay {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	l, err := Listen(context.Background(), addr, networkKey)
+	r, err := NewRelay(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := NewRelay(cfg)
+	l, err := r.Listen(context.Background(), addr, networkKey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,11 +25,11 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	l, err := control.Listen(ctx, "127.0.0.1:0", networkKey)
+	relay, _ := control.NewRelay(control.RelayConfig{})
+	l, err := relay.Listen(ctx, "127.0.0.1:0", networkKey)
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, _ := control.NewRelay(control.RelayConfig{})
 	go relay.Serve(l)
 	defer relay.Close()
 
@@ -70,8 +70,8 @@ func ExampleCooperation_scatterGather() {
 	networkKey := []byte("an example key, at least 16 bytes")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, _ := control.Listen(ctx, "127.0.0.1:0", networkKey)
 	relay, _ := control.NewRelay(control.RelayConfig{})
+	l, _ := relay.Listen(ctx, "127.0.0.1:0", networkKey)
 	go relay.Serve(l)
 	defer relay.Close()
 	join := func(name string) *control.Node {

@@ -1,7 +1,6 @@
 package control
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,6 +73,7 @@ type Relay struct {
 	// Counts since the start, for Stats.
 	registrations, relayedTotal, relayedBytes atomic.Uint64
 	refused                                   [codeLimit]atomic.Uint64 // by code
+	logins                                    logins
 
 	mu        sync.Mutex
 	nodes     map[string]*peer
@@ -132,6 +132,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
+	r.logins.log = slog.New(limitedHandler{r.log.Handler(), &r.logins})
 	return r, nil
 }
 
@@ -175,7 +176,8 @@ func (r *Relay) Serve(l net.Listener) error {
 		}
 		name := NodeOf(c)
 		if name == "" {
-			r.log.Info("control: relay: refused a connection that proved no node name", "remote", c.RemoteAddr().String())
+			r.logins.log.Info("control: relay: refused a connection that proved no node name", "remote", c.RemoteAddr().String())
+			r.logins.failed(LoginAuthRequired)
 			c.Close()
 			continue
 		}
@@ -220,14 +222,19 @@ func (r *Relay) serveConn(c net.Conn, name string, encrypted bool) {
 		return
 	}
 	defer r.untrack(c)
-	if err == nil && f.op != opAdvertise {
+	reason := LoginMalformed
+	switch {
+	case err != nil && !errors.Is(err, ErrMalformed):
+		reason = LoginFailed
+	case err == nil && f.op != opAdvertise:
 		err = fmt.Errorf("%w: a node opens with advertise or attach, not %s", ErrMalformed, f.op)
-	}
-	if err == nil && !encrypted {
+	case err == nil && !encrypted:
 		err = fmt.Errorf("a control connection must be encrypted: its stack lacks %s", vlink.EncryptionLayer)
+		reason = LoginPlaintext
 	}
 	if err != nil {
-		r.log.Info("control: relay: no registration", "node", name, "remote", c.RemoteAddr().String(), "err", err)
+		r.logins.log.Info("control: relay: no registration", "node", name, "remote", c.RemoteAddr().String(), "reason", reason, "err", err)
+		r.logins.failed(reason)
 		c.Close()
 		return
 	}
@@ -485,6 +492,10 @@ type RelayStats struct {
 	// by reason (a Code's String: "no such node", "busy", "forbidden",
 	// "timed out": the node did not answer a connection's set-up).
 	Refused map[string]uint64
+	// FailedLogins counts the connections refused before a node was
+	// registered or a relayed connection attached, by reason (Login*
+	// constants): wrong keys, scans, plaintext, cut handshakes.
+	FailedLogins map[string]uint64
 }
 
 // Stats returns the relay's figures so far.
@@ -493,7 +504,8 @@ func (r *Relay) Stats() RelayStats {
 	nodes := len(r.nodes)
 	r.mu.Unlock()
 	s := RelayStats{Nodes: nodes, Relayed: r.Relayed(), Registrations: r.registrations.Load(),
-		RelayedTotal: r.relayedTotal.Load(), RelayedBytes: r.relayedBytes.Load(), Refused: map[string]uint64{}}
+		RelayedTotal: r.relayedTotal.Load(), RelayedBytes: r.relayedBytes.Load(), Refused: map[string]uint64{},
+		FailedLogins: r.logins.snapshot()}
 	for _, c := range []Code{CodeNoNode, CodeBusy, CodeForbidden, CodeTimeout} {
 		s.Refused[c.String()] = r.refused[c].Load()
 	}
@@ -546,29 +558,4 @@ func (r *Relay) Close() error {
 	})
 	r.wg.Wait()
 	return nil
-}
-
-// Listen returns a vlink listener for a relay on address: it requires
-// the network key and the encryption layer from every dialer, and takes
-// no plain connections. Pass it to Serve.
-func Listen(ctx context.Context, address string, networkKey []byte) (*vlink.Listener, error) {
-	return relayListenConfig(networkKey).Listen(ctx, "tcp", address)
-}
-
-// NewListener is Listen over a listener of the caller's: one an SSH
-// server forwards to us, say.
-func NewListener(l net.Listener, networkKey []byte) (*vlink.Listener, error) {
-	return relayListenConfig(networkKey).NewListener(l)
-}
-
-func relayListenConfig(networkKey []byte) *vlink.ListenConfig {
-	return &vlink.ListenConfig{Policy: vlink.Policy{
-		Key:    networkKey,
-		Layers: []string{vlink.EncryptionLayer, "identity"},
-		Plain:  vlink.PlainRefuse,
-		// The ends of relayed connections carry what the nodes encrypt
-		// end to end; control connections must hold the encryption
-		// layer, which Serve checks.
-		InsecurePlaintext: true,
-	}}
 }

@@ -26,11 +26,11 @@ func job(t *testing.T, size int) []map[string]string {
 	key := []byte("a job key of 16 bytes or more, made by the launcher")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := control.Listen(ctx, "127.0.0.1:0", key)
+	relay, err := control.NewRelay(control.RelayConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := control.NewRelay(control.RelayConfig{})
+	l, err := relay.Listen(ctx, "127.0.0.1:0", key)
 	if err != nil {
 		t.Fatal(err)
 	}

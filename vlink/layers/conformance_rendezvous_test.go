@@ -22,11 +22,11 @@ func init() {
 
 func nodeVenue(t *testing.T) venue {
 	networkKey := []byte("conformance network key")
-	rl, err := control.Listen(context.Background(), "127.0.0.1:0", networkKey)
+	relay, err := control.NewRelay(control.RelayConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := control.NewRelay(control.RelayConfig{})
+	rl, err := relay.Listen(context.Background(), "127.0.0.1:0", networkKey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -306,7 +306,7 @@ func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) err
 		return err
 	}
 	defer j.relay.Close()
-	if j.relayL, err = control.Listen(ctx, o.listen, j.key); err != nil {
+	if j.relayL, err = j.relay.Listen(ctx, o.listen, j.key); err != nil {
 		return err
 	}
 	go j.relay.Serve(j.relayL)

@@ -24,7 +24,6 @@ import (
 	sshf "github.com/vlink-dev/vlink/factories/ssh"
 	"github.com/vlink-dev/vlink/internal/jobwire"
 	"github.com/vlink-dev/vlink/vlink"
-	"github.com/vlink-dev/vlink/vlink/control"
 	"github.com/vlink-dev/vlink/vlink/launch"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -409,7 +408,7 @@ func (s *sshSpawner) forwardRelay(ctx context.Context, j *job, f *sshf.Factory) 
 	if err != nil {
 		return "", err
 	}
-	l, err := control.NewListener(fl, j.key)
+	l, err := j.relay.NewListener(fl, j.key)
 	if err != nil {
 		fl.Close()
 		return "", err
