@@ -129,5 +129,7 @@ func TestNodeThroughRelay(t *testing.T) {
 		if err == nil || !regexp.MustCompile(`refused`).MatchString(stderr) {
 			t.Fatalf("a tunnel posing as db with laptop's key: %v\n%s", err, stderr)
 		}
+		relay.WaitFor(t, regexp.MustCompile(`msg="vlink: refused" remote=127\.0\.0\.1:\d+ code="authentication failed"`), startTimeout)
+		testnet.WaitMetrics(t, "relay", "http://"+relayMetrics+"/metrics", map[string]float64{`vlink_relay_failed_logins_total{reason="authentication_failed"}`: 1})
 	})
 }
