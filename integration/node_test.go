@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -43,9 +44,13 @@ func TestNodeThroughRelay(t *testing.T) {
 	relayMetrics := relay.WaitFor(t, metricsAddrRE, startTimeout)[1]
 	_, echo := startSocatEcho(t)
 	_, echoPort, _ := net.SplitHostPort(echo)
+	// A service bound to the IPv6 loopback only is localhost too.
+	echo6Port := strconv.Itoa(realserver.FreePort(t))
+	echo6 := startProc(t, "socat", "TCP6-LISTEN:"+echo6Port+",bind=[::1],reuseaddr,fork", "EXEC:cat")
+	echo6.WaitListening(t, realserver.Port(t, "[::1]:"+echo6Port))
 
 	serve := startProc(t, vlinkBin, "serve", "--listen", "127.0.0.1:0", "--grace", "1s", "--log-level", "debug",
-		"--node", "db", "--relay", relayAddr, "--node-key-file", dbKey, "--allow", "localhost:"+echoPort)
+		"--node", "db", "--relay", relayAddr, "--node-key-file", dbKey, "--allow", "localhost:"+echoPort, "--allow", "localhost:"+echo6Port)
 	serve.Name, serve.CleanExit = "vlink serve", true
 	serve.Ports = append(serve.Ports, realserver.Port(t, serve.WaitFor(t, listenAddrRE, startTimeout)[1]))
 	serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
@@ -64,6 +69,12 @@ func TestNodeThroughRelay(t *testing.T) {
 		t.Errorf("vlink_relay_bytes_total = %v, want the 8 MiB of the echo, framing included", b)
 	}
 	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
+
+	t.Run("localhost on IPv6", func(t *testing.T) {
+		_, tun6 := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echo6Port, "--stack", "zstd",
+			"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+		checkEcho(t, tun6, testnet.RandomBytes(1<<20, 16))
+	})
 
 	t.Run("splice", func(t *testing.T) {
 		_, sp := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd",

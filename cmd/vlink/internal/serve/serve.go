@@ -12,6 +12,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
@@ -468,8 +469,7 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 		}
 		to = s.target
 	}
-	d := net.Dialer{Timeout: s.dialTimeout}
-	c, err := d.DialContext(ctx, "tcp", to)
+	c, err := dialTarget(ctx, &net.Dialer{Timeout: s.dialTimeout}, to)
 	if err != nil {
 		s.log.Warn("target unreachable", "remote", h.RemoteAddr.String(), "target", to, "err", err)
 		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
@@ -560,8 +560,7 @@ func (s *server) handle(c *vlink.Conn) {
 	h := c.Hello()
 	if h == nil {
 		attrs = append(attrs, "stack", "plain", "target", s.target)
-		d := net.Dialer{Timeout: s.dialTimeout}
-		tc, err := d.DialContext(s.t.Ctx, "tcp", s.target)
+		tc, err := dialTarget(s.t.Ctx, &net.Dialer{Timeout: s.dialTimeout}, s.target)
 		if err == nil {
 			if err = s.sendProxyHeader(tc, s.target, c.RemoteAddr()); err != nil {
 				tc.Close()
@@ -613,4 +612,33 @@ func (s *server) handle(c *vlink.Conn) {
 func portOf(a net.Addr) string {
 	_, port, _ := net.SplitHostPort(a.String())
 	return port
+}
+
+// dialTarget dials a target. "localhost" is this host's loopback in
+// both families, whatever /etc/hosts says (RFC 6761): a service bound to
+// ::1 only is reached as one bound to 127.0.0.1 is, IPv4 first.
+func dialTarget(ctx context.Context, d *net.Dialer, target string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(target)
+	if err != nil || !isLocalhost(host) {
+		return d.DialContext(ctx, "tcp", target)
+	}
+	c, err4 := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
+	if err4 == nil || ctx.Err() != nil {
+		return c, err4
+	}
+	c, err6 := d.DialContext(ctx, "tcp", net.JoinHostPort("::1", port))
+	if err6 == nil {
+		return c, nil
+	}
+	if errors.Is(err6, syscall.EADDRNOTAVAIL) || errors.Is(err6, syscall.EAFNOSUPPORT) {
+		return nil, err4 // no IPv6 loopback here: the IPv4 error says it all
+	}
+	return nil, fmt.Errorf("%w; %w", err4, err6)
+}
+
+// isLocalhost reports whether host names the loopback by name: localhost
+// or a name under .localhost.
+func isLocalhost(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	return host == "localhost" || strings.HasSuffix(host, ".localhost")
 }
