@@ -111,9 +111,18 @@ func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, 
 	c := &Config{Key: key, stacks: map[string]Stack{}}
 	all := append(append([]selector.Rule(nil), routes...), def)
 	for i, r := range all {
+		fail := func(err error) (*Config, error) {
+			if i == len(all)-1 {
+				return nil, fmt.Errorf("vlink: config: default route: %w", err)
+			}
+			return nil, fmt.Errorf("vlink: config: route %d: %w", i+1, err)
+		}
 		texts := r.Try
 		if r.Stack != "" || r.Via != "" {
 			texts = []string{r.Stack}
+		}
+		if len(r.Try) > 0 && r.Stack == "" && r.Via == "" && isNodeHost(r.Host) {
+			return fail(fmt.Errorf("%w: host %s names nodes of a vlink network, whose path (splice, reverse, relay) the network chooses; a try list does not apply: give a stack (stack = \"zstd\"), or narrow the paths with %s", ErrBadStack, r.Host, EnvPathsOnly))
 		}
 		for _, text := range texts {
 			if text == selector.TryDirect && len(r.Try) > 0 {
@@ -121,10 +130,10 @@ func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, 
 			}
 			s, err := Parse(text)
 			if err != nil {
-				if i == len(all)-1 {
-					return nil, fmt.Errorf("vlink: config: default route: %w", err)
-				}
-				return nil, fmt.Errorf("vlink: config: route %d: %w", i+1, err)
+				return fail(err)
+			}
+			if f := s.factories(); len(r.Try) > 0 && len(f) == 1 && lookup(f[0].Name) != nil && lookup(f[0].Name).Nodes {
+				return fail(fmt.Errorf("%w: try way %q reaches nodes of a vlink network (NODE%s), which a try list does not race: the network chooses a node's path; give its stack in a rule for *%s (stack = \"%s\")", ErrBadStack, text, NodeSuffix, NodeSuffix, text))
 			}
 			c.stacks[text] = s
 		}
@@ -348,4 +357,10 @@ func (c *Config) String() string {
 		return "default: direct"
 	}
 	return c.sel.String()
+}
+
+// isNodeHost reports whether a rule's host pattern names only nodes of
+// a vlink network: it ends with NodeSuffix.
+func isNodeHost(host string) bool {
+	return strings.HasSuffix(strings.TrimSuffix(strings.ToLower(host), "."), NodeSuffix)
 }

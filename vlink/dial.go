@@ -296,6 +296,9 @@ func (d *Dialer) nodeRoute(address, node string, port uint16) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.best {
+		return nil, fmt.Errorf("%w: the route for %s is best-effort (%s), and a try list does not apply to a node, whose path the network chooses: put a rule for *%s before it (with a stack, or none)", ErrBadStack, address, r.describe(), NodeSuffix)
+	}
 	if r.via != "" {
 		return nil, fmt.Errorf("%w: a node is reached through its network, not via %s", ErrBadStack, r.via)
 	}

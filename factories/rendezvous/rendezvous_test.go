@@ -263,3 +263,44 @@ func TestPathsFromEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestTryListsOnNodes: a try list is refused where it cannot apply, when
+// the config is read (a way through the network for destinations that
+// are not nodes, a try list for node names only), and a dial to a node
+// that a wider best-effort rule matches is refused, saying what to add:
+// no try list is silently ignored.
+func TestTryListsOnNodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rule selector.Rule
+	}{
+		{"relay for an IP", selector.Rule{Host: "10.0.0.0/8", Try: []string{"direct", "zstd+relay"}}},
+		{"reverse for a name", selector.Rule{Host: "*.corp.example", Try: []string{"reverse"}}},
+		{"relay for any host", selector.Rule{Host: "*", Try: []string{"direct", "relay"}}},
+		{"try list for nodes", selector.Rule{Host: "*.vlink.alt", Try: []string{"zstd", "lz4"}}},
+		{"try list for one node", selector.Rule{Host: "db.vlink.alt.", Try: []string{"zstd"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := vlink.NewConfig([]selector.Rule{tc.rule}, selector.Rule{}, nil)
+			if !errors.Is(err, vlink.ErrBadStack) || !strings.Contains(err.Error(), "route 1") {
+				t.Fatalf("NewConfig: %v, want ErrBadStack naming route 1", err)
+			}
+		})
+	}
+
+	relay := network(t)
+	n := node(t, relay, "laptop")
+	cfg, err := vlink.NewConfig([]selector.Rule{{Host: "*", Try: []string{"direct", "zstd"}}}, selector.Rule{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := vlink.Dialer{Config: cfg, Network: n}
+	defer d.Close()
+	c, err := d.DialContext(ctxT(t), "tcp", "db.vlink.alt:5432")
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, vlink.ErrBadStack) || !strings.Contains(err.Error(), "put a rule for *.vlink.alt before it") {
+		t.Fatalf("a node matched by a best-effort rule: %v, want ErrBadStack saying what to add", err)
+	}
+}
