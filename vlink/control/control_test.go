@@ -143,13 +143,32 @@ func TestCooperation(t *testing.T) {
 		}
 	})
 	t.Run("no such node", func(t *testing.T) {
-		c := a.Cooperate(Expect{From: "bob"}, Expect{From: "nobody"})
-		c.Send(ctxT(t), "bob", typeEcho, nil)
+		// The replies that can come do: the gather returns them, with
+		// why the missing one is missing.
+		c := a.Cooperate(Expect{From: "nobody"}, Expect{From: "bob"}, Expect{From: "carol"})
 		c.Send(ctxT(t), "nobody", typeEcho, nil)
-		_, err := c.Wait(ctxT(t))
+		c.Send(ctxT(t), "bob", typeEcho, []byte("b"))
+		c.Send(ctxT(t), "carol", typeEcho, []byte("c"))
+		replies, err := c.Wait(ctxT(t))
 		var de *DeliveryError
 		if !errors.Is(err, ErrNoNode) || !errors.As(err, &de) || de.To != "nobody" {
 			t.Fatalf("Wait = %v, want ErrNoNode for nobody", err)
+		}
+		var ge *GatherError
+		if !errors.As(err, &ge) || len(ge.Errs) != 3 || ge.Errs[0] == nil || ge.Errs[1] != nil || ge.Errs[2] != nil {
+			t.Fatalf("Wait = %v, want a GatherError for the first reply alone", err)
+		}
+		if replies[0] != nil || replies[1] == nil || replies[1].From != "bob" || replies[2] == nil || replies[2].From != "carol" {
+			t.Fatalf("replies %v, want nothing from nobody, then bob's and carol's", replies)
+		}
+	})
+	t.Run("no such node, anyone's reply", func(t *testing.T) {
+		// An expectation from anyone cannot be told apart: the
+		// cooperation fails.
+		c := a.Cooperate(Expect{})
+		c.Send(ctxT(t), "nobody", typeEcho, nil)
+		if _, err := c.Wait(ctxT(t)); !errors.Is(err, ErrNoNode) {
+			t.Fatalf("Wait = %v, want ErrNoNode", err)
 		}
 	})
 	t.Run("timeout, poll, cancel", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 )
 
@@ -36,9 +37,48 @@ type Cooperation struct {
 	mu      sync.Mutex
 	on      *channel   // the connection its last message went out on
 	replies []*Message // aligned with expect; nil until filled
-	missing int
+	errs    []error    // aligned with expect: why no reply can come; lazily made
+	missing int        // expectations neither filled nor failed
 	err     error
 	done    chan struct{}
+}
+
+// A GatherError is a cooperation's error when some of the replies it
+// expects cannot come (their node is offline, or its queue is full)
+// while the others came: Wait returns those, and Errs, aligned with the
+// expectations, says why each missing one is missing (nil where a reply
+// came), as Paradis-Net's cooperations keep what arrived.
+type GatherError struct {
+	Errs []error
+}
+
+func (e *GatherError) Error() string {
+	var b strings.Builder
+	n := 0
+	for _, err := range e.Errs {
+		if err != nil {
+			n++
+		}
+	}
+	fmt.Fprintf(&b, "control: cooperation: %d of %d replies cannot come", n, len(e.Errs))
+	for i, err := range e.Errs {
+		if err != nil {
+			fmt.Fprintf(&b, "; reply %d: %v", i+1, err)
+		}
+	}
+	return b.String()
+}
+
+// Unwrap returns why each missing reply is missing, so that errors.Is
+// and errors.As find a *DeliveryError and its sentinel.
+func (e *GatherError) Unwrap() []error {
+	var out []error
+	for _, err := range e.Errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
 }
 
 // Cooperate starts a cooperation expecting the given replies, one
@@ -108,10 +148,15 @@ func (c *Cooperation) lost(ch *channel, err error) {
 	}
 }
 
-// Wait waits until every expected reply arrived, the cooperation failed
-// (a message could not be delivered: a *DeliveryError), or ctx ends. It
-// returns the replies aligned with the expectations, nil where none came.
-// When ctx ends first the cooperation goes on: Wait again, or Cancel.
+// Wait waits until every expected reply arrived or cannot come, the
+// cooperation failed, or ctx ends. It returns the replies aligned with
+// the expectations, nil where none came. A message that could not be
+// delivered to a node fails the expectation naming that node (From): the
+// others are still waited for, and Wait then returns what came with a
+// *GatherError saying why each missing reply is missing. One that names
+// no expectation (From empty) fails the cooperation with its
+// *DeliveryError. When ctx ends first the cooperation goes on: Wait
+// again, or Cancel.
 func (c *Cooperation) Wait(ctx context.Context) ([]*Message, error) {
 	select {
 	case <-c.done:
@@ -150,15 +195,51 @@ func (c *Cooperation) offer(m *Message) bool {
 		return false
 	}
 	for i, e := range c.expect {
-		if c.replies[i] == nil && e.match(m) {
+		if c.replies[i] == nil && !c.failedLocked(i) && e.match(m) {
 			c.replies[i] = m
 			if c.missing--; c.missing == 0 {
-				c.closeLocked()
+				c.settleLocked()
 			}
 			return true
 		}
 	}
 	return false
+}
+
+func (c *Cooperation) failedLocked(i int) bool { return c.errs != nil && c.errs[i] != nil }
+
+// fail records that a message to the node named to was not delivered
+// (err): the first pending expectation naming it will get no reply. An
+// error that names no pending expectation ends the cooperation.
+func (c *Cooperation) fail(to string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.missing == 0 || c.err != nil {
+		return
+	}
+	for i, e := range c.expect {
+		if e.From == to && c.replies[i] == nil && !c.failedLocked(i) {
+			if c.errs == nil {
+				c.errs = make([]error, len(c.expect))
+			}
+			c.errs[i] = err
+			if c.missing--; c.missing == 0 {
+				c.settleLocked()
+			}
+			return
+		}
+	}
+	c.err = err
+	c.closeLocked()
+}
+
+// settleLocked ends a cooperation with nothing pending: done, or with
+// the missing replies' errors.
+func (c *Cooperation) settleLocked() {
+	if c.errs != nil {
+		c.err = &GatherError{Errs: c.errs}
+	}
+	c.closeLocked()
 }
 
 // finish ends the cooperation with err unless it is over already.

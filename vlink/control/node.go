@@ -609,7 +609,7 @@ func (n *Node) undeliverable(f *frame) {
 	c := n.coops[f.coop]
 	n.mu.Unlock()
 	if f.coop != 0 && c != nil {
-		c.finish(err)
+		c.fail(f.name, err)
 		return
 	}
 	n.log.Info("control: message not delivered", "err", err)
