@@ -151,7 +151,7 @@ func TestProxyErrors(t *testing.T) {
 		{"host key changed", strings.Replace(sshLayer(s), "known-hosts="+s.KnownHosts, "known-hosts="+changed, 1),
 			regexp.MustCompile(`HOST KEY CHANGED for \[127\.0\.0\.1\]:` + fmt.Sprint(s.Port) + `: the server offers ssh-ed25519 SHA256:`)},
 		{"wrong password", fmt.Sprintf("socks5:addr=%s,user=%s,password-file=%s", dante.Addr, dante.User, badPW),
-			regexp.MustCompile(`dial socks5 ` + regexp.QuoteMeta(dante.Addr) + `: .*authentication failed: ` + regexp.QuoteMeta(`user \"`+dante.User+`\" was rejected`))},
+			regexp.MustCompile(`dial socks5 ` + regexp.QuoteMeta(dante.Addr) + `: .*authentication failed: ` + regexp.QuoteMeta(`the user name and password were rejected`))},
 		{"destination refused", fmt.Sprintf("socks5:addr=%s", s.StartDynamic(t)),
 			regexp.MustCompile(`dial socks5 127\.0\.0\.1:\d+: connect to 127\.0\.0\.1:1: the proxy closed the connection`)},
 	} {

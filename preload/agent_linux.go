@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
@@ -666,7 +667,11 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	case selector.Stack:
 		attrs = append(attrs, "stack", d.stack.String(), "via", d.rule.Via)
 	case selector.BestEffort:
-		attrs = append(attrs, "stack", "best effort: "+strings.Join(d.rule.Try, " | "))
+		ways := make([]string, len(d.rule.Try))
+		for i, w := range d.rule.Try {
+			ways[i] = secret.RedactStack(w) // a proxy URL's password, say
+		}
+		attrs = append(attrs, "stack", "best effort: "+strings.Join(ways, " | "))
 	default:
 		attrs = append(attrs, "stack", "direct")
 	}

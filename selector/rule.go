@@ -115,7 +115,7 @@ func (r *Rule) format(b *strings.Builder) {
 	}
 	if r.Via != "" {
 		b.WriteString(" via=")
-		b.WriteString(quote(r.Via))
+		b.WriteString(quote(secret.RedactStack(r.Via))) // an invalid one may be a proxy URL
 	}
 	if len(r.Try) > 0 {
 		b.WriteString(" try=")
@@ -205,7 +205,7 @@ func compile(r Rule) (Rule, matcher, error) {
 		}
 		for i, t := range r.Try {
 			if t == "" || slices.Contains(r.Try[:i], t) {
-				return r, m, fmt.Errorf("%w: try: %q is empty or given twice", ErrBadRule, t)
+				return r, m, fmt.Errorf("%w: try: %q is empty or given twice", ErrBadRule, secret.RedactStack(t))
 			}
 		}
 	}
@@ -331,6 +331,10 @@ func parseRulePort(list, s string) (uint16, error) {
 
 // checkVia checks that via is a host and a numeric port.
 func checkVia(via string) error {
+	if strings.Contains(via, "@") || strings.Contains(via, "://") {
+		// Quoted, it would show a user-info; so would SplitHostPort's words.
+		return fmt.Errorf("%w: via holds an '@' or '://', as a proxy URL does: via takes a VLink gateway's HOST:PORT; a proxy, and its user and password, go in the stack", ErrBadRule)
+	}
 	host, port, err := net.SplitHostPort(via)
 	if err != nil {
 		return fmt.Errorf("%w: via %q is not host:port: %w", ErrBadRule, via, err)

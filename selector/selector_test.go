@@ -470,7 +470,7 @@ func TestString(t *testing.T) {
 	want := `rule 1: host=*.corp.example ports=443,8443 action=stack stack=ssh:host=gw
 rule 2: host=10.0.0.0/8 action=refuse
 rule 3: host=* action=stack stack="tcp | zstd" via=[fd00::1]:7000
-rule 4: host=evil action=stack stack="a\nrule 9: host=* action=direct"
+rule 4: host=evil action=stack stack="a\nrule 9: host=REDACTED"
 default: host=* action=refuse`
 	if got := s.String(); got != want {
 		t.Errorf("String() =\n%s\nwant\n%s", got, want)
@@ -625,5 +625,38 @@ func TestBestEffortRule(t *testing.T) {
 	}
 	if str, want := got.String(), `host=db.example action=best-effort try="direct | ssh:host=bastion"`; str != want {
 		t.Fatalf("String = %s, want %s", str, want)
+	}
+}
+
+// TestRuleHidesSecrets: a rule's errors and text form show no part of a
+// proxy URL's user-info, wherever the URL was written.
+func TestRuleHidesSecrets(t *testing.T) {
+	const url = "socks5://Al1ce:S3cret@proxy.example:1080"
+	for _, tc := range []struct {
+		name string
+		rule Rule
+		want string // in the error; "" for a valid rule
+	}{
+		{"stack", Rule{Host: "x", Stack: url}, ""},
+		{"try", Rule{Host: "x", Try: []string{TryDirect, url}}, ""},
+		{"try given twice", Rule{Host: "x", Try: []string{url, url}}, "given twice"},
+		{"URL as via", Rule{Host: "x", Stack: "zstd", Via: url}, "via"},
+		{"URL without port as via", Rule{Host: "x", Stack: "zstd", Via: "socks5://Al1ce:S3cret@proxy.example"}, "via"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.rule.Validate()
+			shown := tc.rule.String()
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Validate() = %v, want an error saying %q", err, tc.want)
+				}
+				shown += "\n" + err.Error()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(shown, "Al1ce") || strings.Contains(shown, "S3cret") {
+				t.Errorf("shows the user-info: %s", shown)
+			}
+		})
 	}
 }

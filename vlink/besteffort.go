@@ -58,7 +58,8 @@ var ErrNoWay = errors.New("vlink: every way to the destination is excluded")
 
 // An Attempt is one way a dial tried, or skipped.
 type Attempt struct {
-	// Way is "direct" or the stack's text form.
+	// Way is "direct" or the stack's text form, redacted
+	// (secret.RedactStack).
 	Way string
 	// Start is when the attempt started, after the dial began; Took how
 	// long it ran until it connected, failed or was stopped.
@@ -78,10 +79,12 @@ type Attempt struct {
 // every attempt, in the order they were started.
 type RouteReport struct {
 	Address string
-	// Rule is the config route that matched, in its text form.
+	// Rule is the config route that matched, in its text form,
+	// redacted.
 	Rule     string
 	Attempts []Attempt
-	// Way is the way taken, "" if none connected.
+	// Way is the way taken, as Attempt.Way shows it; "" if none
+	// connected.
 	Way string
 	// Path is how a connection to a node came (reverse, splice, relay),
 	// when the network says.
@@ -117,7 +120,7 @@ func (e *RaceError) Unwrap() []error {
 }
 
 // PathOf says how connection c was made, when it knows: the way a
-// best-effort dial took ("direct", a stack), or for a connection to a
+// best-effort dial took ("direct", a stack, redacted), or for a connection to a
 // node the network's path (reverse, splice, relay). "" if c does not say.
 func PathOf(c net.Conn) string {
 	for c != nil {
@@ -169,6 +172,7 @@ func (c *routedConn) WriteTo(w io.Writer) (int64, error) {
 // way is one way of a best-effort route.
 type way struct {
 	name  string // selector.TryDirect or the stack's text
+	shown string // name as reports, errors and logs show it: redacted
 	stack Stack  // zero for direct
 }
 
@@ -177,9 +181,9 @@ type way struct {
 func (c *Config) ways(try []string) []way {
 	out := make([]way, 0, len(try))
 	for _, name := range try {
-		w := way{name: name}
+		w := way{name: name, shown: name}
 		if name != selector.TryDirect {
-			w.stack = c.stacks[name]
+			w.stack, w.shown = c.stacks[name], c.shown[name]
 		}
 		if len(c.only) > 0 && !w.matches(c.only) || w.matches(c.exclude) {
 			continue
@@ -287,8 +291,8 @@ func (m *memory) order(address string, ws []way) ([]way, []string) {
 // wonLastTime is order's notes in the common case: read only, shared.
 var wonLastTime = []string{"won last time"}
 
-// remember records a dial's outcome.
-func (m *memory) remember(address string, attempts []Attempt) {
+// remember records a dial's outcome: attempts[i] is ws[i]'s.
+func (m *memory) remember(address string, ws []way, attempts []Attempt) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.dests == nil || len(m.dests) >= maxRemembered {
@@ -300,17 +304,17 @@ func (m *memory) remember(address string, attempts []Attempt) {
 		m.dests[address] = r
 	}
 	now := time.Now()
-	if len(attempts) > 0 && attempts[0].Won && r.winner == attempts[0].Way && len(r.failed) == 0 && r.winnerUntil.Sub(now) > winnerTTL/2 {
+	if len(attempts) > 0 && attempts[0].Won && r.winner == ws[0].name && len(r.failed) == 0 && r.winnerUntil.Sub(now) > winnerTTL/2 {
 		return // the usual: the winner won again, nothing to note
 	}
-	for _, a := range attempts {
-		switch {
+	for i, a := range attempts {
+		switch name := ws[i].name; {
 		case a.Won:
-			r.winner, r.winnerUntil = a.Way, now.Add(winnerTTL)
-			delete(r.failed, a.Way)
+			r.winner, r.winnerUntil = name, now.Add(winnerTTL)
+			delete(r.failed, name)
 		case a.Err != nil:
-			r.failed[a.Way] = now.Add(failureTTL)
-			if r.winner == a.Way {
+			r.failed[name] = now.Add(failureTTL)
+			if r.winner == name {
 				r.winner = ""
 			}
 		}
@@ -341,7 +345,7 @@ func (d *Dialer) race(ctx context.Context, network, address string, r *route, re
 	x := &racer{d: d, ctx: wayCtx, cancel: cancel, network: network, address: address, r: r, ws: ws, begin: time.Now()}
 	x.attempts = x.room[:len(ws)]
 	for i, w := range ws {
-		x.attempts[i].Way = w.name
+		x.attempts[i].Way = w.shown
 		if i < len(notes) {
 			x.attempts[i].Note = notes[i]
 		}
@@ -363,7 +367,7 @@ func (d *Dialer) race(ctx context.Context, network, address string, r *route, re
 	dl, hasDeadline := ctx.Deadline()
 	gaveUp := ctx.Err() != nil || hasDeadline && !time.Now().Before(dl)
 	if x.won != nil || !gaveUp {
-		d.memory.remember(address, x.attempts)
+		d.memory.remember(address, ws, x.attempts)
 	}
 	if rep != nil {
 		rep.Attempts = x.attempts
@@ -371,7 +375,7 @@ func (d *Dialer) race(ctx context.Context, network, address string, r *route, re
 	if x.won == nil {
 		return nil, &RaceError{Address: address, Attempts: x.attempts}
 	}
-	w := ws[x.wonAt].name
+	w := ws[x.wonAt].shown
 	if rep != nil {
 		rep.Way, rep.Path = w, PathOf(x.won)
 	}

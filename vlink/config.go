@@ -12,6 +12,8 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/internal/tomlerr"
 	"github.com/vlink-dev/vlink/selector"
 )
 
@@ -51,7 +53,8 @@ type Config struct {
 	Shm ShmMode
 
 	sel    *selector.Selector
-	stacks map[string]Stack // parsed stacks by text form
+	stacks map[string]Stack  // parsed stacks by text form
+	shown  map[string]string // the text forms, redacted, as reports show them
 	// only and exclude narrow best-effort routes' ways (EnvPathsOnly,
 	// EnvPathsExclude).
 	only, exclude []string
@@ -108,7 +111,7 @@ func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, 
 	if key != nil && len(key) < MinKeySize {
 		return nil, fmt.Errorf("vlink: config: key is %d bytes, want at least %d", len(key), MinKeySize)
 	}
-	c := &Config{Key: key, stacks: map[string]Stack{}}
+	c := &Config{Key: key, stacks: map[string]Stack{}, shown: map[string]string{}}
 	all := append(append([]selector.Rule(nil), routes...), def)
 	for i, r := range all {
 		fail := func(err error) (*Config, error) {
@@ -135,7 +138,7 @@ func NewConfig(routes []selector.Rule, def selector.Rule, key []byte) (*Config, 
 			if f := s.factories(); len(r.Try) > 0 && len(f) == 1 && lookup(f[0].Name) != nil && lookup(f[0].Name).Nodes {
 				return fail(fmt.Errorf("%w: try way %q reaches nodes of a vlink network (NODE%s), which a try list does not race: the network chooses a node's path; give its stack in a rule for *%s (stack = \"%s\")", ErrBadStack, text, NodeSuffix, NodeSuffix, text))
 			}
-			c.stacks[text] = s
+			c.stacks[text], c.shown[text] = s, secret.RedactStack(text)
 		}
 	}
 	sel, err := selector.New(routes, def)
@@ -158,11 +161,7 @@ func LoadConfig(path string) (*Config, error) {
 	dec := toml.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		var sm *toml.StrictMissingError
-		if errors.As(err, &sm) {
-			return nil, fmt.Errorf("vlink: config %s: unknown keys:\n%s", path, sm.String())
-		}
-		return nil, fmt.Errorf("vlink: config %s: %w", path, err)
+		return nil, fmt.Errorf("vlink: config %w", tomlerr.New(path, err))
 	}
 	conv := func(fr *fileRoute, what string) (selector.Rule, error) {
 		r := selector.Rule{Host: fr.Host, Ports: fr.Ports, Action: fr.Action, Stack: fr.Stack, Via: fr.Via, Try: fr.Try}
@@ -292,7 +291,7 @@ func ConfigFromEnv() (*Config, error) {
 		}
 		nc, err := NewConfig(rules, selector.Rule{Stack: st, Via: os.Getenv(EnvVia)}, c.Key)
 		if err != nil {
-			return nil, fmt.Errorf("vlink: %s=%s: %w", EnvStack, st, err)
+			return nil, fmt.Errorf("vlink: %s: %w", EnvStack, err) // err shows the stack, redacted
 		}
 		nc.Source = strings.TrimPrefix(c.Source+" + "+EnvStack, " + ")
 		nc.Node = c.Node

@@ -141,13 +141,13 @@ func ExampleNewConfig() {
 	// localhost:PORT: plain TCP
 }
 
-// A proxy URL, as users paste them, is a stack's layer; its password is
-// kept for the dial but never shown.
+// A proxy URL, as users paste them, is a stack's layer; its user-info is
+// kept for the dial but never shown, the user name included.
 func ExampleParse_proxyURL() {
 	s, err := vlink.Parse("zstd+socks5h://alice:secret@proxy.example")
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println(s)
-	// Output: zstd+socks5:addr=proxy.example:1080,password=REDACTED,resolve=remote,user=alice+tcp
+	// Output: zstd+socks5:addr=proxy.example:1080,password=REDACTED,resolve=remote,user=REDACTED+tcp
 }

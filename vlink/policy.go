@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -189,8 +190,9 @@ func (p *Policy) plainAllowed() bool {
 func (p *Policy) checkStack(text string, keyed bool) (Stack, *RefusedError) {
 	var s Stack
 	if text != "" {
+		st := secret.ReadStack(text)
 		for i, part := range strings.Split(text, "+") {
-			l, err := parseLayer(part)
+			l, err := parseLayer(part, st.Layer(i), false)
 			if err != nil {
 				return Stack{}, refuse(CodeMalformed, "layer %d: %v", i+1, err)
 			}

@@ -80,14 +80,18 @@ func (e *StackError) Error() string {
 func (e *StackError) Unwrap() error { return e.Err }
 
 // Parse parses and validates a stack's text form against the registry.
+// Its errors show no value that may be a secret, nor any part of a proxy
+// URL's user-info (see secret.StackText for the rule): they name the
+// layer and the parameter instead.
 func Parse(text string) (Stack, error) {
 	var s Stack
 	if strings.TrimSpace(text) != text {
 		return s, &StackError{Stack: text, Err: fmt.Errorf("%w: leading or trailing space", ErrSyntax)}
 	}
 	if text != "" {
+		st := secret.ReadStack(text)
 		for i, part := range strings.Split(text, "+") {
-			l, err := parseLayer(part)
+			l, err := parseLayer(part, st.Layer(i), true)
 			if err != nil {
 				return Stack{}, &StackError{Stack: text, Index: i + 1, Layer: l.Name, Err: err}
 			}
@@ -110,9 +114,18 @@ func MustParse(text string) Stack {
 	return s
 }
 
-func parseLayer(part string) (Layer, error) {
+// parseLayer reads one layer's text; lt says what of it an error may
+// show. A layer's name is left out of the returned Layer when it may be
+// part of a secret, so that the error does not name it. With names, a
+// parameter its layer's schema lacks is an error here, the first in the
+// text's order (validate's check would name the first in the map's); a
+// hello's layers may carry one the listener drops (the version).
+func parseLayer(part string, lt secret.LayerText, names bool) (Layer, error) {
+	if lt.RestOf > 0 {
+		return Layer{}, fmt.Errorf("%w: not a layer this program knows, after a secret of layer %d (a password, say), so perhaps the rest of it, cut short by a raw '+': write a '+' in a value or a URL's password as %%2B (the layer's text is not shown)", ErrSyntax, lt.RestOf)
+	}
 	if strings.Contains(part, "://") {
-		return parseProxyURL(part)
+		return parseProxyURL(part, lt.URL)
 	}
 	name, params, hasParams := strings.Cut(part, ":")
 	l := Layer{Name: name}
@@ -128,8 +141,16 @@ func parseLayer(part string) (Layer, error) {
 	if params == "" {
 		return l, fmt.Errorf("%w: ':' with no parameters after it", ErrSyntax)
 	}
+	var spec *layer.Spec
+	if names {
+		spec = lookup(name)
+	}
 	l.Params = map[string]string{}
-	for _, kv := range strings.Split(params, ",") {
+	for j, kv := range strings.Split(params, ",") {
+		pt := lt.Param(j)
+		if pt.RestOf != "" {
+			return l, fmt.Errorf("%w: what follows %s=%s may be the rest of its value, cut short by a raw ',': write a ',' in a value as %%2C", ErrSyntax, pt.RestOf, secret.Redacted)
+		}
 		k, v, hasValue := strings.Cut(kv, "=")
 		if !hasValue {
 			v = "true" // a bare key is a true bool
@@ -140,8 +161,16 @@ func parseLayer(part string) (Layer, error) {
 		if _, dup := l.Params[k]; dup {
 			return l, fmt.Errorf("%w: parameter %q given twice", ErrSyntax, k)
 		}
+		if spec != nil {
+			if err := spec.CheckName(k); err != nil {
+				return l, err
+			}
+		}
 		uv, err := unescape(v)
 		if err != nil {
+			if !pt.ShowValue {
+				return l, fmt.Errorf("%w: parameter %s: a bad escape in its value: write %%XX with two hex digits (%%25 for a '%%')", ErrSyntax, k)
+			}
 			return l, fmt.Errorf("%w: parameter %s: %v", ErrSyntax, k, err)
 		}
 		l.Params[k] = uv
@@ -151,7 +180,8 @@ func parseLayer(part string) (Layer, error) {
 
 // proxySchemes maps the schemes of proxy URLs onto the layers that
 // speak them, with the parameters each scheme implies: curl's meanings,
-// socks5h and socks4a resolving names at the proxy.
+// socks5h and socks4a resolving names at the proxy. Its keys are
+// secret.ProxySchemes.
 var proxySchemes = map[string]Layer{
 	"socks5":  {Name: "socks5", Params: map[string]string{"resolve": "local"}},
 	"socks5h": {Name: "socks5", Params: map[string]string{"resolve": "remote"}},
@@ -165,36 +195,61 @@ var proxySchemes = map[string]Layer{
 // 8080 or 80 as often as not.
 const defaultProxyPort = "1080"
 
+// encodeHint says how to write a URL's user-info that does not parse.
+const encodeHint = "percent-encode what a user name or password holds of / # ? @ + , % : and spaces (%2F %23 %3F %40 %2B %2C %25 %3A %20)"
+
 // parseProxyURL reads a layer written as a proxy URL, the form curl,
 // ALL_PROXY and proxychains users paste: scheme://[user[:password]@]host[:port],
-// the scheme one of proxySchemes'. Errors never quote the URL: it may
-// hold a password.
-func parseProxyURL(text string) (Layer, error) {
-	scheme, _, _ := strings.Cut(text, "://")
+// the scheme one of proxySchemes'; ui says where its user-info ends.
+// Errors never show the user-info, nor url.Parse's words, which quote
+// it: they show the host when it is known to be one.
+func parseProxyURL(text string, ui secret.URLUserInfo) (Layer, error) {
+	scheme, rest, _ := strings.Cut(text, "://")
 	scheme = strings.ToLower(scheme)
 	proto, ok := proxySchemes[scheme]
 	if !ok {
 		return Layer{}, fmt.Errorf("%w: proxy URL scheme %q: want socks5, socks5h, socks4, socks4a or http", ErrSyntax, scheme)
 	}
 	l := Layer{Name: proto.Name, Params: map[string]string{}}
+	shown := scheme + "://" + secret.Redacted // the URL as errors show it
+	switch ui {
+	case secret.NoUserInfo:
+		shown = text
+	case secret.UserInfoHere:
+		shown += "@" + rest[strings.LastIndex(rest, "@")+1:]
+	case secret.UserInfoBeyond:
+		return l, fmt.Errorf("%w: proxy URL %s: the '@' that ends its user-info comes after a raw '+', which ends a layer: %s", ErrSyntax, shown, encodeHint)
+	}
 	u, err := url.Parse(text)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // without the URL
+		if ui == secret.UserInfoHere {
+			// Without the user-info, the error is the host's, which
+			// may be shown; if there is none, the user-info is at fault.
+			hostPart := rest[strings.LastIndex(rest, "@")+1:]
+			if _, herr := url.Parse(scheme + "://" + hostPart); herr != nil {
+				var ue *url.Error
+				if errors.As(herr, &ue) {
+					herr = ue.Err // without the URL
+				}
+				return l, fmt.Errorf("%w: proxy URL %s: %v", ErrSyntax, shown, herr)
+			}
 		}
-		return l, fmt.Errorf("%w: proxy URL: %v", ErrSyntax, err)
-	}
-	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
-		return l, fmt.Errorf("%w: a proxy URL is scheme://[user[:password]@]host[:port], with no path, query or fragment", ErrSyntax)
+		return l, fmt.Errorf("%w: proxy URL %s does not read as scheme://[user[:password]@]host[:port]: %s", ErrSyntax, shown, encodeHint)
 	}
 	host, port := u.Hostname(), u.Port()
+	hostShown := host // in hints; not when it may be a user name
+	if ui == secret.UserInfoUnknown {
+		hostShown = "HOST"
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return l, fmt.Errorf("%w: proxy URL %s: a proxy URL is scheme://[user[:password]@]host[:port], with no path, query or fragment: %s", ErrSyntax, shown, encodeHint)
+	}
 	if host == "" {
-		return l, fmt.Errorf("%w: proxy URL without a host", ErrSyntax)
+		return l, fmt.Errorf("%w: proxy URL %s without a host", ErrSyntax, shown)
 	}
 	if port == "" {
 		if scheme == "http" {
-			return l, fmt.Errorf("%w: an http proxy URL needs its port (http://%s:3128, say)", ErrSyntax, host)
+			return l, fmt.Errorf("%w: proxy URL %s: an http proxy URL needs its port (%s:3128, say)", ErrSyntax, shown, hostShown)
 		}
 		port = defaultProxyPort
 	}
@@ -204,7 +259,7 @@ func parseProxyURL(text string) (Layer, error) {
 		l.Params["user"] = u.User.Username()
 		if pw, ok := u.User.Password(); ok {
 			if proto.Name == "socks4" || proto.Name == "socks4a" {
-				return l, fmt.Errorf("%w: SOCKS4 has no passwords: give only a user id (%s://user@%s)", ErrSyntax, scheme, u.Host)
+				return l, fmt.Errorf("%w: SOCKS4 has no passwords: give only a user id (%s://USER@%s)", ErrSyntax, scheme, hostShown)
 			}
 			l.Params["password"] = pw
 		}
@@ -260,9 +315,10 @@ func (s *Stack) validate(text string) error {
 }
 
 // String returns the stack's canonical text form: parameters sorted by
-// name, values escaped, secrets (a password from a proxy URL) shown as
-// REDACTED, so that it can be logged. Parse(s.String()) gives back an
-// equal stack, but for the secrets.
+// name, values escaped, what may be a secret shown as REDACTED (a
+// proxy's password and user name, and a parameter its layer's schema
+// does not know), so that it can be logged. Parse(s.String()) gives back
+// an equal stack, but for the secrets.
 func (s Stack) String() string { return s.format(true) }
 
 // text is the canonical text form with the secrets in it, for the text
@@ -309,13 +365,15 @@ func (l Layer) format(b *strings.Builder, redact bool) {
 	}
 }
 
-// secret reports whether l's parameter k holds a secret.
+// secret reports whether l's parameter k may hold a secret: unless its
+// layer's schema names it and does not mark it Secret, as
+// secret.StackText has it.
 func (l Layer) secret(k string) bool {
 	if spec := lookup(l.Name); spec != nil {
 		p, ok := spec.Param(k)
-		return ok && p.Secret
+		return !ok || p.Secret
 	}
-	return secret.Name(k)
+	return true
 }
 
 // secrets hashes the values of l's secret parameters: what tells two

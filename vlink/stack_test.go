@@ -3,10 +3,13 @@ package vlink
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -226,5 +229,15 @@ func TestIsLoopbackName(t *testing.T) {
 		if got := isLoopbackName(hop); got != want {
 			t.Errorf("isLoopbackName(%q) = %v, want %v", hop, got, want)
 		}
+	}
+}
+
+// TestProxySchemesAgree: the schemes that secret.ReadStack takes for
+// proxy URLs are the parser's.
+func TestProxySchemesAgree(t *testing.T) {
+	got := slices.Sorted(maps.Keys(proxySchemes))
+	want := slices.Sorted(slices.Values(secret.ProxySchemes))
+	if !slices.Equal(got, want) {
+		t.Errorf("parser's schemes %v, secret.ProxySchemes %v", got, want)
 	}
 }

@@ -43,8 +43,8 @@ func init() {
 		Params: []layer.Param{
 			{Name: "addr", Type: layer.TypeString, Required: true, Hop: true,
 				Doc: "the proxy's HOST:PORT, reached through the layer below"},
-			{Name: "user", Type: layer.TypeString,
-				Doc: "user name for basic authentication; needs password-file or password-env"},
+			{Name: "user", Type: layer.TypeString, Secret: true,
+				Doc: "user name for basic authentication; needs password-file or password-env; shown nowhere, as a proxy URL's user-info"},
 			{Name: "password-file", Type: layer.TypeString,
 				Doc: "file holding the password (mode 600); never put a password in a stack"},
 			{Name: "password-env", Type: layer.TypeString,
@@ -77,7 +77,7 @@ type Options struct {
 func (o Options) String() string {
 	s := "http proxy " + o.Proxy
 	if o.User != "" {
-		s += " user " + strconv.Quote(o.User)
+		s += " user [redacted]" // user-info, as a proxy URL has it
 	}
 	if o.Password != "" {
 		s += " password [redacted]"
@@ -94,7 +94,7 @@ func (o Options) Validate() error {
 	}
 	switch {
 	case o.User != "" && o.Password == "":
-		return fmt.Errorf("%w: user %q has no password: give password-file or password-env", layer.ErrBadParam, o.User)
+		return fmt.Errorf("%w: a user without a password: give password-file or password-env", layer.ErrBadParam)
 	case o.User == "" && o.Password != "":
 		return fmt.Errorf("%w: a password without a user", layer.ErrBadParam)
 	case strings.ContainsRune(o.User, ':'):

@@ -159,8 +159,13 @@ func TestBadInput(t *testing.T) {
 	if _, err := httpconnect.New(httpconnect.Options{Proxy: "p:3128", User: "a:b", Password: "x"}); !errors.Is(err, vlink.ErrBadParam) {
 		t.Errorf("user with ':' = %v, want ErrBadParam", err)
 	}
-	f, _ := httpconnect.New(httpconnect.Options{Proxy: "p:3128", User: "a", Password: "hunter2"})
-	if strings.Contains(f.String(), "hunter2") {
-		t.Errorf("String shows the password: %s", f)
+	// The user name is user-info too, as a proxy URL gives it: neither
+	// it nor the password shows in String or an error.
+	f, _ := httpconnect.New(httpconnect.Options{Proxy: "p:3128", User: "Al1ce", Password: "hunter2"})
+	if s := f.String(); strings.Contains(s, "hunter2") || strings.Contains(s, "Al1ce") {
+		t.Errorf("String shows the user or the password: %s", s)
+	}
+	if _, err := httpconnect.New(httpconnect.Options{Proxy: "p:3128", User: "Al1ce"}); err == nil || strings.Contains(err.Error(), "Al1ce") {
+		t.Errorf("user without a password = %v, want an error without the user name", err)
 	}
 }

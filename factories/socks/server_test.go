@@ -117,6 +117,9 @@ func TestServerAuth(t *testing.T) {
 		if !strings.HasPrefix(tc.stack, "socks4") && !errors.Is(err, vlink.ErrAuth) {
 			t.Errorf("%s: client error %v, want ErrAuth", tc.stack, err)
 		}
+		if strings.Contains(err.Error(), "alice") {
+			t.Errorf("%s: client error %v shows the user name", tc.stack, err)
+		}
 		select {
 		case serr := <-errs:
 			if !errors.Is(serr, socks.ErrClientAuth) || !strings.Contains(serr.Error(), tc.says) {

@@ -64,17 +64,17 @@ func init() {
 		switch v {
 		case V4:
 			summary = "SOCKS4 proxy client: IPv4 destinations, names resolved locally"
-			params = append(params, layer.Param{Name: "user", Type: layer.TypeString,
-				Doc: "user id sent to the proxy (SOCKS4 has no password)"})
+			params = append(params, layer.Param{Name: "user", Type: layer.TypeString, Secret: true,
+				Doc: "user id sent to the proxy (SOCKS4 has no password); shown nowhere, as a proxy URL's user-info"})
 		case V4a:
 			summary = "SOCKS4a proxy client: names resolved by the proxy"
-			params = append(params, layer.Param{Name: "user", Type: layer.TypeString,
-				Doc: "user id sent to the proxy (SOCKS4a has no password)"})
+			params = append(params, layer.Param{Name: "user", Type: layer.TypeString, Secret: true,
+				Doc: "user id sent to the proxy (SOCKS4a has no password); shown nowhere, as a proxy URL's user-info"})
 		case V5:
 			summary = "SOCKS5 proxy client: username/password auth, names resolved by the proxy"
 			params = append(params,
-				layer.Param{Name: "user", Type: layer.TypeString,
-					Doc: "user name for username/password authentication (RFC 1929); needs password-file or password-env"},
+				layer.Param{Name: "user", Type: layer.TypeString, Secret: true,
+					Doc: "user name for username/password authentication (RFC 1929); needs password-file or password-env; shown nowhere, as a proxy URL's user-info"},
 				layer.Param{Name: "password-file", Type: layer.TypeString,
 					Doc: "file holding the password (mode 600); never put a password in a stack"},
 				layer.Param{Name: "password-env", Type: layer.TypeString,
@@ -134,7 +134,7 @@ type Options struct {
 func (o Options) String() string {
 	s := fmt.Sprintf("%s proxy %s", o.Version, o.Proxy)
 	if o.User != "" {
-		s += " user " + strconv.Quote(o.User)
+		s += " user [redacted]" // user-info, as a proxy URL has it
 	}
 	if o.Password != "" {
 		s += " password [redacted]"

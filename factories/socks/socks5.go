@@ -50,7 +50,7 @@ func handshake5(rw io.ReadWriter, d dest, user, password string) error {
 			return answerError("authentication", err)
 		}
 		if ur.Status != socks5.UserPassStatusSuccess {
-			return fmt.Errorf("%w: user %q was rejected", ErrAuth, user)
+			return fmt.Errorf("%w: the user name and password were rejected", ErrAuth)
 		}
 	case socks5.MethodUnsupportAll:
 		if user == "" {

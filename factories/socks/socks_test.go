@@ -74,15 +74,16 @@ func TestParams(t *testing.T) {
 	}
 }
 
-// TestRedacted checks that a password never appears in a description.
+// TestRedacted checks that neither the password nor the user name (a
+// proxy URL's user-info too) appears in a description.
 func TestRedacted(t *testing.T) {
 	f, err := socks.New(socks.Options{Version: socks.V5, Proxy: "p:1080", User: "bob", Password: "hunter2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{f.String(), socks.Options{Password: "hunter2"}.String()} {
-		if strings.Contains(s, "hunter2") {
-			t.Fatalf("description %q shows the password", s)
+	for _, s := range []string{f.String(), socks.Options{Password: "hunter2"}.String(), socks.Options{Version: socks.V4, User: "bob"}.String()} {
+		if strings.Contains(s, "hunter2") || strings.Contains(s, "bob") {
+			t.Fatalf("description %q shows the password or the user", s)
 		}
 	}
 }

@@ -1,14 +1,14 @@
 // Package secret reads the passwords that proxy layers need from places a
 // stack can name without holding the secret itself: a file only its owner
 // can read, or an environment variable. Stacks are logged and printed, so
-// a password that does sit in a stack's text (a proxy URL's, which users
-// paste) is redacted wherever the text is shown (RedactStack).
+// a secret that does sit in a stack's text (a proxy URL's user-info, which
+// users paste, or a password written by mistake) is redacted wherever the
+// text is shown, well-formed or not (RedactStack, StackText).
 package secret
 
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"strings"
 )
@@ -68,60 +68,26 @@ func Password(inline, file, env string) (string, error) {
 	return "", nil
 }
 
-// Name reports whether a parameter named name may hold a secret itself
-// (password, secret, token, psk, key, ...), so that its value is never
-// printed: a user who wrote one in a stack by mistake must not see it
-// echoed in an error or a log. Names of places that hold a secret
-// (password-file, password-env) and of checks (host-key-check) are not.
+// Name reports whether a parameter named name says it holds a secret
+// (password, secret, token, psk, key, and misspellings: pasword, pw,
+// pwd, ...). It decides what HasPassword warns about; what is shown is
+// decided by the layers' schemas (RedactStack). Names of places that
+// hold a secret (password-file, password-env) and of checks
+// (host-key-check) are not secrets.
 func Name(name string) bool {
 	n := strings.ToLower(name)
 	if strings.HasSuffix(n, "-file") || strings.HasSuffix(n, "-env") || strings.HasSuffix(n, "-check") {
 		return false
 	}
-	for _, s := range []string{"pass", "secret", "token", "psk", "credential", "private"} {
+	for _, s := range []string{"pass", "pasw", "pwd", "secret", "token", "psk", "credential", "private"} {
 		if strings.Contains(n, s) {
 			return true
 		}
 	}
-	return n == "key" || strings.HasSuffix(n, "-key") || strings.HasSuffix(n, "_key")
-}
-
-// RedactStack returns a stack's text form, as given, well-formed or not,
-// with the value of every parameter whose name says it is a secret (Name)
-// and the password of every proxy URL (socks5h://user:password@host)
-// replaced by REDACTED.
-func RedactStack(text string) string {
-	layers := strings.Split(text, "+")
-	for i, l := range layers {
-		if strings.Contains(l, "://") {
-			layers[i] = redactURL(l)
-			continue
+	for _, w := range strings.FieldsFunc(n, func(r rune) bool { return r == '-' || r == '_' }) {
+		if w == "pw" || w == "key" {
+			return true
 		}
-		name, params, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		kvs := strings.Split(params, ",")
-		for j, kv := range kvs {
-			if k, _, ok := strings.Cut(kv, "="); ok && Name(k) {
-				kvs[j] = k + "=REDACTED"
-			}
-		}
-		layers[i] = name + ":" + strings.Join(kvs, ",")
 	}
-	return strings.Join(layers, "+")
-}
-
-// redactURL is a proxy URL with its password redacted; one that does not
-// parse keeps only its scheme, since where its password ends is unknown.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		scheme, _, _ := strings.Cut(s, "://")
-		return scheme + "://REDACTED"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "REDACTED")
-	}
-	return u.String()
+	return false
 }

@@ -62,9 +62,10 @@ type Param struct {
 	// parsing fails without it. A required parameter has no Default.
 	Required bool
 	// Secret marks a parameter that holds a secret itself (a password
-	// from a proxy URL): a stack's String shows REDACTED for its value,
-	// so no log holds it. Only factories have secrets: what is mirrored
-	// goes to the peer in the hello.
+	// from a proxy URL) or a proxy URL's user name (user-info is never
+	// shown, any part of it): a stack's String shows REDACTED for its
+	// value, so no log or error holds it. Only factories have secrets:
+	// what is mirrored goes to the peer in the hello.
 	Secret bool
 	// Hop marks a parameter naming the host a factory connects to itself
 	// (a proxy's HOST:PORT, an SSH server's [user@]host[:port]): the

@@ -71,18 +71,10 @@ func (s *Spec) Param(name string) (Param, bool) {
 // given. Its errors wrap ErrBadParam.
 func (s *Spec) Check(params map[string]string) error {
 	for k, v := range params {
-		p := s.param(k)
-		if p == nil {
-			known := make([]string, len(s.Params))
-			for i := range s.Params {
-				known[i] = s.Params[i].Name
-			}
-			if len(known) == 0 {
-				return fmt.Errorf("%w: unknown parameter %q (%s takes none)", ErrBadParam, k, s.Name)
-			}
-			return fmt.Errorf("%w: unknown parameter %q (known: %s)", ErrBadParam, k, strings.Join(known, ", "))
+		if err := s.CheckName(k); err != nil {
+			return err
 		}
-		if err := p.Check(v); err != nil {
+		if err := s.param(k).Check(v); err != nil {
 			return err
 		}
 	}
@@ -94,6 +86,22 @@ func (s *Spec) Check(params map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// CheckName reports a parameter name the schema lacks; its error, which
+// wraps ErrBadParam, names it and the known ones, never a value.
+func (s *Spec) CheckName(name string) error {
+	if s.param(name) != nil {
+		return nil
+	}
+	known := make([]string, len(s.Params))
+	for i := range s.Params {
+		known[i] = s.Params[i].Name
+	}
+	if len(known) == 0 {
+		return fmt.Errorf("%w: unknown parameter %q (%s takes none)", ErrBadParam, name, s.Name)
+	}
+	return fmt.Errorf("%w: unknown parameter %q (known: %s)", ErrBadParam, name, strings.Join(known, ", "))
 }
 
 // Build calls New with params, which Check has accepted.

@@ -22,11 +22,11 @@ func TestProxyURLs(t *testing.T) {
 	}{
 		{"socks5h://proxy.example:1080", "socks5:addr=proxy.example:1080,resolve=remote+tcp", ""},
 		{"socks5://proxy.example", "socks5:addr=proxy.example:1080,resolve=local+tcp", ""},
-		{"zstd+socks5h://alice:hunter2@proxy.example", "zstd+socks5:addr=proxy.example:1080,password=REDACTED,resolve=remote,user=alice+tcp", "hunter2"},
-		{"SOCKS5H://alice:p%2Bw%40rd@[::1]:9050", "socks5:addr=[::1]:9050,password=REDACTED,resolve=remote,user=alice+tcp", "p+w@rd"},
-		{"socks4://bob@10.0.0.1:1080", "socks4:addr=10.0.0.1:1080,user=bob+tcp", ""},
+		{"zstd+socks5h://alice:hunter2@proxy.example", "zstd+socks5:addr=proxy.example:1080,password=REDACTED,resolve=remote,user=REDACTED+tcp", "hunter2"},
+		{"SOCKS5H://alice:p%2Bw%40rd@[::1]:9050", "socks5:addr=[::1]:9050,password=REDACTED,resolve=remote,user=REDACTED+tcp", "p+w@rd"},
+		{"socks4://bob@10.0.0.1:1080", "socks4:addr=10.0.0.1:1080,user=REDACTED+tcp", ""},
 		{"socks4a://proxy:9050", "socks4a:addr=proxy:9050+tcp", ""},
-		{"http://carol:hunter2@proxy:3128/", "http:addr=proxy:3128,password=REDACTED,user=carol+tcp", "hunter2"},
+		{"http://carol:hunter2@proxy:3128/", "http:addr=proxy:3128,password=REDACTED,user=REDACTED+tcp", "hunter2"},
 		{"lz4+socks5h://proxy:1080+ssh:host=bastion", "lz4+socks5:addr=proxy:1080,resolve=remote+ssh:host=bastion+tcp", ""},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
