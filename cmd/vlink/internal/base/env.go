@@ -136,9 +136,9 @@ func WarnPassword(e *Env, flag, stack string) {
 	if e.ForwardsFile != "" {
 		return // no command line: loadForwards checks who can read the file
 	}
-	if shown := secret.RedactStack(stack); shown != stack {
+	if secret.HasPassword(stack) {
 		e.Log.Warn(flag+" holds a password, which other users of this machine can read in the process list (and your shell keeps in its history): give the layer password-file=FILE (mode 600) or password-env=VAR instead",
-			"stack", shown)
+			"stack", secret.RedactStack(stack))
 	}
 }
 
@@ -163,7 +163,13 @@ func ParseLayerList(flag, list string) ([]string, error) {
 	return layers, nil
 }
 
+// CheckHostPort checks that s is HOST:PORT. Its errors quote s, but for
+// one that holds what a URL's user-info would: a proxy URL given where a
+// gateway's address goes shows none of it.
 func CheckHostPort(s string) error {
+	if strings.Contains(s, "@") || strings.Contains(s, "://") {
+		return errors.New("holds an '@' or '://', as a URL does: want HOST:PORT (a proxy URL belongs in the stack)")
+	}
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		return fmt.Errorf("%q: want HOST:PORT: %v", s, err)

@@ -321,13 +321,13 @@ func listenOn(ctx context.Context, stack, addr string) (net.Listener, error) {
 // stack's fwd layers, the first reached first.
 func viaChain(s vlink.Stack, via string) (vlink.Stack, string, error) {
 	nodes := strings.Split(via, ",")
-	if len(nodes) > vlink.MaxHops {
-		return s, "", base.Usagef("--via %s: %d nodes, at most %d", via, len(nodes), vlink.MaxHops)
-	}
-	for _, n := range nodes {
+	for _, n := range nodes { // first: the errors below quote via
 		if err := base.CheckHostPort(n); err != nil {
 			return s, "", base.Usagef("--via %v", err)
 		}
+	}
+	if len(nodes) > vlink.MaxHops {
+		return s, "", base.Usagef("--via %s: %d nodes, at most %d", via, len(nodes), vlink.MaxHops)
 	}
 	gw := nodes[len(nodes)-1]
 	s, err := s.Through(nodes[:len(nodes)-1]...)

@@ -29,6 +29,7 @@ import (
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
 	"github.com/vlink-dev/vlink/internal/sdnotify"
 	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/internal/tomlerr"
 )
 
 // A Forward is one listener of a serving command (serve, tunnel) and
@@ -195,16 +196,11 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 	dec := toml.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&ff); err != nil {
-		var sm *toml.StrictMissingError // before DecodeError, which it holds
+		var sm *toml.StrictMissingError
 		if errors.As(err, &sm) {
-			return nil, fmt.Errorf("%s: only [[forward]] tables belong in the file; unknown:\n%s", path, sm.String())
+			return nil, fmt.Errorf("%w: only [[forward]] tables belong in the file", tomlerr.New(path, err))
 		}
-		var de *toml.DecodeError
-		if errors.As(err, &de) {
-			row, col := de.Position()
-			return nil, fmt.Errorf("%s:%d:%d: %v", path, row, col, de)
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, tomlerr.New(path, err)
 	}
 	if len(ff.Forward) == 0 {
 		return nil, fmt.Errorf("%s: no [[forward]] table: give each forward one, with this command's flags as its keys", path)
@@ -258,7 +254,7 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 		ids[id] = i + 1
 		id = entryID(fs, f.Secrets(), name)
 		fs.VisitAll(func(fl *flag.Flag) {
-			if v := fl.Value.String(); secret.RedactStack(v) != v {
+			if secret.HasPassword(fl.Value.String()) {
 				passwords = true
 			}
 		})
@@ -281,7 +277,7 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 				name = s
 				continue
 			}
-			return "", fmt.Errorf("name = %v: want a one-line string", v)
+			return "", fmt.Errorf("name = %s: want a one-line string", shown(v))
 		}
 		if processFlags[k] {
 			return "", fmt.Errorf("%s applies to the whole process, not to one forward: give --%s on the command line", k, k)
@@ -314,7 +310,7 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 			for _, x := range v {
 				s, ok := x.(string)
 				if !ok {
-					return "", fmt.Errorf("%s: %v in the list: want strings", k, x)
+					return "", fmt.Errorf("%s: %s in the list: want strings", k, shown(x))
 				}
 				vals = append(vals, s)
 			}
@@ -326,7 +322,7 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 			case isList:
 				want = "a string or a list of strings"
 			}
-			return "", fmt.Errorf("%s = %v: want %s (a duration is written \"10s\")", k, v, want)
+			return "", fmt.Errorf("%s = %s: want %s (a duration is written \"10s\")", k, shown(v), want)
 		}
 		placeholder, _ := flag.UnquoteUsage(f)
 		for _, s := range vals {
@@ -344,6 +340,18 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 		}
 	}
 	return name, nil
+}
+
+// shown is a value of the file as an error shows it: a table's or a
+// list's content may be a stack's, passwords and all.
+func shown(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "{...}"
+	case []any:
+		return "[...]"
+	}
+	return fmt.Sprint(v)
 }
 
 // unknownKey explains a key that is not one of the command's flags.
