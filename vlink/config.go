@@ -233,20 +233,10 @@ func ReadKeyFile(path string) ([]byte, error) {
 }
 
 // readSecretFile reads a file only its owner may read, trimmed of
-// surrounding space; what names the file in errors.
+// surrounding space; what names the file in errors. The rule is
+// secret.ReadFile's, shared with the files of package nodecert.
 func readSecretFile(path, what string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%s %s is readable by others (mode %v); run chmod 600 %s", what, path, fi.Mode().Perm(), path)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return bytes.TrimSpace(b), nil
+	return secret.ReadFile(path, what)
 }
 
 // ConfigFromEnv loads the user's configuration: the file named by

@@ -5,11 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+
+	"github.com/vlink-dev/vlink/internal/nodename"
 )
 
 // maxNodeName bounds a node name: one DNS label, so NAME.vlink.alt is a
 // valid host name.
-const maxNodeName = 63
+const maxNodeName = nodename.MaxLen
 
 // labelNodeKey keeps a node key from ever equalling a proof or another
 // derivation of the network key.
@@ -39,21 +41,4 @@ func NodeKey(networkKey []byte, name string) []byte {
 // ValidNodeName reports whether name can name a node: 1 to 63 bytes of
 // lower-case ASCII letters, digits and '-', starting with a letter and not
 // ending with '-' (a DNS label).
-func ValidNodeName(name string) bool {
-	if len(name) == 0 || len(name) > maxNodeName {
-		return false
-	}
-	if c := name[0]; c < 'a' || c > 'z' {
-		return false
-	}
-	if name[len(name)-1] == '-' {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
-			return false
-		}
-	}
-	return true
-}
+func ValidNodeName(name string) bool { return nodename.Valid(name) }

@@ -1,14 +1,18 @@
 // Package secret reads the passwords that proxy layers need from places a
 // stack can name without holding the secret itself: a file only its owner
-// can read, or an environment variable. Stacks are logged and printed, so
-// a secret that does sit in a stack's text (a proxy URL's user-info, which
-// users paste, or a password written by mistake) is redacted wherever the
-// text is shown, well-formed or not (RedactStack, StackText).
+// can read, or an environment variable; and other secrets from such files
+// (ReadFile: vlink's key files, a network owner's key). Stacks are logged
+// and printed, so a secret that does sit in a stack's text (a proxy URL's
+// user-info, which users paste, or a password written by mistake) is
+// redacted wherever the text is shown, well-formed or not (RedactStack,
+// StackText).
 package secret
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 )
@@ -20,6 +24,38 @@ const MaxLen = 4096
 // ErrNoPassword is matched when a layer has a user but no password source,
 // or the source is empty.
 var ErrNoPassword = errors.New("no password")
+
+// ErrReadableByOthers is matched when a file holding a secret may be read
+// by its group or by others: it is refused, as ssh refuses such key files,
+// since the secret may already have leaked.
+var ErrReadableByOthers = errors.New("readable by others")
+
+// ReadFile reads a file holding a secret, trimmed of surrounding space; a
+// file its group or others may read is refused (ErrReadableByOthers).
+// what names the file in errors ("key file").
+func ReadFile(path, what string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := ownerOnly(fi, path, what); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return bytes.TrimSpace(b), nil
+}
+
+// ownerOnly is the one rule for files holding secrets: no permission bits
+// for group or others.
+func ownerOnly(fi fs.FileInfo, path, what string) error {
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("%s %s is %w (mode %v); run chmod 600 %s", what, path, ErrReadableByOthers, perm, path)
+	}
+	return nil
+}
 
 // Password returns inline (a proxy URL's password, given in the stack),
 // or reads a password from file (one line; a trailing newline is not part
@@ -43,8 +79,8 @@ func Password(inline, file, env string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("password file: %w", err)
 		}
-		if fi.Mode().Perm()&0o077 != 0 {
-			return "", fmt.Errorf("password file %s is readable by others (mode %v); run chmod 600 %s", file, fi.Mode().Perm(), file)
+		if err := ownerOnly(fi, file, "password file"); err != nil {
+			return "", err
 		}
 		if fi.Size() > MaxLen {
 			return "", fmt.Errorf("password file %s holds %d bytes, more than a password (%d at most)", file, fi.Size(), MaxLen)

@@ -42,7 +42,7 @@ func TestPassword(t *testing.T) {
 		{name: "both", file: good, env: "SECRET_TEST_PW", wantErr: "give one of"},
 		{name: "inline", inline: "from a URL", want: "from a URL"},
 		{name: "inline and file", inline: "x", file: good, wantErr: "give one of"},
-		{name: "readable by others", file: open, wantErr: "chmod 600"},
+		{name: "readable by others", file: open, wantErr: "chmod 600", is: ErrReadableByOthers},
 		{name: "empty file", file: empty, is: ErrNoPassword},
 		{name: "too big", file: big, wantErr: "more than a password"},
 		{name: "missing file", file: filepath.Join(dir, "nope"), is: os.ErrNotExist},
@@ -64,6 +64,44 @@ func TestPassword(t *testing.T) {
 				t.Fatalf("error %q does not say %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		mode os.FileMode
+		is   error
+	}{
+		{"owner only", 0o600, nil},
+		{"read-only", 0o400, nil},
+		{"group", 0o640, ErrReadableByOthers},
+		{"others", 0o604, ErrReadableByOthers},
+		{"group write", 0o620, ErrReadableByOthers},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name)
+			if err := os.WriteFile(p, []byte("  s3cret\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(p, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			got, err := ReadFile(p, "key file")
+			if tc.is == nil {
+				if err != nil || string(got) != "s3cret" {
+					t.Fatalf("ReadFile = %q, %v; want \"s3cret\"", got, err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), "key file "+p) || !strings.Contains(err.Error(), "chmod 600") {
+				t.Fatalf("ReadFile = %v, want %v naming the file and the fix", err, tc.is)
+			}
+		})
+	}
+	if _, err := ReadFile(filepath.Join(dir, "nope"), "key file"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
 	}
 }
 
