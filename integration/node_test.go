@@ -4,7 +4,9 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -143,4 +145,65 @@ func TestNodeThroughRelay(t *testing.T) {
 		relay.WaitFor(t, regexp.MustCompile(`msg="vlink: refused" remote=127\.0\.0\.1:\d+ code="authentication failed"`), startTimeout)
 		testnet.WaitMetrics(t, "relay", "http://"+relayMetrics+"/metrics", map[string]float64{`vlink_relay_failed_logins_total{reason="authentication_failed"}`: 1})
 	})
+}
+
+// TestNodeRelayThroughProxy: a node that gets out only through a proxy
+// joins the network: vlink serve --node reaches the relay through dante,
+// named by --relay-stack, or by the configuration's route for the
+// relay's address; the proxy's wire carries the control connection (the
+// recording forwarder in front of dante saw it), and a tunnel node
+// reaches the served port by name.
+func TestNodeRelayThroughProxy(t *testing.T) {
+	testenv.Programs(t, "socat", "danted")
+	dir := t.TempDir()
+	networkKey, dbKey, laptopKey := filepath.Join(dir, "network.key"), filepath.Join(dir, "db.key"), filepath.Join(dir, "laptop.key")
+	for _, args := range [][]string{
+		{"key", "--out", networkKey},
+		{"key", "--node", "db", "--key-file", networkKey, "--out", dbKey},
+		{"key", "--node", "laptop", "--key-file", networkKey, "--out", laptopKey},
+	} {
+		if _, stderr, err := run(startTimeout, nil, vlinkBin, args...); err != nil {
+			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+		}
+	}
+	_, relayAddr := startVLink(t, "relay", "--key-file", networkKey)
+	_, echo := startSocatEcho(t)
+	_, echoPort, _ := net.SplitHostPort(echo)
+	dante := realserver.StartDante(t, false)
+	host := hostIPv4(t)
+	_, relayPort, _ := net.SplitHostPort(relayAddr)
+	config := filepath.Join(dir, "config.toml")
+
+	for _, tc := range []struct {
+		name string
+		args func(proxy string) []string
+	}{
+		{"--relay-stack", func(proxy string) []string { return []string{"--relay-stack", "socks5:addr=" + proxy} }},
+		{"configuration", func(proxy string) []string {
+			route := fmt.Sprintf("[[route]]\nhost = \"127.0.0.1\"\nports = \"%s\"\nstack = \"socks5h://%s\"\n", relayPort, proxy)
+			if err := os.WriteFile(config, []byte(route), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("VLINK_CONFIG", config) // the child processes' configuration
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy, wire := recordingForwarder(t, host, dante.Addr)
+			args := append([]string{"serve", "--listen", "127.0.0.1:0", "--grace", "1s",
+				"--node", "db", "--relay", relayAddr, "--node-key-file", dbKey, "--allow", "localhost:" + echoPort}, tc.args(proxy)...)
+			serve := startProc(t, vlinkBin, args...)
+			serve.Name, serve.CleanExit = "vlink serve", true
+			serve.Ports = append(serve.Ports, realserver.Port(t, serve.WaitFor(t, listenAddrRE, startTimeout)[1]))
+			serve.WaitFor(t, regexp.MustCompile(`msg="reaching the relay through a stack" stack="noise\+socks5`), startTimeout)
+			serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
+			if len(wire()) == 0 {
+				t.Fatal("the control connection did not cross the proxy")
+			}
+			_, tun := startVLink(t, "tunnel", "--to", "db.vlink.alt:"+echoPort, "--stack", "zstd+relay",
+				"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+			checkEcho(t, tun, testnet.RandomBytes(1<<20, 17))
+			serve.Stop(t)
+		})
+	}
 }

@@ -4,18 +4,23 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"strings"
 
+	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // NodeOptions are the flags that make a command a node of a vlink
 // network: its name, the relay it registers with, its key.
 type NodeOptions struct {
 	name, relays, keyFile string
+	relayStack            string
 	reverseListen         string // dialing commands only
 }
 
@@ -24,6 +29,7 @@ type NodeOptions struct {
 func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
 	fs.StringVar(&o.name, "node", "", "join the vlink network as the node called `NAME` (a DNS label: lower-case letters, digits, '-'), "+role+"; needs --relay")
 	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order; needs --node")
+	fs.StringVar(&o.relayStack, "relay-stack", "", "reach the relay through the factories of `STACK` (an SSH server or a proxy the network lets out: ssh:host=bastion, socks5h://proxy:1080), the control connection's encryption on top (default: the route the configuration gives the relay's address, else direct)")
 	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, made with vlink key --node NAME --key-file NETWORK_KEY, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
 }
 
@@ -44,7 +50,7 @@ func (o *NodeOptions) KeyFileContent() []byte {
 
 // Given reports whether the command is to be a node.
 func (o *NodeOptions) Given() bool {
-	return o.name != "" || o.relays != "" || o.keyFile != "" || o.reverseListen != ""
+	return o.name != "" || o.relays != "" || o.keyFile != "" || o.relayStack != "" || o.reverseListen != ""
 }
 
 // Connect registers the node with its relay; networkKey, if any, is the
@@ -80,9 +86,13 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 			return nil, Usagef("--reverse-listen %v", err)
 		}
 	}
+	dialer, err := o.relayDialer(e, relays, key)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, vlink.DefaultHandshakeTimeout)
 	defer cancel()
-	n, err := control.Connect(ctx, control.Config{Name: o.name, Key: key, Relays: relays, Logger: e.Log})
+	n, err := control.Connect(ctx, control.Config{Name: o.name, Key: key, Relays: relays, Logger: e.Log, Dialer: dialer})
 	if errors.Is(err, vlink.ErrRefused) {
 		return nil, errors.Join(err, errors.New("the relay refused the node: is its key made from the relay's network key, for this very name?"))
 	}
@@ -102,4 +112,47 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 	}
 	e.Log.Info("accepting reverse connections", "addr", l.Addr().String())
 	return n, nil
+}
+
+// relayDialer returns the dialer of the control connection: the
+// encryption layer over the factories of --relay-stack, or of the route
+// the configuration gives the relays' address, so that a node that gets
+// out only through SSH or a proxy still joins; nil for direct (control's
+// default).
+func (o *NodeOptions) relayDialer(e *Env, relays []string, key []byte) (layer.ContextDialer, error) {
+	text, from := o.relayStack, "--relay-stack"
+	if text == "" {
+		cfg, err := vlink.DefaultConfig()
+		if err != nil {
+			return nil, err
+		}
+		rule, err := cfg.Selector().Match(relays[0])
+		if err == nil && rule.Action == selector.Refuse {
+			return nil, fmt.Errorf("the configuration refuses the relay's address %s (%s): give --relay-stack, or a route for it", relays[0], cfg.Source)
+		}
+		if err != nil || rule.Action == selector.Direct || rule.Stack == "" || rule.Via != "" {
+			return nil, nil // direct; a gateway cannot carry a control connection
+		}
+		text, from = rule.Stack, "the configuration's route for "+relays[0]
+	}
+	s, err := vlink.Parse(text)
+	if err != nil {
+		return nil, Usagef("--relay-stack: %v", err)
+	}
+	layers := []vlink.Layer{{Name: vlink.EncryptionLayer}}
+	for _, l := range s.Layers {
+		spec, _ := layer.Lookup(l.Name)
+		switch {
+		case spec.Kind == layer.KindFactory && !spec.Nodes:
+			layers = append(layers, l)
+		case o.relayStack != "":
+			return nil, Usagef("--relay-stack %s: layer %s is not a factory that reaches a host (ssh, socks5, http, tcp): the control connection's own layers are fixed", secret.RedactStack(text), l.Name)
+		}
+	}
+	if len(layers) == 1 {
+		return nil, nil
+	}
+	stack := vlink.Stack{Layers: layers}
+	e.Log.Info("reaching the relay through a stack", "stack", stack.String(), "from", from)
+	return &vlink.Dialer{Stack: stack, Key: key, Node: o.name}, nil
 }
