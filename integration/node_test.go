@@ -32,16 +32,7 @@ import (
 func TestNodeThroughRelay(t *testing.T) {
 	testenv.Programs(t, "socat", "cc")
 	dir := t.TempDir()
-	networkKey, dbKey, laptopKey := filepath.Join(dir, "network.key"), filepath.Join(dir, "db.key"), filepath.Join(dir, "laptop.key")
-	for _, args := range [][]string{
-		{"key", "--out", networkKey},
-		{"key", "--node", "db", "--key-file", networkKey, "--out", dbKey},
-		{"key", "--node", "laptop", "--key-file", networkKey, "--out", laptopKey},
-	} {
-		if _, stderr, err := run(startTimeout, nil, vlinkBin, args...); err != nil {
-			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
-		}
-	}
+	networkKey, dbKey, laptopKey := networkKeys(t, dir)
 	relay, relayAddr := startVLink(t, "relay", "--key-file", networkKey, "--metrics", "127.0.0.1:0")
 	relayMetrics := relay.WaitFor(t, metricsAddrRE, startTimeout)[1]
 	_, echo := startSocatEcho(t)
@@ -156,16 +147,7 @@ func TestNodeThroughRelay(t *testing.T) {
 func TestNodeRelayThroughProxy(t *testing.T) {
 	testenv.Programs(t, "socat", "danted")
 	dir := t.TempDir()
-	networkKey, dbKey, laptopKey := filepath.Join(dir, "network.key"), filepath.Join(dir, "db.key"), filepath.Join(dir, "laptop.key")
-	for _, args := range [][]string{
-		{"key", "--out", networkKey},
-		{"key", "--node", "db", "--key-file", networkKey, "--out", dbKey},
-		{"key", "--node", "laptop", "--key-file", networkKey, "--out", laptopKey},
-	} {
-		if _, stderr, err := run(startTimeout, nil, vlinkBin, args...); err != nil {
-			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
-		}
-	}
+	networkKey, dbKey, laptopKey := networkKeys(t, dir)
 	_, relayAddr := startVLink(t, "relay", "--key-file", networkKey)
 	_, echo := startSocatEcho(t)
 	_, echoPort, _ := net.SplitHostPort(echo)
@@ -206,4 +188,21 @@ func TestNodeRelayThroughProxy(t *testing.T) {
 			serve.Stop(t)
 		})
 	}
+}
+
+// networkKeys makes, with vlink key, a network key and the node keys of
+// db and laptop in dir.
+func networkKeys(t *testing.T, dir string) (network, db, laptop string) {
+	t.Helper()
+	network, db, laptop = filepath.Join(dir, "network.key"), filepath.Join(dir, "db.key"), filepath.Join(dir, "laptop.key")
+	for _, args := range [][]string{
+		{"key", "--out", network},
+		{"key", "--node", "db", "--key-file", network, "--out", db},
+		{"key", "--node", "laptop", "--key-file", network, "--out", laptop},
+	} {
+		if _, stderr, err := run(startTimeout, nil, vlinkBin, args...); err != nil {
+			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+		}
+	}
+	return network, db, laptop
 }

@@ -68,6 +68,19 @@ var indistinguishable = map[string]bool{
 	"socks5://Al1ce:S3cret@Qu1x": true,
 }
 
+// checkMessage checks that msg shows no secret and says each of want.
+func checkMessage(t *testing.T, msg string, want []string) {
+	t.Helper()
+	if leaked(msg) != nil {
+		t.Errorf("error shows %q: %s", leaked(msg), msg)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error does not say %q: %s", w, msg)
+		}
+	}
+}
+
 // leaked returns the pieces of a secret that s holds.
 func leaked(s string) []string {
 	var out []string
@@ -138,14 +151,7 @@ func TestParseErrorsSayWhatIsWrong(t *testing.T) {
 				t.Fatal("parsed")
 			}
 			msg := err.Error()
-			if leaked(msg) != nil {
-				t.Errorf("error shows %q: %s", leaked(msg), msg)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error does not say %q: %s", w, msg)
-				}
-			}
+			checkMessage(t, msg, tc.want)
 			var se *vlink.StackError
 			if !errors.As(err, &se) {
 				t.Errorf("error %v is not a *StackError", err)
@@ -195,14 +201,7 @@ func TestConfigHidesSecrets(t *testing.T) {
 				t.Fatal("loaded")
 			}
 			msg := err.Error()
-			if leaked(msg) != nil {
-				t.Errorf("error shows %q: %s", leaked(msg), msg)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error does not say %q: %s", w, msg)
-				}
-			}
+			checkMessage(t, msg, tc.want)
 		})
 	}
 	t.Run("VLINK_STACK", func(t *testing.T) {
