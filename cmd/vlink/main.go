@@ -5,9 +5,10 @@
 // follow stacks (socks), runs unmodified programs with their connections
 // on stacks (exec), starts jobs of N processes that reach each other by
 // rank (launch), runs a vlink network's rendezvous (relay), explains
-// which way a destination takes (route), makes keys (key), measures every
-// stack on loopback against raw TCP (bench), and lists what it knows
-// (layers, version).
+// which way a destination takes (route), makes keys (key), makes a
+// network owner's key and signs its nodes' certificates with it (owner,
+// cert), measures every stack on loopback against raw TCP (bench), and
+// lists what it knows (layers, version).
 //
 // Run "vlink --help" or "vlink COMMAND --help" for the usage; USAGE.txt
 // beside this file holds all of it.
@@ -52,7 +53,7 @@ runs unmodified programs on them.
   1  runtime failure
   2  usage error
 `,
-	Commands: []*cli.Command{serve.Cmd, dial.TunnelCmd, dial.ConnectCmd, dial.SocksCmd, relayCmd, execcmd.Cmd, launcher.Cmd, routeCmd, keyCmd, bench.Cmd, layersCmd, versionCmd},
+	Commands: []*cli.Command{serve.Cmd, dial.TunnelCmd, dial.ConnectCmd, dial.SocksCmd, relayCmd, execcmd.Cmd, launcher.Cmd, routeCmd, keyCmd, ownerCmd, certCmd, bench.Cmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
 }
 
