@@ -328,6 +328,7 @@ func (c *conn) readErr(err error) error {
 		return err
 	}
 	if err != io.EOF {
+		c.ends.ReadErr(err)
 		return err
 	}
 	if c.hdrN > 0 || c.inComp || c.rawLeft > 0 {
@@ -340,6 +341,7 @@ func (c *conn) readErr(err error) error {
 
 // fail ends the read side for good.
 func (c *conn) fail(err error) error {
+	c.ends.ReadFailed()
 	c.rerr = c.opErr("read", err)
 	c.releaseRead()
 	return c.rerr

@@ -532,3 +532,33 @@ func TestCloseAfterPeerEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAfterFailedRead: a connection whose read side failed (a
+// record that did not authenticate) is aborted by Close, as a socket
+// closed with bytes unread is reset: the peer, whose stream did not
+// arrive whole, reads an error, never a clean end.
+func TestCloseAfterFailedRead(t *testing.T) {
+	a, b := testnet.TCPPair(t)
+	defer a.Close()
+	defer b.Close()
+	client, server := pair(t, a, b)
+	defer client.Close()
+	// A record the client's noise never sealed, written below it.
+	forged := make([]byte, headerSize+40)
+	(*header)(forged).set(recData, 40)
+	if _, err := a.Write(forged); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.Read(make([]byte, 100)); !errors.Is(err, ErrAuth) {
+		t.Fatalf("server read: %v, want ErrAuth", err)
+	}
+	server.Close()
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(client)
+	if err == nil {
+		t.Fatalf("the client read %q and a clean end from a peer whose read failed", got)
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("client read: %v, want the peer's abort", err)
+	}
+}

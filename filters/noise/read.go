@@ -148,6 +148,7 @@ func (c *conn) readErr(err error) error {
 		return err
 	}
 	if err != io.EOF {
+		c.ends.ReadErr(err)
 		return err
 	}
 	// The connection ended before the end record: the peer was killed, or
@@ -157,6 +158,7 @@ func (c *conn) readErr(err error) error {
 
 // fail ends the read side for good.
 func (c *conn) fail(err error) error {
+	c.ends.ReadFailed()
 	c.rerr = c.opErr("read", err)
 	c.releaseRead()
 	return c.rerr

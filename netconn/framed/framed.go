@@ -152,6 +152,8 @@ type Ends struct {
 	// peerEnded: the peer's end marker was read. What it sends after (the
 	// end of the layer below) is read before closing: see drainClose.
 	peerEnded atomic.Bool
+	// readFailed: the read side failed for good (see ReadFailed).
+	readFailed atomic.Bool
 
 	rmu      sync.Mutex
 	wmu      sync.Mutex
@@ -204,6 +206,23 @@ func (e *Ends) readClosed() error {
 // PeerEnded records that the peer's end marker was read. The read lock
 // is held.
 func (e *Ends) PeerEnded() { e.peerEnded.Store(true) }
+
+// ReadFailed records that the read side failed for good, mid-stream: a
+// record that did not authenticate or decode, a stream cut before its
+// end marker. Close then aborts rather than sending the end marker, as
+// a socket closed with bytes unread is reset: the peer, whose stream did
+// not arrive whole, must not read a clean end. The read lock is held.
+func (e *Ends) ReadFailed() { e.readFailed.Store(true) }
+
+// ReadErr records an error the connection below returned to a Read: one
+// that is not a deadline's means the stream below failed (a reset, a
+// layer below whose records did not authenticate), and so the read side
+// did too (ReadFailed). The read lock is held.
+func (e *Ends) ReadErr(err error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		e.readFailed.Store(true)
+	}
+}
 
 // Writable returns why a Write cannot start, or nil: the connection is
 // closed (net.ErrClosed), a write failed (that failure) or the writing
@@ -297,11 +316,15 @@ func (e *Ends) sendEnd() error {
 // the background for up to CloseLinger, so the peer reads what was
 // written and then io.EOF. If a Write is in progress or failed, the
 // stream is cut short and no end marker is sent: the peer's Read fails.
+// So it is after the read side failed (ReadFailed): Close aborts.
 // Close unblocks any Read or Write at once; later calls return an error
 // matching net.ErrClosed.
 func (e *Ends) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return e.OpError("close", net.ErrClosed)
+	}
+	if e.readFailed.Load() {
+		return e.abort()
 	}
 	// A Write in progress holds wmu: Close must not wait for it.
 	if e.wmu.TryLock() {
@@ -363,6 +386,10 @@ func (e *Ends) Abort() error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return e.OpError("close", net.ErrClosed)
 	}
+	return e.abort()
+}
+
+func (e *Ends) abort() error {
 	if e.wmu.TryLock() {
 		e.f.DropTail()
 		if a, ok := e.f.(AbortWriter); ok && !e.wshut && e.werr == nil {
