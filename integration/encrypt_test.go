@@ -204,8 +204,8 @@ func TestEncryptedThroughProxy(t *testing.T) {
 }
 
 // recordingForwarder listens on host and forwards each connection to
-// target, recording what clients send. It returns its address and the
-// recording so far.
+// target, recording what clients send, each direction ending as its
+// sender ends it. It returns its address and the recording so far.
 func recordingForwarder(t *testing.T, host, target string) (string, func() []byte) {
 	t.Helper()
 	var (
@@ -223,7 +223,9 @@ func recordingForwarder(t *testing.T, host, target string) (string, func() []byt
 			return
 		}
 		defer next.Close()
+		up := make(chan struct{})
 		go func() {
+			defer close(up)
 			buf := make([]byte, 32<<10)
 			for {
 				n, err := c.Read(buf)
@@ -236,7 +238,11 @@ func recordingForwarder(t *testing.T, host, target string) (string, func() []byt
 				}
 			}
 		}()
+		// Each direction ends on its own: the answer may still flow
+		// after the target ended what it sends.
 		io.Copy(c, next)
+		netconn.CloseWrite(c)
+		<-up
 	})
 	return l.Addr().String(), func() []byte { mu.Lock(); defer mu.Unlock(); return bytes.Clone(got) }
 }

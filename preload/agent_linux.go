@@ -77,6 +77,9 @@ type AgentConfig struct {
 	// to NODE.vlink.alt:PORT goes there (vlink exec --node). Nil: such
 	// connects fail, and their names never reach the DNS.
 	Network vlink.NodeDialer
+	// Member makes the agent's dials a member's (vlink.Dialer.Member):
+	// vlink exec --cert. Nil: none.
+	Member *vlink.Member
 	// InsecurePlaintext keeps the stacks as the rules give them (see
 	// vlink.Dialer.InsecurePlaintext). UNSAFE: only for a network that is
 	// itself trusted.
@@ -211,6 +214,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		stacks: &vlink.Dialer{
 			Config:            r.cfg,
 			Network:           c.Network,
+			Member:            c.Member,
 			InsecurePlaintext: c.InsecurePlaintext,
 			// A blocking connect returns the far side's answer, as
 			// without the shim: a mux stream's early data must not turn

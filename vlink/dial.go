@@ -15,6 +15,7 @@ import (
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // DefaultHandshakeTimeout bounds a handshake when neither the context nor
@@ -72,6 +73,19 @@ type Dialer struct {
 	// authenticated by the pre-shared key alone, as one of the group
 	// that holds it.
 	PeerKey PeerKeyCallback
+	// Member makes the dialer a member of a network with an owner, for
+	// every route: its hellos carry Member.Cert instead of proving Key
+	// (Key and Node are then not used, and the certificate names the
+	// node), the listener must answer with a certificate Member.Trust
+	// accepts, and the encryption layer, added below the mirrored layers
+	// wherever a hello is sent, proves both keys. A node reached through
+	// the network must present a certificate with its own name, so the
+	// relay, which holds no key, can neither read nor take over the
+	// connection. PeerKey is not used: certificates replace pinning.
+	Member *Member
+	// PeerCert, with Member, checks the listener's certificate further;
+	// see PeerCertCallback. Nil accepts any the trust accepts.
+	PeerCert PeerCertCallback
 	// WaitAccept makes a dial through a layer that sends early data (mux,
 	// see layer.EarlyDataLayer) return only once the listener has accepted
 	// the connection, as every other dial does: a refused or unreachable
@@ -165,6 +179,9 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	}
 	if node, port, ok := SplitNodeAddr(address); ok {
 		r, err := d.nodeRoute(address, node, port)
+		if err == nil {
+			err = d.withMember(r)
+		}
 		if err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 		}
@@ -195,6 +212,9 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		}
 		err = r.checkNode()
 	}
+	if err == nil {
+		err = d.withMember(r)
+	}
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 	}
@@ -222,6 +242,22 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	return r.dial(ctx, network, address, &d.cache)
 }
 
+// withMember makes r a member's route when the Dialer has a Member.
+func (d *Dialer) withMember(r *route) error {
+	if d.Member == nil {
+		return nil
+	}
+	if err := d.Member.Validate(); err != nil {
+		return err
+	}
+	if len(r.stack.routes()) > 0 {
+		return fmt.Errorf("%w: route layers (%s) do not carry certificates yet: a member dials its peer itself", ErrBadStack, Stack{Layers: r.stack.routes()})
+	}
+	r.member, r.peerCert = d.Member, d.PeerCert
+	r.key, r.node = nil, ""
+	return nil
+}
+
 // Close closes what the Dialer keeps between dials: the multi-link layers
 // it has built (a multiplexed session and its streams, say). The Dialer
 // stays usable; connections it returned that do not depend on a closed
@@ -234,6 +270,9 @@ type route struct {
 	via   string
 	key   []byte
 	node  string // the dialer's node name; key is then its node key
+	// member, when set, replaces key and node: see Dialer.Member.
+	member   *Member
+	peerCert PeerCertCallback
 	// peerKey checks the identity of the listener a hello reaches.
 	peerKey PeerKeyCallback
 	// transport, when set, reaches the destination instead of the
@@ -498,7 +537,9 @@ func (r *route) encrypted(address string) (*route, error) {
 	for _, v := range vias {
 		local = local && isLoopbackHost(v)
 	}
-	if r.key == nil || !sendsHello || keyedLayer(mirrored) != "" || local || r.boundChannel(vias) {
+	// A member's certificate is proven by the encryption layer, so its
+	// hellos hold it wherever they go.
+	if r.member == nil && (r.key == nil || local || r.boundChannel(vias)) || !sendsHello || keyedLayer(mirrored) != "" {
 		return r, nil
 	}
 	if lookup(EncryptionLayer) == nil {
@@ -609,6 +650,9 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		return fail(err)
 	}
 	if len(vias) > 0 {
+		if r.member != nil {
+			return fail(fmt.Errorf("%w: route layers do not carry certificates yet: a member dials its peer itself", ErrBadStack))
+		}
 		if r.transport != nil {
 			return fail(fmt.Errorf("%w: a node is reached through its network, not through route layers", ErrBadStack))
 		}
@@ -620,7 +664,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		return transport.DialContext(ctx, network, address)
 	}
 	// A node's connection brings its own key (Vouched).
-	if name := keyedLayer(mirrored); name != "" && r.key == nil && r.transport == nil {
+	if name := keyedLayer(mirrored); name != "" && r.key == nil && r.member == nil && r.transport == nil {
 		return fail(fmt.Errorf("%w: layer %s: set Dialer.Key, key_file in the config, VLINK_KEY_FILE or --key-file", ErrKeyRequired, name))
 	}
 	peer, target := address, r.target
@@ -639,6 +683,18 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 	// factory's stream, each one above on what a multi-link layer built.
 	// Only the top hello names the target.
 	segs := segments(mirrored)
+	if r.member != nil {
+		// The hello on the connection itself carries the certificate,
+		// and its segment's encryption layer proves it.
+		if keyedLayer(segs[len(segs)-1]) == "" {
+			return fail(fmt.Errorf("%w: a member proves its certificate with the %s layer, which must be below the multi-link layers (%s): put it last in the stack", ErrBadStack, EncryptionLayer, r.stack))
+		}
+		for _, seg := range segs[:len(segs)-1] {
+			if name := keyedLayer(seg); name != "" {
+				return fail(fmt.Errorf("%w: a member encrypts once, below the multi-link layers: layer %s above one has no key to use", ErrBadStack, name))
+			}
+		}
+	}
 	var d layer.ContextDialer
 	early := false
 	proven := false        // an encrypted segment below proves the listener's identity
@@ -657,7 +713,8 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 			peerKey, proven = r.peerKey, true
 		}
 		if d == nil {
-			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, peerKey: peerKey}
+			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, peerKey: peerKey,
+				member: r.member, peerCert: r.peerCert}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -804,6 +861,10 @@ type helloDialer struct {
 	// the listener announces.
 	peerKey PeerKeyCallback
 	lookup  bool // the hello is a lookup: see Dialer.LookupHost
+	// member, when set, replaces node and key: the hello carries its
+	// certificate, and the accept must carry one it trusts.
+	member   *Member
+	peerCert PeerCertCallback
 }
 
 func (d *helloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -817,14 +878,19 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 		return nil, layer.Handshake{}, err
 	}
 	node, key := d.node, d.key
-	if v, ok := c.(Vouched); ok {
-		node, key = "", v.VouchedKey() // the relay vouched for both ends
+	vouched, _ := c.(Vouched)
+	if vouched != nil {
+		node, key = "", vouched.VouchedKey() // the relay vouched for both ends
+	}
+	var cert []byte
+	if d.member != nil {
+		node, key, cert = "", nil, d.member.Cert.Marshal() // the certificate names the node
 	}
 	var binding []byte
 	if d.hops == 0 {
 		binding = channelBinding(c) // the peer is the channel's other end
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup}, key, binding)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, cert: cert}, key, binding)
 	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
 		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
 	}
@@ -832,7 +898,13 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if err == nil {
 		static = acc.static
 	}
-	if err == nil && d.peerKey != nil && !d.lookup {
+	var own layer.KeyPair
+	if err == nil && d.member != nil && !d.lookup {
+		var pc *nodecert.Certificate
+		if pc, err = d.peerCertificate(acc, vouched); err == nil {
+			static, own = pc.PublicKey(), d.member.keyPair()
+		}
+	} else if err == nil && d.peerKey != nil && !d.lookup {
 		// A lookup's answer is proven by the key alone: the listener
 		// proves its identity in the encryption layer, which no
 		// lookup reaches.
@@ -845,7 +917,29 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if d.lookup {
 		return &lookupAnswer{Conn: c, family: acc.family}, layer.Handshake{}, nil
 	}
-	return c, layer.Handshake{Key: key, Transcript: transcript, PeerStatic: static}, nil
+	return c, layer.Handshake{Key: key, Transcript: transcript, Static: own, PeerStatic: static}, nil
+}
+
+// peerCertificate checks the certificate a member's peer answered with:
+// the member's trust accepts it, a node reached through the network is
+// the node dialed, and the PeerCert callback agrees.
+func (d *helloDialer) peerCertificate(acc *message, vouched Vouched) (*nodecert.Certificate, error) {
+	if acc.cert == nil {
+		return nil, fmt.Errorf("%w: the listener presented no certificate: it is not a member of this network (vlink serve --cert, Policy.Member)", ErrAuth)
+	}
+	pc, err := d.member.peer(acc.cert)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the listener's certificate: %w", ErrAuth, err)
+	}
+	if vouched != nil && pc.Name() != vouched.VouchedPeer() {
+		return nil, fmt.Errorf("%w: the network connected us to %q, whose certificate names %q", ErrAuth, vouched.VouchedPeer(), pc.Name())
+	}
+	if d.peerCert != nil {
+		if err := d.peerCert(d.peer, pc); err != nil {
+			return nil, err
+		}
+	}
+	return pc, nil
 }
 
 // handshakeWithContext runs the dialer's side of a hello on c, within the

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // Wire format of the handshake. A VLink connection opens with the magic
@@ -93,14 +95,15 @@ const (
 	tagStatic fieldTag = 12 // in an accept: the listener's static X25519 public key (Policy.Identity)
 	tagLookup fieldTag = 13 // in a hello: only say whether the target's host resolves (one byte, 1)
 	tagFamily fieldTag = 14 // in the accept of a lookup: the host's address families (Families, one byte)
+	tagCert   fieldTag = 15 // in a hello or its accept: the sender's certificate (Member, nodecert's encoding)
 )
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
-	msgAccept:    {tagProof, tagStatic, tagFamily},
+	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert},
 	msgRefuse:    {tagCode, tagReason, tagHop},
 }
 
@@ -128,6 +131,7 @@ type message struct {
 	static []byte   // in an accept: the listener's static public key
 	lookup bool     // in a hello: a lookup (Dialer.LookupHost)
 	family Families // in the accept of a lookup
+	cert   []byte   // the sender's certificate, undecoded (Member checks it)
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -161,6 +165,7 @@ func (m *message) appendFrame(b []byte) []byte {
 	field(tagNonce, m.nonce)
 	field(tagProof, m.proof)
 	field(tagStatic, m.static)
+	field(tagCert, m.cert)
 	if m.code != 0 {
 		field(tagCode, []byte{byte(m.code)})
 	}
@@ -242,6 +247,13 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			m.proof, err = fixed(v, proofSize, "proof")
 		case tagStatic:
 			m.static, err = fixed(v, identitySize, "static key")
+		case tagCert:
+			// Parsed and checked by the Member that reads it; here
+			// only bounded, so no frame holds more than a certificate.
+			if len(v) == 0 || len(v) > nodecert.MaxSize {
+				err = fmt.Errorf("certificate is %d bytes, want 1..%d", len(v), nodecert.MaxSize)
+			}
+			m.cert = append([]byte(nil), v...)
 		case tagLookup:
 			if len(v) != 1 || v[0] != 1 {
 				err = errors.New("lookup must be the byte 1")

@@ -110,6 +110,8 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgAccept, static: make([]byte, identitySize)}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:0", lookup: true}).appendFrame(nil))
 	f.Add((&message{typ: msgAccept, family: FamilyIPv4 | FamilyIPv6, proof: make([]byte, proofSize)}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "noise", cert: bytes.Repeat([]byte{7}, 300)}).appendFrame(nil))
+	f.Add((&message{typ: msgAccept, cert: []byte{1}}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -128,7 +130,7 @@ func FuzzReadFrame(f *testing.F) {
 		}
 		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason ||
 			strings.Join(again.hops, ",") != strings.Join(m.hops, ",") || again.origin != m.origin || !bytes.Equal(again.trail, m.trail) || again.hop != m.hop ||
-			again.lookup != m.lookup || again.family != m.family {
+			again.lookup != m.lookup || again.family != m.family || !bytes.Equal(again.cert, m.cert) {
 			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
 		}
 	})

@@ -67,6 +67,9 @@ func clientHandshake(c net.Conn, hello *message, key, binding []byte) (transcrip
 		return nil, nil, answerError(err)
 	}
 	if m.typ == msgChallenge {
+		if key == nil && hello.cert != nil {
+			return nil, nil, &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key and checks no certificate: it is not a member of this network"}
+		}
 		if key == nil {
 			return nil, nil, &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key; give one (--key-file, key_file in the config)"}
 		}
@@ -167,7 +170,14 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		vouched = nil
 		h.RemoteAddr, h.Forwarded = via.RemoteAddr, via.Forwarded
 	}
-	if vouched != nil && j == nil {
+	if m.cert != nil {
+		if rerr := l.certHello(m, h, j, via, vouched); rerr != nil {
+			return nil, sendRefusal(c, rerr)
+		}
+	} else if p.Member != nil && vouched != nil && j == nil {
+		return nil, sendRefusal(c, refuse(CodeAuthRequired, "this node takes connections from other nodes with their certificates only: the key the relay hands out would let the relay read them"))
+	}
+	if vouched != nil && j == nil && m.cert == nil {
 		if m.node != "" {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "a hello from another node of the network names no node: the relay vouched for it"))
 		}
@@ -179,7 +189,8 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	if j != nil {
 		h.RemoteAddr, h.Forwarded = j.remote, j.forwarded
 		h.Authenticated = j.authenticated
-		h.Node, h.key = j.node, j.key
+		h.Node, h.key, h.Cert = j.node, j.key, j.cert
+		h.nested = true
 		if m.node != "" {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "a nested hello names no node: its connection's hello did"))
 		}
@@ -238,12 +249,21 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	if rerr := l.checkRoute(m, h, j != nil || via != nil); rerr != nil {
 		return nil, sendRefusal(c, rerr)
 	}
-	stack, rerr := p.checkStack(m.stack, h.key != nil)
+	stack, rerr := p.checkStack(m.stack, h.key != nil || h.Cert != nil)
 	if rerr != nil {
 		return nil, sendRefusal(c, rerr)
 	}
 	h.Stack = stack
-	if name := keyedLayer(stack.Layers); name != "" && h.key == nil {
+	keyed := keyedLayer(stack.Layers) != ""
+	switch {
+	case h.Cert != nil && j != nil && keyed:
+		return nil, sendRefusal(c, refuse(CodeLayer, "a member encrypts once, below the multi-link layer: the %s layer above it has no key to use", EncryptionLayer))
+	case h.Cert != nil && j == nil && !keyed:
+		return nil, sendRefusal(c, refuse(CodeLayer, "a certificate is proven by the %s layer, which this hello's stack lacks: put it below any multi-link layer (mux+%s)", EncryptionLayer, EncryptionLayer))
+	case h.Cert != nil && h.Lookup:
+		return nil, sendRefusal(c, refuse(CodeLayer, "a lookup's answer is proven by the pre-shared key, and a member holds none"))
+	}
+	if name := keyedLayer(stack.Layers); name != "" && h.key == nil && h.Cert == nil {
 		return nil, sendRefusal(c, refuse(CodeLayer, "layer %s needs a pre-shared key and this listener has none (vlink serve --key-file, Policy.Key)", name))
 	}
 	// Bytes that cross a network are encrypted: the bottom segment's
@@ -255,7 +275,6 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	// and authenticated already.
 	// Above a multi-link layer (noise+mux), the encryption layer comes
 	// with each nested hello, and is required there.
-	keyed := keyedLayer(stack.Layers) != ""
 	if j == nil {
 		h.clear = h.key != nil && !p.InsecurePlaintext && !h.routed() && !isLoopback(h.RemoteAddr) && !keyed && h.binding == nil
 		h.unproven = !keyed
@@ -271,7 +290,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	// The first encryption layer on the connection's way up proves the
 	// listener's identity: its own hello's, or a nested one's when the
 	// segments below had none.
-	h.static = l.static != nil && keyed && (j == nil || j.unproven)
+	h.static = l.static != nil && keyed && (j == nil || j.unproven) && h.Cert == nil
 	if h.Target != "" {
 		target := h.Target
 		if h.Lookup {
@@ -293,11 +312,39 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	return h, nil
 }
 
+// certHello checks the certificate a hello carries against the
+// listener's Member, and makes h the certificate's node's.
+func (l *Listener) certHello(m *message, h *Hello, j *junction, via *Hello, vouched Vouched) *RefusedError {
+	member := l.cfg.Policy.Member
+	switch {
+	case member == nil:
+		return refuse(CodeAuthRequired, "this listener is no member of a network with an owner and checks no certificate (vlink serve --cert, Policy.Member)")
+	case j != nil:
+		return refuse(CodeMalformed, "a nested hello carries no certificate: its connection's hello did")
+	case via != nil:
+		return refuse(CodeLayer, "certificates do not travel through route layers (fwd) yet")
+	case m.node != "" || m.nonce != nil:
+		return refuse(CodeMalformed, "a hello with a certificate names no node and proves no key: the certificate names the node, and the encryption layer proves it")
+	}
+	cert, err := member.peer(m.cert)
+	if err != nil {
+		return refuse(CodeAuthFailed, "certificate refused: %v", err)
+	}
+	if vouched != nil && cert.Name() != vouched.VouchedPeer() {
+		return refuse(CodeAuthFailed, "the network says node %q dialed, and the certificate names %q", vouched.VouchedPeer(), cert.Name())
+	}
+	h.Cert, h.Node, h.Authenticated, h.key = cert, cert.Name(), true, nil
+	return nil
+}
+
 // accept sends the accept for h, which ends h's transcript.
 func accept(c net.Conn, h *Hello) error {
 	m := &message{typ: msgAccept, proof: h.serverProof}
 	if h.static {
 		m.static = h.listener.static
+	}
+	if h.Cert != nil && !h.nested {
+		m.cert = h.listener.cfg.Policy.Member.Cert.Marshal()
 	}
 	b := m.appendFrame(nil)
 	h.transcript = append(h.transcript, b...)
@@ -346,6 +393,9 @@ func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn,
 		hs := layer.Handshake{Key: h.key, Transcript: h.transcript}
 		if h.static {
 			hs.Static = layer.KeyPair{Private: l.cfg.Policy.Identity, Public: l.static}
+		}
+		if h.Cert != nil {
+			hs.Static, hs.PeerStatic = l.cfg.Policy.Member.keyPair(), h.Cert.PublicKey()
 		}
 		return hf.ServerHandshake(c, hs)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // Defaults for a zero ListenConfig.
@@ -117,6 +118,12 @@ type Hello struct {
 	// (Dialer.LookupHost): the listener answers with ListenConfig.Lookup
 	// and connects nothing.
 	Lookup bool
+	// Cert is the certificate the dialer presented, checked against
+	// Policy.Member's trust; nil when it presented none. Node is then
+	// its name. The encryption layer of the hello's segment proves the
+	// dialer holds its key before the connection is handed out; Admit,
+	// which runs before, sees the name as claimed.
+	Cert *nodecert.Certificate
 
 	key         []byte // the key proven: Policy.Key, or Node's key derived from it
 	listener    *Listener
@@ -128,6 +135,7 @@ type Hello struct {
 	binding     []byte // the channel's, when the proofs cover it (channelBinding)
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 	static      bool   // the accept announces the listener's identity
+	nested      bool   // a nested hello: its connection's hello carried the certificates
 	// clear: the hello needs encryption and has none, which the nested
 	// hellos above its multi-link layer must then bring. unproven: no
 	// encryption layer below has proven the listener's identity yet.
@@ -600,7 +608,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 			if h.Target != "" {
 				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
 			}
-			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, depth: depth + 1, remote: h.RemoteAddr, forwarded: h.Forwarded,
+			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, cert: h.Cert, depth: depth + 1, remote: h.RemoteAddr, forwarded: h.Forwarded,
 				clear: h.clear, unproven: h.unproven}
 			// Before the accept: once it is sent, the dialer can no
 			// longer be told that the layer has no room.

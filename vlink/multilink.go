@@ -12,6 +12,7 @@ import (
 
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // recurse without end.
@@ -228,8 +229,9 @@ func (lc *layerCache) close() error {
 type junction struct {
 	l             *Listener
 	authenticated bool
-	node          string // the node the connections' hello proved, if any
-	key           []byte // the key it proved, for the nested segments' filters
+	node          string                // the node the connections' hello proved, if any
+	key           []byte                // the key it proved, for the nested segments' filters
+	cert          *nodecert.Certificate // the certificate it proved, if any
 	depth         int
 	remote        net.Addr // the origin, for a connection through route layers
 	forwarded     int      // the nodes the connections crossed (Hello.Forwarded)

@@ -68,6 +68,15 @@ type Policy struct {
 	// (Dialer.PeerKey). The pre-shared key alone authenticates a group;
 	// an identity tells one listener of the group from another.
 	Identity []byte
+	// Member, when set, makes the listener a member of a network with an
+	// owner: a hello that carries a certificate is checked against
+	// Member.Trust, answered with Member.Cert, and proven by both sides'
+	// keys in the encryption layer, which its stack must hold below any
+	// multi-link layer. Connections other nodes make through the network
+	// (Vouched) must then carry one: the key the relay hands out is not
+	// taken. Hellos without a certificate are checked as before (Key,
+	// Plain). Nil: certificates are refused.
+	Member *Member
 	// Targets are the forwarding targets a dialer may name, as selector
 	// rules (host glob, IP or CIDR, ports); the action of the first match
 	// decides (Refuse forbids). Nil forbids all forwarding: never an open
@@ -88,6 +97,11 @@ func (p *Policy) Validate() error {
 	}
 	if p.Identity != nil {
 		if _, err := IdentityPublic(p.Identity); err != nil {
+			return fmt.Errorf("vlink: policy: %w", err)
+		}
+	}
+	if p.Member != nil {
+		if err := p.Member.Validate(); err != nil {
 			return fmt.Errorf("vlink: policy: %w", err)
 		}
 	}

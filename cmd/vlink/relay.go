@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"flag"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,12 +15,13 @@ import (
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 var relayCmd = &cli.Command{
 	Name:     "relay",
 	Summary:  "run the rendezvous of a vlink network: nodes behind firewalls reach each other by name",
-	Synopsis: "--key-file NETWORK_KEY [--listen ADDR] [flags]",
+	Synopsis: "--cert FILE --cert-key FILE --owner FILE | --key-file NETWORK_KEY [--listen ADDR] [flags]",
 	About: `
 Runs the relay of a vlink network. Nodes (vlink serve --node, vlink tunnel
 --node, vlink socks --node, programs using package vlink/control) keep one
@@ -26,14 +30,30 @@ that blocks every inbound connection is still reachable: other nodes dial
 NAME.vlink.alt:PORT, and the relay carries the bytes (encrypted end to end
 by the two nodes) when nothing better exists.
 
-Each node proves the key derived from the network key for its name (vlink
-key --node NAME), so no node can register or answer as another. The relay
+With an owner (--cert, --cert-key, --owner: see vlink owner and vlink cert),
+each node registers with its certificate, which names it, and proves it
+holds the certificate's key; the relay holds no key of any node's, and the
+connections it carries between nodes are encrypted end to end with the
+nodes' own keys: it cannot read or alter them. SIGHUP rereads
+--revocations and drops the nodes whose certificates it now revokes.
+
+With a network key instead (--key-file), each node proves the key derived
+from the network key for its name (vlink key --node NAME), so no node can
+register or answer as another; but the relay, which holds the network key
+and hands out each relayed connection's key, could read what it carries.
+
+Either way, the relay
 serves registered nodes only, never an open proxy: it connects nobody to an
 address, and a node decides which of its ports it exposes (vlink serve
 --allow). It listens on loopback unless --listen says otherwise: use
 --listen 0.0.0.0:7100 to serve other machines.
 `,
 	Examples: `
+  vlink owner init --out owner.key
+  vlink key --identity --out relay.key
+  vlink cert sign --owner owner.key --relay --name relay --pub "$(vlink key --pub relay.key)"
+  vlink relay --listen 0.0.0.0:7100 --cert relay.crt --cert-key relay.key --owner owner.key.pub
+
   vlink key --out network.key
   vlink relay --listen 0.0.0.0:7100 --key-file network.key
 `,
@@ -42,36 +62,84 @@ address, and a node decides which of its ports it exposes (vlink serve
 
 func relayFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	var listen, keyFile, metricsAddr string
+	var member relayMember
 	var maxNodes, maxRelayed int
 	var idle, grace time.Duration
 	fs.StringVar(&listen, "listen", "127.0.0.1:7100", "accept nodes on `ADDR` (host:port); a non-loopback address serves other hosts")
-	fs.StringVar(&keyFile, "key-file", "", "the network key, in `FILE` (mode 600; vlink key --out FILE makes one); required")
+	fs.StringVar(&keyFile, "key-file", "", "the network key, in `FILE` (mode 600; vlink key --out FILE makes one), for a network without an owner (give this or --cert)")
+	fs.StringVar(&member.cert, "cert", "", "the relay's certificate, in `FILE` (vlink cert sign --relay): nodes register with certificates of the same owner, and the relay holds none of their keys; needs --cert-key and --owner")
+	fs.StringVar(&member.key, "cert-key", "", "the relay's own private key, in `FILE` (mode 600; vlink key --identity)")
+	fs.StringVar(&member.owner, "owner", "", "the network owner's public key, in `FILE` (vlink owner init)")
+	fs.StringVar(&member.revocations, "revocations", "", "the network's revocation list, in `FILE` (vlink cert revoke), reread on SIGHUP (default: none)")
 	fs.IntVar(&maxNodes, "max-nodes", control.DefaultMaxNodes, "register at most `N` nodes at once")
 	fs.IntVar(&maxRelayed, "max-relayed", control.DefaultMaxRelayed, "carry at most `N` connections between nodes at once")
 	fs.DurationVar(&idle, "idle-timeout", control.DefaultIdleTimeout, "drop a node silent for `DURATION` (nodes ping every 15s)")
 	base.GraceVar(fs, &grace)
 	fs.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): nodes registered, connections relayed (open, total, bytes), refusals and failed logins by reason (default: none)")
 	return func(ctx context.Context, e *base.Env) int {
-		if err := runRelay(ctx, e, listen, keyFile, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.Log}); err != nil {
+		if err := runRelay(ctx, e, listen, keyFile, member, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.Log}); err != nil {
 			return base.Fail(e, "vlink relay", err)
 		}
 		return base.ExitOK
 	}
 }
 
-func runRelay(ctx context.Context, e *base.Env, listen, keyFile, metricsAddr string, grace time.Duration, cfg control.RelayConfig) error {
-	if keyFile == "" {
-		return base.Usagef("--key-file NETWORK_KEY is required: the relay authenticates every node with it (vlink key --out FILE makes one)")
+// relayMember are the files that make the relay a member of a network
+// with an owner.
+type relayMember struct{ cert, key, owner, revocations string }
+
+// load reads them, nil without --cert.
+func (m relayMember) load() (*vlink.Member, error) {
+	switch {
+	case m.cert == "" && (m.key != "" || m.owner != "" || m.revocations != ""):
+		return nil, base.Usagef("--cert-key, --owner and --revocations go with --cert, the relay's certificate")
+	case m.cert == "":
+		return nil, nil
+	case m.key == "" || m.owner == "":
+		return nil, base.Usagef("--cert needs --cert-key (the relay's private key, vlink key --identity) and --owner (the network owner's public key)")
 	}
+	cert, err := nodecert.ReadCertificateFile(m.cert)
+	if err != nil {
+		return nil, err
+	}
+	priv, err := vlink.ReadIdentityFile(m.key)
+	if err != nil {
+		return nil, err
+	}
+	owner, err := nodecert.ReadOwnerPublicKeyFile(m.owner)
+	if err != nil {
+		return nil, err
+	}
+	trust, err := nodecert.NewTrust(owner, m.revocations)
+	if err != nil {
+		return nil, err
+	}
+	return &vlink.Member{Cert: cert, Private: priv, Trust: trust}, nil
+}
+
+func runRelay(ctx context.Context, e *base.Env, listen, keyFile string, mf relayMember, metricsAddr string, grace time.Duration, cfg control.RelayConfig) error {
+	member, err := mf.load()
+	if err != nil {
+		return err
+	}
+	switch {
+	case member == nil && keyFile == "":
+		return base.Usagef("give the relay --cert, --cert-key and --owner (a network with an owner: vlink owner init, vlink cert sign --relay) or --key-file NETWORK_KEY (vlink key --out FILE)")
+	case member != nil && keyFile != "":
+		return base.Usagef("--cert and --key-file: a network has an owner or a network key, not both; nodes of the two would not reach each other")
+	}
+	cfg.Member = member
 	if err := base.CheckHostPort(listen); err != nil {
 		return base.Usagef("--listen %v", err)
 	}
 	if cfg.MaxNodes <= 0 || cfg.MaxRelayed <= 0 || cfg.IdleTimeout <= 0 || grace < 0 {
 		return base.Usagef("--max-nodes, --max-relayed and --idle-timeout want positive values, --grace a duration")
 	}
-	key, err := vlink.ReadKeyFile(keyFile)
-	if err != nil {
-		return err
+	var key []byte
+	if keyFile != "" {
+		if key, err = vlink.ReadKeyFile(keyFile); err != nil {
+			return err
+		}
 	}
 	r, err := control.NewRelay(cfg)
 	if err != nil {
@@ -89,14 +157,32 @@ func runRelay(ctx context.Context, e *base.Env, listen, keyFile, metricsAddr str
 	if err != nil {
 		return err
 	}
-	e.Log.Info("relay listening", "addr", l.Addr().String())
+	if member != nil {
+		e.Log.Info("relay listening", "addr", l.Addr().String(), "cert", member.Cert.Name(), "owner", member.Trust.Owner().Fingerprint(), "revoked", member.Trust.Revocations().Len())
+	} else {
+		e.Log.Info("relay listening", "addr", l.Addr().String())
+	}
 	served := make(chan error, 1)
 	go func() { served <- r.Serve(l) }()
-	select {
-	case err := <-served:
-		r.Close()
-		return err
-	case <-ctx.Done():
+	hup := make(chan os.Signal, 1)
+	if member != nil {
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
+	for wait := true; wait; {
+		select {
+		case err := <-served:
+			r.Close()
+			return err
+		case <-hup:
+			if err := member.Trust.Reload(); err != nil {
+				e.Log.Error("relay: revocation list not reloaded, the old one stays", "file", mf.revocations, "err", err)
+				continue
+			}
+			e.Log.Info("relay: revocation list reloaded", "file", mf.revocations, "revoked", member.Trust.Revocations().Len(), "dropped", r.Recheck())
+		case <-ctx.Done():
+			wait = false
+		}
 	}
 	// Stop taking nodes, let the connections being relayed finish
 	// within the grace period, then cut them (with a reset).

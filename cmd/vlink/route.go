@@ -116,7 +116,7 @@ func (o *routeOptions) run(ctx context.Context, e *base.Env) (bool, error) {
 			return false, err
 		}
 		defer node.Close()
-		d.Network = node
+		d.Network, d.Member = node, o.node.Member()
 	}
 	source := cfg.Source
 	if source == "" {

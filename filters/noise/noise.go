@@ -11,7 +11,10 @@
 // A listener with an identity (vlink.Policy.Identity), whose accept
 // announced its static key, runs NKpsk0 instead, which also proves it
 // holds that key's private half, so dialers can pin it
-// (vlink.Dialer.PeerKey).
+// (vlink.Dialer.PeerKey). Between members of a network with an owner
+// (vlink.Member), whose hello and accept carry certificates binding each
+// side's static key, it runs KK with no pre-shared key: each side proves
+// it holds its certificate's key, and nothing shared opens the channel.
 //
 // After the handshake the stream is a sequence of records (frame.go) of
 // at most [MaxPlain] application bytes, each sealed under the next
@@ -39,7 +42,7 @@ func init() {
 	layer.Register(layer.Spec{
 		Name:      "noise",
 		Kind:      layer.KindFilter,
-		Summary:   "encrypt and authenticate (Noise NNpsk0, or NKpsk0 for a listener with an identity; X25519, ChaCha20-Poly1305) with the pre-shared key",
+		Summary:   "encrypt and authenticate (Noise NNpsk0 with the pre-shared key, NKpsk0 for a listener with an identity, KK between members' certificates; X25519, ChaCha20-Poly1305)",
 		EndMarker: true,
 		New:       func(layer.Args) (any, error) { return Filter{}, nil },
 	})
@@ -98,6 +101,15 @@ func (Filter) ServerHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) 
 //	-> psk, e, es    also a DH of the initiator's ephemeral and that key
 //	<- e, ee
 //
+// Between members of a network with an owner (vlink.Member), whose
+// certificates in the hello and its accept gave each side the other's
+// static key, both use KK, with no pre-shared key:
+//
+//	-> s, <- s       known beforehand: the certificates' keys
+//	...
+//	-> e, es, ss     reading it proves the initiator holds its key
+//	<- e, ee, se     reading it proves the responder holds its own
+//
 // Each message's empty payload is sealed with everything mixed in so far
 // (prologue, PSK, DH), so reading it proves the sender holds the key and
 // saw the same hello; with NKpsk0, reading the responder's also proves it
@@ -106,22 +118,29 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	opErr := func(err error) error {
 		return &net.OpError{Op: "handshake", Net: "noise", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
-	if len(hs.Key) < MinKeySize {
+	// Both static keys known (members' certificates): KK, which needs
+	// no pre-shared key.
+	mutual := hs.Static.Private != nil && hs.PeerStatic != nil
+	if len(hs.Key) < MinKeySize && !(mutual && hs.Key == nil) {
 		return nil, opErr(fmt.Errorf("%w: got %d bytes, want at least %d", layer.ErrKeyRequired, len(hs.Key), MinKeySize))
 	}
-	psk, err := hkdf.Key(sha256.New, hs.Key, nil, pskLabel, 32)
-	if err != nil {
-		return nil, opErr(err)
-	}
 	cfg := flynn.Config{
-		CipherSuite:           suite,
-		Pattern:               flynn.HandshakeNN,
-		Initiator:             initiator,
-		Prologue:              Prologue(hs.Transcript),
-		PresharedKey:          psk,
-		PresharedKeyPlacement: 0,
+		CipherSuite: suite,
+		Pattern:     flynn.HandshakeNN,
+		Initiator:   initiator,
+		Prologue:    Prologue(hs.Transcript),
+	}
+	if hs.Key != nil {
+		psk, err := hkdf.Key(sha256.New, hs.Key, nil, pskLabel, 32)
+		if err != nil {
+			return nil, opErr(err)
+		}
+		cfg.PresharedKey, cfg.PresharedKeyPlacement = psk, 0
 	}
 	switch {
+	case mutual:
+		cfg.Pattern, cfg.PeerStatic = flynn.HandshakeKK, hs.PeerStatic
+		cfg.StaticKeypair = flynn.DHKey{Private: hs.Static.Private, Public: hs.Static.Public}
 	case initiator && hs.PeerStatic != nil:
 		cfg.Pattern, cfg.PeerStatic = flynn.HandshakeNK, hs.PeerStatic
 	case !initiator && hs.Static.Private != nil:
@@ -141,20 +160,20 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
 			return nil, opErr(err)
 		}
-		msg, err = readHandshake(c, &buf)
+		msg, err = readHandshake(c, &buf, mutual)
 		if err != nil {
 			return nil, opErr(err)
 		}
 		if _, cs1, cs2, err = st.ReadMessage(nil, msg); err != nil {
-			return nil, opErr(fmt.Errorf("%w: the peer does not hold this key, or saw another hello (%v)", ErrAuth, err))
+			return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
 		}
 	} else {
-		msg, err := readHandshake(c, &buf)
+		msg, err := readHandshake(c, &buf, mutual)
 		if err != nil {
 			return nil, opErr(err)
 		}
 		if _, _, _, err = st.ReadMessage(nil, msg); err != nil {
-			return nil, opErr(fmt.Errorf("%w: the peer does not hold this key, or saw another hello (%v)", ErrAuth, err))
+			return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
 		}
 		if msg, cs1, cs2, err = st.WriteMessage(buf[headerSize:headerSize], nil); err != nil {
 			return nil, opErr(err)
@@ -181,6 +200,14 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	return newConn(c, sc, rc), nil
 }
 
+// failure says why a handshake message did not authenticate.
+func failure(mutual bool) string {
+	if mutual {
+		return "the peer does not hold its certificate's key, or saw another hello"
+	}
+	return "the peer does not hold this key, or saw another hello"
+}
+
 // Prologue is what both sides mix into the handshake: a label and the
 // SHA-256 of the hello's transcript.
 func Prologue(transcript []byte) []byte {
@@ -198,9 +225,9 @@ func writeHandshake(c net.Conn, rec []byte) error {
 
 // readHandshake reads exactly one handshake record, never more: the
 // records after it stay in c for the connection.
-func readHandshake(c net.Conn, buf *[headerSize + maxHandshake]byte) ([]byte, error) {
+func readHandshake(c net.Conn, buf *[headerSize + maxHandshake]byte, mutual bool) ([]byte, error) {
 	if _, err := io.ReadFull(c, buf[:headerSize]); err != nil {
-		return nil, handshakeReadErr(err)
+		return nil, handshakeReadErr(err, mutual)
 	}
 	h := (*header)(buf[:headerSize])
 	if h.Type() != recHandshake || h.Len() > maxHandshake {
@@ -208,14 +235,17 @@ func readHandshake(c net.Conn, buf *[headerSize + maxHandshake]byte) ([]byte, er
 	}
 	msg := buf[headerSize : headerSize+h.Len()]
 	if _, err := io.ReadFull(c, msg); err != nil {
-		return nil, handshakeReadErr(err)
+		return nil, handshakeReadErr(err, mutual)
 	}
 	return msg, nil
 }
 
 // handshakeReadErr explains an end of stream in the handshake: a peer
 // that does not hold the key closes without a word.
-func handshakeReadErr(err error) error {
+func handshakeReadErr(err error, mutual bool) error {
+	if (err == io.EOF || err == io.ErrUnexpectedEOF) && mutual {
+		return fmt.Errorf("%w: the peer closed the connection in the handshake (does it hold its certificate's key?)", io.ErrUnexpectedEOF)
+	}
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		return fmt.Errorf("%w: the peer closed the connection in the handshake (does it hold the same key?)", io.ErrUnexpectedEOF)
 	}

@@ -4,8 +4,11 @@
 // programs for their own messages too.
 //
 // A node ([Connect]) keeps one outbound connection to a relay ([Relay],
-// `vlink relay`): a VLink connection whose hello proved the node's key
-// (vlink.NodeKey), encrypted by the noise layer. The relay registers the
+// `vlink relay`): a VLink connection whose hello proved the node's
+// certificate, signed by the network's owner (Config.Member), or its key
+// derived from a network key (vlink.NodeKey), encrypted by the noise
+// layer. Between members, the relay holds no key of theirs: connections
+// between nodes are secured end to end by the nodes' own keys. The relay registers the
 // node under the name it proved, so no node can send or answer as
 // another, and keeps a directory of who is online and from which
 // address ([Node.Lookup]). The node pings, and reconnects with backoff

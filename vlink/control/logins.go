@@ -135,20 +135,38 @@ func (l *logins) observe(_ *vlink.Conn, _ time.Duration, err error) {
 // whose policy holds the network key, from which each node's key is
 // derived (vlink.NodeKey), and which refuses plain connections. Its
 // refusals reach r's logger, rate-limited, and r's Stats.
+//
+// A relay with a certificate (RelayConfig.Member) takes no network key:
+// networkKey must be nil.
 func (r *Relay) Listen(ctx context.Context, address string, networkKey []byte) (*vlink.Listener, error) {
-	return r.listenConfig(networkKey).Listen(ctx, "tcp", address)
+	lc, err := r.listenConfig(networkKey)
+	if err != nil {
+		return nil, err
+	}
+	return lc.Listen(ctx, "tcp", address)
 }
 
 // NewListener is Listen over a listener of the caller's: one an SSH
 // server forwards to us, say.
 func (r *Relay) NewListener(l net.Listener, networkKey []byte) (*vlink.Listener, error) {
-	return r.listenConfig(networkKey).NewListener(l)
+	lc, err := r.listenConfig(networkKey)
+	if err != nil {
+		return nil, err
+	}
+	return lc.NewListener(l)
 }
 
-func (r *Relay) listenConfig(networkKey []byte) *vlink.ListenConfig {
+func (r *Relay) listenConfig(networkKey []byte) (*vlink.ListenConfig, error) {
+	switch {
+	case r.cfg.Member != nil && networkKey != nil:
+		return nil, errors.New("control: relay: a relay with a certificate takes no network key: nodes prove their names with certificates (a network is in one mode)")
+	case r.cfg.Member == nil && networkKey == nil:
+		return nil, errors.New("control: relay: no network key and no certificate: nodes would have nothing to prove their names with")
+	}
 	return &vlink.ListenConfig{
 		Policy: vlink.Policy{
 			Key:    networkKey,
+			Member: r.cfg.Member,
 			Layers: []string{vlink.EncryptionLayer, "identity"},
 			Plain:  vlink.PlainRefuse,
 			// The ends of relayed connections carry what the nodes
@@ -158,5 +176,5 @@ func (r *Relay) listenConfig(networkKey []byte) *vlink.ListenConfig {
 		},
 		Logger:  r.logins.log,
 		Observe: r.logins.observe,
-	}
+	}, nil
 }

@@ -18,6 +18,7 @@ import (
 	_ "github.com/vlink-dev/vlink/filters/noise"    // the control channel is always encrypted
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // Defaults of Config and RelayConfig.
@@ -28,13 +29,23 @@ const (
 	maxBackoff         = 30 * time.Second
 )
 
-// Config configures a node. Name, Key and Relays are required.
+// Config configures a node. Relays are required, and Name and Key, or
+// Member.
 type Config struct {
-	// Name is the node's name, which the relay binds to Key.
+	// Name is the node's name, which the relay binds to Key. With a
+	// Member, empty means its certificate's name, the only one allowed.
 	Name string
 	// Key is the node's key: vlink.NodeKey(network key, Name), or the
-	// network key's holder's own.
+	// network key's holder's own. Nil with a Member.
 	Key []byte
+	// Member makes the node a member of a network with an owner: it
+	// registers with its certificate, proves it with its own key, and
+	// takes the relay's certificate only if the owner signed it for a
+	// relay. The relay then holds no key of the node's, nor of its
+	// connections: those between members are secured end to end by their
+	// certificates' keys (vlink.Dialer.Member, vlink.Policy.Member, which
+	// the node's dialers and listeners must be given too).
+	Member *vlink.Member
 	// Relays are the relays' host:port, tried in order; the node keeps
 	// one control connection, to the first that answers, and moves on
 	// down the list when it fails.
@@ -70,11 +81,25 @@ type Config struct {
 
 // Validate reports whether the config is usable.
 func (c *Config) Validate() error {
-	if err := checkName(c.Name); err != nil {
-		return err
-	}
-	if len(c.Key) < vlink.MinKeySize {
-		return fmt.Errorf("control: the node's key is %d bytes, want at least %d (vlink.NodeKey)", len(c.Key), vlink.MinKeySize)
+	if c.Member != nil {
+		if err := c.Member.Validate(); err != nil {
+			return fmt.Errorf("control: %w", err)
+		}
+		switch cert := c.Member.Cert; {
+		case c.Key != nil:
+			return errors.New("control: a node with a certificate (Member) proves no key: set Key or Member, not both")
+		case c.Name != "" && c.Name != cert.Name():
+			return fmt.Errorf("control: the node is called %q and its certificate names %q", c.Name, cert.Name())
+		case cert.Kind() != nodecert.KindNode:
+			return fmt.Errorf("control: the certificate of %s is a %s's, and a node needs a node's", cert.Name(), cert.Kind())
+		}
+	} else {
+		if err := checkName(c.Name); err != nil {
+			return err
+		}
+		if len(c.Key) < vlink.MinKeySize {
+			return fmt.Errorf("control: the node's key is %d bytes, want at least %d (vlink.NodeKey)", len(c.Key), vlink.MinKeySize)
+		}
 	}
 	if len(c.Relays) == 0 {
 		return errors.New("control: no relay to connect to")
@@ -141,6 +166,9 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Member != nil {
+		cfg.Name = cfg.Member.Cert.Name()
+	}
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = DefaultKeepAlive
 	}
@@ -171,18 +199,19 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		n.log = slog.New(slog.DiscardHandler)
 	}
 	if n.dialer == nil {
-		n.dialer = &vlink.Dialer{Stack: vlink.MustParse(vlink.EncryptionLayer), Key: cfg.Key, Node: cfg.Name}
+		n.dialer = RelayDialer(cfg, nil)
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	// A relay starting at the same time as its nodes is waited for; a
-	// relay that refuses the node is not.
+	// relay that refuses the node, or cannot prove it is the relay, is
+	// not.
 	var ch *channel
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		var err error
 		if ch, err = n.connect(ctx); err == nil {
 			break
 		}
-		if errors.Is(err, vlink.ErrRefused) || !sleep(ctx, backoff) {
+		if errors.Is(err, vlink.ErrRefused) || errors.Is(err, vlink.ErrAuth) || !sleep(ctx, backoff) {
 			n.cancel()
 			return nil, err
 		}
@@ -190,6 +219,30 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go n.run(ch)
 	return n, nil
+}
+
+// RelayDialer returns the dialer a node of cfg reaches its relay with
+// (Config.Dialer's default): the encryption layer over factories (a
+// stack's, --relay-stack's; none: TCP), proving cfg's node key or certificate, and with a
+// certificate, taking only a relay's.
+func RelayDialer(cfg Config, factories []vlink.Layer) *vlink.Dialer {
+	stack := vlink.MustParse(vlink.EncryptionLayer) // over TCP
+	if len(factories) > 0 {
+		stack = vlink.Stack{Layers: append([]vlink.Layer{{Name: vlink.EncryptionLayer}}, factories...)}
+	}
+	if cfg.Member != nil {
+		return &vlink.Dialer{Stack: stack, Member: cfg.Member, PeerCert: relayOnly}
+	}
+	return &vlink.Dialer{Stack: stack, Key: cfg.Key, Node: cfg.Name}
+}
+
+// relayOnly takes only a certificate the owner signed for a relay, so no
+// node of the network can pass for the relay.
+func relayOnly(address string, c *nodecert.Certificate) error {
+	if c.Kind() != nodecert.KindRelay {
+		return fmt.Errorf("%w: %s presented the certificate of %s, a %s: not a relay of this network", vlink.ErrAuth, address, c.Name(), c.Kind())
+	}
+	return nil
 }
 
 // Name returns the node's name.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // Defaults of RelayConfig.
@@ -48,6 +49,17 @@ type RelayConfig struct {
 	// (the relay copies in the kernel), so this bounds what it buffers for
 	// them. Zero means DefaultMaxRelayed.
 	MaxRelayed int
+	// Member, when set, makes the relay a member of a network with an
+	// owner (a certificate of kind relay): nodes register with their
+	// certificates, which its trust checks, and prove them in the
+	// encryption layer; Listen then takes no network key (one network
+	// is in one mode: a node of the key mode and a member would not
+	// reach each other, members refusing the key the relay hands
+	// out). The relay also takes the
+	// ends of relayed connections from connections that prove nothing:
+	// their token, which only the two nodes and the relay know, is what
+	// they prove (a member's end holds no key the relay could check).
+	Member *vlink.Member
 	// Logger receives registrations and refusals. Nil discards them.
 	Logger *slog.Logger
 }
@@ -56,6 +68,14 @@ type RelayConfig struct {
 func (c *RelayConfig) Validate() error {
 	if c.MaxNodes < 0 || c.MaxQueue < 0 || c.MaxBuffered < 0 || c.IdleTimeout < 0 || c.MaxRelayed < 0 {
 		return errors.New("control: relay: negative limit")
+	}
+	if c.Member != nil {
+		if err := c.Member.Validate(); err != nil {
+			return fmt.Errorf("control: relay: %w", err)
+		}
+		if c.Member.Cert.Kind() != nodecert.KindRelay {
+			return fmt.Errorf("control: relay: the certificate of %s is a %s's: a relay needs one signed for a relay (vlink cert sign --relay)", c.Member.Cert.Name(), c.Member.Cert.Kind())
+		}
 	}
 	return nil
 }
@@ -89,6 +109,7 @@ type Relay struct {
 // peer is a registered node, as the relay holds it.
 type peer struct {
 	name     string
+	cert     *nodecert.Certificate // the certificate it registered with, if a member
 	ch       *channel
 	observed netip.AddrPort
 	since    time.Time
@@ -175,6 +196,21 @@ func (r *Relay) Serve(l net.Listener) error {
 			return err
 		}
 		name := NodeOf(c)
+		if name == "" && r.cfg.Member != nil {
+			// Only the end of a relayed connection, proven by its token.
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				r.serveConn(c, "", false)
+			}()
+			continue
+		}
+		if cert := certOf(c); cert != nil && cert.Kind() != nodecert.KindNode {
+			r.logins.log.Info("control: relay: refused a certificate that is not a node's", "cert", cert.Name(), "kind", cert.Kind().String(), "remote", c.RemoteAddr().String())
+			r.logins.failed(LoginRefused)
+			c.Close()
+			continue
+		}
 		if name == "" {
 			r.logins.log.Info("control: relay: refused a connection that proved no node name", "remote", c.RemoteAddr().String())
 			r.logins.failed(LoginAuthRequired)
@@ -187,6 +223,14 @@ func (r *Relay) Serve(l net.Listener) error {
 			r.serveConn(c, name, encrypted(c))
 		}()
 	}
+}
+
+// certOf returns the certificate c's hello proved, if any.
+func certOf(c net.Conn) *nodecert.Certificate {
+	if vc, ok := c.(interface{ Hello() *vlink.Hello }); ok && vc.Hello() != nil {
+		return vc.Hello().Cert
+	}
+	return nil
 }
 
 // encrypted reports whether c's hello holds the encryption layer.
@@ -224,6 +268,9 @@ func (r *Relay) serveConn(c net.Conn, name string, encrypted bool) {
 	defer r.untrack(c)
 	reason := LoginMalformed
 	switch {
+	case err == nil && name == "":
+		err = fmt.Errorf("a connection that proves no node name can only attach, not %s", f.op)
+		reason = LoginAuthRequired
 	case err != nil && !errors.Is(err, ErrMalformed):
 		reason = LoginFailed
 	case err == nil && f.op != opAdvertise:
@@ -238,7 +285,7 @@ func (r *Relay) serveConn(c net.Conn, name string, encrypted bool) {
 		c.Close()
 		return
 	}
-	p := &peer{name: name, ch: newChannel(c, r.cfg.MaxQueue, &r.budget), since: time.Now(), advertised: f.addrs}
+	p := &peer{name: name, cert: certOf(c), ch: newChannel(c, r.cfg.MaxQueue, &r.budget), since: time.Now(), advertised: f.addrs}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		p.observed = ta.AddrPort()
 		p.observed = netip.AddrPortFrom(p.observed.Addr().Unmap(), p.observed.Port())
@@ -303,6 +350,35 @@ func (r *Relay) register(p *peer) error {
 // being set up to or from it: the node at the other end learns at once
 // rather than at the set-up's timeout, and what it holds for them is
 // freed.
+// ErrCertRefused is what a node whose certificate the relay's trust no
+// longer accepts is dropped with (see Recheck).
+var ErrCertRefused = errors.New("control: relay: the node's certificate is no longer accepted (revoked or expired)")
+
+// Recheck drops the registered nodes whose certificates the relay's
+// trust no longer accepts, after RelayConfig.Member.Trust.Reload read a
+// new revocation list, or as certificates expire, and returns how many
+// it dropped. A node dropped so cannot register again: its certificate
+// is refused at the hello.
+func (r *Relay) Recheck() int {
+	if r.cfg.Member == nil {
+		return 0
+	}
+	now := time.Now()
+	var drop []*peer
+	r.mu.Lock()
+	for _, p := range r.nodes {
+		if p.cert != nil && r.cfg.Member.Trust.Check(p.cert, now) != nil {
+			drop = append(drop, p)
+		}
+	}
+	r.mu.Unlock()
+	for _, p := range drop {
+		r.log.Info("control: relay: dropped a node whose certificate is no longer accepted", "node", p.name, "cert", p.cert.Fingerprint())
+		p.ch.fail(ErrCertRefused)
+	}
+	return len(drop)
+}
+
 func (r *Relay) unregister(p *peer) {
 	r.mu.Lock()
 	if r.nodes[p.name] == p {

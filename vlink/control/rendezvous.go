@@ -232,7 +232,9 @@ func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
 		r.log.Info("control: relay: attach for a connection its dialer keeps off the relay", "node", name)
 		r.drop(c)
 		return
-	case rv.bConn == nil && rv.b.name == name:
+	// An end that proved no name (name "", a member's: see
+	// RelayConfig.Member) is the one the token expects next.
+	case rv.bConn == nil && (rv.b.name == name || name == ""):
 		rv.bConn = c
 		r.mu.Unlock()
 		if err := rv.a.ch.trySend(&frame{op: opReady, coop: rv.coop, token: token, key: rv.key}); err != nil {
@@ -241,7 +243,7 @@ func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
 			}
 		}
 		return
-	case rv.bConn != nil && rv.a.name == name:
+	case rv.bConn != nil && (rv.a.name == name || name == ""):
 		r.mu.Unlock()
 		if r.take(token) == nil {
 			r.drop(c) // expired meanwhile

@@ -24,6 +24,12 @@ type Handshake struct {
 	// it against its pins, vlink.Dialer.PeerKey), nil otherwise. An
 	// encryption layer given either must prove the listener holds the
 	// private half, or fail.
+	//
+	// Between members (vlink.Member), each side has both: Static is its
+	// own certificate's key pair and PeerStatic the key of the
+	// certificate the other side presented, which its trust accepted;
+	// Key is then nil. The layer must prove each side holds its
+	// private half, or fail.
 	Static     KeyPair
 	PeerStatic []byte
 }

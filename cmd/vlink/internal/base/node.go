@@ -14,6 +14,7 @@ import (
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // NodeOptions are the flags that make a command a node of a vlink
@@ -22,6 +23,10 @@ type NodeOptions struct {
 	name, relays, keyFile string
 	relayStack            string
 	reverseListen         string // dialing commands only
+	// A member of a network with an owner (--cert, --cert-key, --owner,
+	// --revocations); member is what Connect loaded from them.
+	certFile, certKey, ownerFile, revocations string
+	member                                    *vlink.Member
 }
 
 // NodeFlags defines --node, --relay and --node-key-file; role says what
@@ -31,6 +36,53 @@ func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
 	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order; needs --node")
 	fs.StringVar(&o.relayStack, "relay-stack", "", "reach the relay through the factories of `STACK` (an SSH server or a proxy the network lets out: ssh:host=bastion, socks5h://proxy:1080), the control connection's encryption on top (default: the route the configuration gives the relay's address, else direct)")
 	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, made with vlink key --node NAME --key-file NETWORK_KEY, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
+	fs.StringVar(&o.certFile, "cert", "", "join as a member of a network with an owner: the node's certificate, in `FILE` (vlink cert sign), which names the node (--node may be left out); other nodes and the relay then hold no key of ours, and connections between members are encrypted end to end with the members' own keys; needs --cert-key and --owner")
+	fs.StringVar(&o.certKey, "cert-key", "", "the node's own private key, in `FILE` (mode 600; vlink key --identity made it, and --cert binds its public half)")
+	fs.StringVar(&o.ownerFile, "owner", "", "the network owner's public key, in `FILE` (vlink owner init wrote it): the relay's and other nodes' certificates must be signed by it")
+	fs.StringVar(&o.revocations, "revocations", "", "the network's revocation list, in `FILE` (vlink cert revoke): certificates it names are refused (default: none)")
+}
+
+// Member returns what --cert, --cert-key, --owner and --revocations make
+// the command: a member of a network with an owner; nil without --cert.
+// Connect loads it; it is nil before.
+func (o *NodeOptions) Member() *vlink.Member { return o.member }
+
+// loadMember reads the member's files.
+func (o *NodeOptions) loadMember() (*vlink.Member, error) {
+	switch {
+	case o.certFile == "" && (o.certKey != "" || o.ownerFile != "" || o.revocations != ""):
+		return nil, Usagef("--cert-key, --owner and --revocations make the node a member of a network with an owner: give its certificate too (--cert FILE, from vlink cert sign)")
+	case o.certFile == "":
+		return nil, nil
+	case o.certKey == "" || o.ownerFile == "":
+		return nil, Usagef("--cert needs --cert-key (the node's private key, vlink key --identity) and --owner (the network owner's public key)")
+	case o.keyFile != "":
+		return nil, Usagef("--cert and --node-key-file: a member proves its certificate, not a node key; give one or the other")
+	}
+	cert, err := nodecert.ReadCertificateFile(o.certFile)
+	if err != nil {
+		return nil, err
+	}
+	priv, err := vlink.ReadIdentityFile(o.certKey)
+	if err != nil {
+		return nil, err
+	}
+	owner, err := nodecert.ReadOwnerPublicKeyFile(o.ownerFile)
+	if err != nil {
+		return nil, err
+	}
+	trust, err := nodecert.NewTrust(owner, o.revocations)
+	if err != nil {
+		return nil, err
+	}
+	m := &vlink.Member{Cert: cert, Private: priv, Trust: trust}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("--cert %s: %w", o.certFile, err)
+	}
+	if o.name != "" && o.name != cert.Name() {
+		return nil, Usagef("--node %s: the certificate in %s names the node %s", o.name, o.certFile, cert.Name())
+	}
+	return m, nil
 }
 
 // ReverseFlag defines --reverse-listen, for the commands that dial nodes.
@@ -50,12 +102,19 @@ func (o *NodeOptions) KeyFileContent() []byte {
 
 // Given reports whether the command is to be a node.
 func (o *NodeOptions) Given() bool {
-	return o.name != "" || o.relays != "" || o.keyFile != "" || o.relayStack != "" || o.reverseListen != ""
+	return o.name != "" || o.relays != "" || o.keyFile != "" || o.relayStack != "" || o.reverseListen != "" || o.certFile != ""
 }
 
 // Connect registers the node with its relay; networkKey, if any, is the
 // command's --key-file, from which the node key can be derived.
 func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*control.Node, error) {
+	member, err := o.loadMember()
+	if err != nil {
+		return nil, err
+	}
+	if member != nil {
+		o.member, o.name = member, member.Cert.Name()
+	}
 	if o.name == "" || o.relays == "" {
 		return nil, Usagef("--node NAME and --relay HOST:PORT go together: the node registers under its name with the relay")
 	}
@@ -71,6 +130,7 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 	}
 	var key []byte
 	switch {
+	case member != nil:
 	case o.keyFile != "":
 		var err error
 		if key, err = vlink.ReadKeyFile(o.keyFile); err != nil {
@@ -86,14 +146,21 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 			return nil, Usagef("--reverse-listen %v", err)
 		}
 	}
-	dialer, err := o.relayDialer(e, relays, key)
+	cfg := control.Config{Name: o.name, Key: key, Member: member, Relays: relays, Logger: e.Log}
+	dialer, err := o.relayDialer(e, cfg)
 	if err != nil {
 		return nil, err
 	}
+	if dialer != nil {
+		cfg.Dialer = dialer
+	}
 	ctx, cancel := context.WithTimeout(ctx, vlink.DefaultHandshakeTimeout)
 	defer cancel()
-	n, err := control.Connect(ctx, control.Config{Name: o.name, Key: key, Relays: relays, Logger: e.Log, Dialer: dialer})
-	if errors.Is(err, vlink.ErrRefused) {
+	n, err := control.Connect(ctx, cfg)
+	switch {
+	case errors.Is(err, vlink.ErrRefused) && member != nil:
+		return nil, errors.Join(err, errors.New("the relay refused the node: is its certificate signed by the relay's owner, valid now and not revoked?"))
+	case errors.Is(err, vlink.ErrRefused):
 		return nil, errors.Join(err, errors.New("the relay refused the node: is its key made from the relay's network key, for this very name?"))
 	}
 	if err != nil || o.reverseListen == "" {
@@ -119,7 +186,8 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 // the configuration gives the relays' address, so that a node that gets
 // out only through SSH or a proxy still joins; nil for direct (control's
 // default).
-func (o *NodeOptions) relayDialer(e *Env, relays []string, key []byte) (layer.ContextDialer, error) {
+func (o *NodeOptions) relayDialer(e *Env, cfg control.Config) (*vlink.Dialer, error) {
+	relays := cfg.Relays
 	text, from := o.relayStack, "--relay-stack"
 	if text == "" {
 		cfg, err := vlink.DefaultConfig()
@@ -139,7 +207,7 @@ func (o *NodeOptions) relayDialer(e *Env, relays []string, key []byte) (layer.Co
 	if err != nil {
 		return nil, Usagef("--relay-stack: %v", err)
 	}
-	layers := []vlink.Layer{{Name: vlink.EncryptionLayer}}
+	var layers []vlink.Layer
 	for _, l := range s.Layers {
 		spec, _ := layer.Lookup(l.Name)
 		switch {
@@ -149,10 +217,10 @@ func (o *NodeOptions) relayDialer(e *Env, relays []string, key []byte) (layer.Co
 			return nil, Usagef("--relay-stack %s: layer %s is not a factory that reaches a host (ssh, socks5, http, tcp): the control connection's own layers are fixed", secret.RedactStack(text), l.Name)
 		}
 	}
-	if len(layers) == 1 {
+	if len(layers) == 0 {
 		return nil, nil
 	}
-	stack := vlink.Stack{Layers: layers}
-	e.Log.Info("reaching the relay through a stack", "stack", stack.String(), "from", from)
-	return &vlink.Dialer{Stack: stack, Key: key, Node: o.name}, nil
+	d := control.RelayDialer(cfg, layers)
+	e.Log.Info("reaching the relay through a stack", "stack", d.Stack.String(), "from", from)
+	return d, nil
 }

@@ -44,7 +44,7 @@ func TestLoadForwardsRefuses(t *testing.T) {
 		{"top-level key", "stack = \"tcp\"\n" + ok, "only [[forward]] tables belong in the file"},
 		{"empty", "", "no [[forward]] table"},
 		{"snake case", ok + "dial_timeout = \"1s\"\n", `unknown key "dial_timeout": did you mean dial-timeout?`},
-		{"unknown", ok + "colour = \"red\"\n", `unknown key "colour": the keys are name and the flags of one forward: dial-timeout,`},
+		{"unknown", ok + "colour = \"red\"\n", `unknown key "colour": the keys are name and the flags of one forward: cert, cert-key, dial-timeout,`},
 		{"process-wide", ok + "metrics = \"127.0.0.1:9464\"\n", "metrics applies to the whole process"},
 		{"bool as string", ok + "insecure-plaintext = \"yes\"\n", `insecure-plaintext = "yes": want true or false, unquoted`},
 		{"string as bool", ok + "via = true\n", "via = true: want a string"},

@@ -197,7 +197,7 @@ func (o *socksOptions) run(ctx context.Context, e *base.Env) error {
 			return err
 		}
 		defer node.Close()
-		d.Network = node
+		d.Network, d.Member = node, o.node.Member()
 	}
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "tcp", o.listen)

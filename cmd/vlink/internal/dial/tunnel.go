@@ -233,7 +233,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		d.Network = node
+		d.Network, d.Member = node, o.node.Member()
 		closeAll = func() {
 			d.Close()
 			node.Close()
@@ -272,7 +272,7 @@ func (o *dialOptions) open(ctx context.Context, e *base.Env) (*vlink.Dialer, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	d.Network = node
+	d.Network, d.Member = node, o.node.Member()
 	return d, func() {
 		d.Close()
 		node.Close()

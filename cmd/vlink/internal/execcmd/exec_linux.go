@@ -56,7 +56,7 @@ func execProgram(ctx context.Context, e *base.Env, o *execOptions, cfg *vlink.Co
 	if err != nil {
 		return ExitExecFailed, err
 	}
-	ac := preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.Log, Network: o.network,
+	ac := preload.AgentConfig{Config: cfg, DialTimeout: o.dialTimeout, Logger: e.Log, Network: o.network, Member: o.node.Member(),
 		InsecurePlaintext: o.plaintext, StandIns: o.standIns,
 		Observe: func(c preload.ConnectOutcome) { o.m.Connected(c.String()) }}
 	if o.servePorts != nil {

@@ -311,7 +311,8 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 		return l, handle, func() {}, nil
 	}
 	// Other nodes' connections come through the network: the same
-	// policy, with the key the relay gives each connection.
+	// policy, with the key the relay gives each connection, or, for a
+	// member (--cert), the certificates of the two nodes.
 	node, err := o.node.Connect(ctx, e, policy.Key)
 	if err != nil {
 		l.Close()
@@ -320,6 +321,11 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 	nl, err := node.Listen(func(from string, port uint16) error {
 		return policy.AllowsTarget(net.JoinHostPort("localhost", strconv.Itoa(int(port))))
 	})
+	if m := o.node.Member(); m != nil {
+		// Other members prove their certificates end to end; the key
+		// the relay hands out is refused.
+		lc.Policy.Member = m
+	}
 	if err == nil {
 		var vl net.Listener
 		if vl, err = lc.NewListener(nl); err != nil {

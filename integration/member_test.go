@@ -1,0 +1,121 @@
+package integration
+
+import (
+	"bytes"
+	"net"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
+)
+
+// TestMembersThroughRelay runs a vlink network with an owner, made with
+// the commands the README teaches (vlink owner, vlink key --identity,
+// vlink cert sign), as real processes: a relay holding a relay's
+// certificate, a server node db and a tunnel node laptop holding theirs.
+// No key is shared: the relay's wire (recorded by a forwarder in front of
+// it, which the nodes take for the relay) carries none of a relayed
+// echo's payload, and db knows laptop by its certificate. A node cannot
+// claim a name its certificate does not give it, a certificate of
+// another owner is refused, and a revoked node is dropped and refused
+// after one SIGHUP.
+func TestMembersThroughRelay(t *testing.T) {
+	testenv.Programs(t, "socat")
+	dir := t.TempDir()
+	file := func(name string) string { return filepath.Join(dir, name) }
+	vlinkOK := func(args ...string) string {
+		t.Helper()
+		out, stderr, err := run(startTimeout, nil, vlinkBin, args...)
+		if err != nil {
+			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+		}
+		return string(bytes.TrimSpace(out))
+	}
+	vlinkOK("owner", "init", "--out", file("owner.key"))
+	vlinkOK("owner", "init", "--out", file("other-owner.key"))
+	member := func(owner, name string, relay bool) {
+		vlinkOK("key", "--identity", "--out", file(name+".key"))
+		args := []string{"cert", "sign", "--owner", file(owner), "--name", name, "--pub", vlinkOK("key", "--pub", file(name+".key")), "--out", file(name + ".crt")}
+		if relay {
+			args = append(args, "--relay")
+		}
+		vlinkOK(args...)
+	}
+	member("owner.key", "relay", true)
+	member("owner.key", "db", false)
+	member("owner.key", "laptop", false)
+	member("owner.key", "mallory", false)
+	member("owner.key", "runner", false)
+	member("other-owner.key", "stranger", false)
+	revoked := file("revoked")
+	vlinkOK("cert", "revoke", "--revocations", revoked, file("mallory.crt"))
+	certFlags := func(name string) []string {
+		return []string{"--cert", file(name + ".crt"), "--cert-key", file(name + ".key"), "--owner", file("owner.key.pub"), "--revocations", revoked}
+	}
+
+	relay, relayAddr := startVLink(t, append([]string{"relay", "--log-level", "debug"}, certFlags("relay")...)...)
+	relay.WaitFor(t, regexp.MustCompile(`msg="relay listening" .*cert=relay`), startTimeout)
+	tap, recorded := recordingForwarder(t, "127.0.0.1", relayAddr)
+	_, echo := startSocatEcho(t)
+	_, echoPort, _ := net.SplitHostPort(echo)
+
+	serve := startProc(t, vlinkBin, append([]string{"serve", "--listen", "127.0.0.1:0", "--grace", "1s", "--log-level", "debug",
+		"--relay", tap, "--allow", "localhost:" + echoPort}, certFlags("db")...)...)
+	serve.Name, serve.CleanExit = "vlink serve", true
+	serve.Ports = append(serve.Ports, realserver.Port(t, serve.WaitFor(t, listenAddrRE, startTimeout)[1]))
+	serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
+
+	tunnel, tun := startVLink(t, append([]string{"tunnel", "--to", "db.vlink.alt:" + echoPort, "--stack", "zstd+relay", "--relay", tap}, certFlags("laptop")...)...)
+	marker := []byte("the payload of laptop, which the relay never reads; ")
+	data := append(bytes.Repeat(marker, (2<<20)/len(marker)), testnet.RandomBytes(1<<20, 21)...)
+	checkEcho(t, tun, data)
+	serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=zstd\+noise target=localhost:`+echoPort+` node=laptop`), startTimeout)
+	serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+echoPort+` path=relay`), startTimeout)
+	if bytes.Contains(recorded(), marker[:32]) {
+		t.Fatal("the relay's wire carries laptop's payload in clear")
+	}
+
+	t.Run("exec", func(t *testing.T) {
+		// An unmodified program reaches db by name, as the member runner
+		// (as laptop, it would take laptop's registration from the tunnel).
+		data := testnet.RandomBytes(1<<20, 22)
+		out, stderr, err := run(time.Minute, bytes.NewReader(data), vlinkBin, append(append([]string{"exec", "--log-level", "debug", "--relay", tap},
+			certFlags("runner")...), "--", "socat", "-t", "5", "-", "TCP:db.vlink.alt:"+echoPort)...)
+		if err != nil || testnet.Sum(out) != testnet.Sum(data) {
+			t.Fatalf("socat under vlink exec: %v, %d of %d bytes back\n%s", err, len(out), len(data), stderr)
+		}
+		serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=noise target=localhost:`+echoPort+` node=runner`), startTimeout)
+	})
+	t.Run("a name the certificate does not give", func(t *testing.T) {
+		_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:" + echoPort,
+			"--node", "db", "--relay", tap}, certFlags("laptop")...)...)
+		if err == nil || !regexp.MustCompile(`certificate in .* names the node laptop`).MatchString(stderr) {
+			t.Fatalf("a tunnel claiming db with laptop's certificate: %v\n%s", err, stderr)
+		}
+	})
+	t.Run("another owner's certificate", func(t *testing.T) {
+		_, stderr, err := run(startTimeout, nil, vlinkBin, "tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:"+echoPort, "--relay", tap,
+			"--cert", file("stranger.crt"), "--cert-key", file("stranger.key"), "--owner", file("other-owner.key.pub"))
+		if err == nil || !regexp.MustCompile(`not a relay of this network|certificate refused|not issued`).MatchString(stderr) {
+			t.Fatalf("a node of another owner: %v\n%s", err, stderr)
+		}
+	})
+	t.Run("revoked", func(t *testing.T) {
+		_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:" + echoPort,
+			"--relay", tap}, certFlags("mallory")...)...)
+		if err == nil || !regexp.MustCompile(`revoked`).MatchString(stderr) {
+			t.Fatalf("a revoked node: %v\n%s", err, stderr)
+		}
+		// Revoke laptop, which is registered: one SIGHUP drops it, and
+		// it cannot come back.
+		vlinkOK("cert", "revoke", "--revocations", revoked, file("laptop.crt"))
+		relay.Cmd.Process.Signal(syscall.SIGHUP)
+		relay.WaitFor(t, regexp.MustCompile(`msg="relay: revocation list reloaded" .*revoked=2 dropped=1`), startTimeout)
+		tunnel.WaitFor(t, regexp.MustCompile(`revoked`), startTimeout)
+	})
+}
