@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"syscall"
@@ -51,6 +52,11 @@ func TestMembersThroughRelay(t *testing.T) {
 	member("owner.key", "laptop", false)
 	member("owner.key", "mallory", false)
 	member("owner.key", "runner", false)
+	member("owner.key", "guest", false)
+	rules := file("rules.toml")
+	if err := os.WriteFile(rules, []byte("[[allow]]\nfrom = \"laptop\"\nto = \"db\"\nports = \"*\"\n\n[[allow]]\nfrom = \"runner\"\nto = \"db\"\nports = \"*\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	member("other-owner.key", "stranger", false)
 	revoked := file("revoked")
 	vlinkOK("cert", "revoke", "--revocations", revoked, file("mallory.crt"))
@@ -65,7 +71,7 @@ func TestMembersThroughRelay(t *testing.T) {
 	_, echoPort, _ := net.SplitHostPort(echo)
 
 	serve := startProc(t, vlinkBin, append([]string{"serve", "--listen", "127.0.0.1:0", "--grace", "1s", "--log-level", "debug",
-		"--relay", tap, "--allow", "localhost:" + echoPort}, certFlags("db")...)...)
+		"--relay", tap, "--allow", "localhost:" + echoPort, "--rules", rules}, certFlags("db")...)...)
 	serve.Name, serve.CleanExit = "vlink serve", true
 	serve.Ports = append(serve.Ports, realserver.Port(t, serve.WaitFor(t, listenAddrRE, startTimeout)[1]))
 	serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
@@ -90,6 +96,14 @@ func TestMembersThroughRelay(t *testing.T) {
 			t.Fatalf("socat under vlink exec: %v, %d of %d bytes back\n%s", err, len(out), len(data), stderr)
 		}
 		serve.WaitFor(t, regexp.MustCompile(`msg="vlink: accepted" .*stack=noise target=localhost:`+echoPort+` node=runner`), startTimeout)
+	})
+	t.Run("rules", func(t *testing.T) {
+		// guest is a member, but db's rules let only laptop and runner in.
+		tunnel, guest := startVLink(t, append([]string{"tunnel", "--to", "db.vlink.alt:" + echoPort, "--relay", tap}, certFlags("guest")...)...)
+		if got, err := exchange(t, guest, []byte("hello"), startTimeout); err == nil && len(got) != 0 {
+			t.Fatalf("db answered guest %q", got)
+		}
+		tunnel.WaitFor(t, regexp.MustCompile(`the network's rules do not let guest reach db on port `+echoPort), startTimeout)
 	})
 	t.Run("a name the certificate does not give", func(t *testing.T) {
 		_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:" + echoPort,

@@ -309,6 +309,18 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 			return nil, sendRefusal(c, refuse(CodeTarget, "forwarding to %s is not allowed here", h.Target))
 		}
 	}
+	// The network's rules, at the member that accepts: on the hello
+	// that names the target (a nested one, above a multi-link layer).
+	if rules := p.memberRules(); h.Cert != nil && rules.Len() > 0 && (h.Target != "" || !multiLinkOnTop(stack)) {
+		port := uint16(0)
+		if _, ps, err := net.SplitHostPort(h.Target); err == nil {
+			n, _ := strconv.ParseUint(ps, 10, 16)
+			port = uint16(n)
+		}
+		if !rules.Allowed(h.Cert, p.Member.Cert, port) {
+			return nil, sendRefusal(c, refuse(CodeTarget, "the network's rules do not let %s reach %s on port %d", h.Cert.Name(), p.Member.Cert.Name(), port))
+		}
+	}
 	return h, nil
 }
 

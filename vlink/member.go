@@ -32,6 +32,14 @@ type Member struct {
 	// Trust checks peers' certificates: the owner's key, and the
 	// revocation list, reloaded when Trust.Reload is called.
 	Trust *nodecert.Trust
+	// Rules say which members may reach this one, and on which ports:
+	// a listener with this Member checks every member's hello against
+	// them (the dialer's certificate, this member's, the port of the
+	// hello's target; 0 for a hello that names none, which only a
+	// rule for all ports allows) and refuses the others, whatever a
+	// relay decided. Nil or empty allows every member the trust
+	// accepts.
+	Rules *nodecert.Rules
 }
 
 // ErrNotMember is matched by the errors of a Member that cannot be used:

@@ -345,3 +345,54 @@ func TestMemberThroughNetwork(t *testing.T) {
 		})
 	}
 }
+
+// The network's rules are enforced by the member that accepts: a member
+// they do not let through is refused with ErrNotAllowed, on the hello
+// that names the target (the nested one above mux as well).
+func TestMemberRules(t *testing.T) {
+	n := testmember.New(t)
+	gw := n.Member("gw", nodecert.KindNode)
+	rules, err := nodecert.NewRules([]nodecert.Rule{{From: "group:ops", To: "gw", Ports: "7000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw.Rules = rules
+	alice, bob := n.Member("alice", nodecert.KindNode, "ops"), n.Member("bob", nodecert.KindNode)
+	l, hellos := memberListen(t, vlink.Policy{Member: gw, Targets: []selector.Rule{{Host: "localhost"}}})
+	for _, tt := range []struct {
+		name, stack string
+		m           *vlink.Member
+		target      string
+		ok          bool
+	}{
+		{"in the group", "noise", alice, "localhost:7000", true},
+		{"in the group, through mux", "mux+noise", alice, "localhost:7000", true},
+		{"not in the group", "noise", bob, "localhost:7000", false},
+		{"not in the group, through mux", "mux+noise", bob, "localhost:7000", false},
+		{"another port", "noise", alice, "localhost:7001", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &vlink.Dialer{Stack: vlink.MustParse(tt.stack), Via: l.Addr().String(), Member: tt.m, WaitAccept: true}
+			defer d.Close()
+			c, err := d.Dial("tcp", tt.target)
+			if tt.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				testnet.RoundTrip(t, c, 1000)
+				if h := nextHello(t, hellos); h.Node != tt.m.Cert.Name() {
+					t.Fatalf("accepted %q", h.Node)
+				}
+				return
+			}
+			if err == nil {
+				c.Close()
+				t.Fatal("dial succeeded")
+			}
+			if !errors.Is(err, vlink.ErrNotAllowed) || !strings.Contains(err.Error(), "rules do not let "+tt.m.Cert.Name()) {
+				t.Fatalf("err = %v, want ErrNotAllowed naming the rules", err)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
+	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
 // MinKeySize is the shortest pre-shared key accepted.
@@ -88,6 +89,14 @@ type Policy struct {
 	// names it; the action of the first match decides (Refuse forbids).
 	// Nil forbids: a listener forwards to no other node by default.
 	Hops []selector.Rule
+}
+
+// memberRules returns the rules of the policy's Member, nil for none.
+func (p *Policy) memberRules() *nodecert.Rules {
+	if p.Member == nil {
+		return nil
+	}
+	return p.Member.Rules
 }
 
 // Validate reports whether the policy is usable.

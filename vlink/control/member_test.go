@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vlink-dev/vlink/filters/noise"
 	"github.com/vlink-dev/vlink/internal/testmember"
@@ -255,4 +256,37 @@ func TestMemberRegistration(t *testing.T) {
 			t.Fatal("a relay with a certificate took a network key too")
 		}
 	})
+}
+
+// A name is bound to the key that holds it while its holder lives: a
+// second certificate for the same name (the owner signed two) waits,
+// with the reason in its error, and the holder keeps its name; the same
+// key registering again (a restart) takes it over at once.
+func TestMemberNameHeld(t *testing.T) {
+	n := testmember.New(t)
+	r := startMemberRelay(t, n)
+	db := n.Member("db", nodecert.KindNode)
+	holder := memberNode(t, r.addr, db)
+	echo(holder)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	_, err := Connect(ctx, Config{Member: n.Member("db", nodecert.KindNode), Relays: []string{r.addr}})
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "live, with another key (certificate "+db.Cert.Fingerprint()) {
+		t.Fatalf("a second key for db: %v, want it told db is held by %s", err, db.Cert.Fingerprint())
+	}
+	// The holder still answers as db.
+	alice := memberNode(t, r.addr, n.Member("alice", nodecert.KindNode))
+	c := alice.Cooperate(Expect{From: "db", Type: typeReply})
+	if err := c.Send(ctxT(t), "db", typeEcho, []byte("still you?")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctxT(t)); err != nil {
+		t.Fatalf("db did not answer after the attempt to take its name: %v", err)
+	}
+
+	restarted := memberNode(t, r.addr, db) // same key: takes the name over
+	if got := restarted.Name(); got != "db" {
+		t.Fatalf("restarted node is %q", got)
+	}
 }

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -337,6 +338,12 @@ func (r *Relay) register(p *peer) error {
 	if old == nil && len(r.nodes) >= r.cfg.MaxNodes {
 		return fmt.Errorf("%w: %d nodes registered, the most this relay takes", ErrBusy, len(r.nodes))
 	}
+	if old != nil && old.cert != nil && (p.cert == nil || !bytes.Equal(old.cert.PublicKey(), p.cert.PublicKey())) {
+		// A name is bound to the key that holds it while its holder
+		// lives: another key waits until the relay has seen it go (its
+		// connection closed, or silent for IdleTimeout).
+		return fmt.Errorf("%w: node %s is registered, and live, with another key (certificate %s, from %s); a node with this name registers again once that one is gone", ErrBusy, p.name, old.cert.Fingerprint(), old.observed)
+	}
 	if old != nil {
 		old.ch.fail(errReplaced)
 	}
@@ -346,10 +353,6 @@ func (r *Relay) register(p *peer) error {
 	return nil
 }
 
-// unregister removes p from the directory and ends the connections
-// being set up to or from it: the node at the other end learns at once
-// rather than at the set-up's timeout, and what it holds for them is
-// freed.
 // ErrCertRefused is what a node whose certificate the relay's trust no
 // longer accepts is dropped with (see Recheck).
 var ErrCertRefused = errors.New("control: relay: the node's certificate is no longer accepted (revoked or expired)")
@@ -379,6 +382,10 @@ func (r *Relay) Recheck() int {
 	return len(drop)
 }
 
+// unregister removes p from the directory and ends the connections
+// being set up to or from it: the node at the other end learns at once
+// rather than at the set-up's timeout, and what it holds for them is
+// freed.
 func (r *Relay) unregister(p *peer) {
 	r.mu.Lock()
 	if r.nodes[p.name] == p {

@@ -1,6 +1,7 @@
 package base
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,7 +10,10 @@ import (
 	"os"
 	"strings"
 
+	"github.com/pelletier/go-toml/v2"
+
 	"github.com/vlink-dev/vlink/internal/secret"
+	"github.com/vlink-dev/vlink/internal/tomlerr"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
@@ -26,6 +30,7 @@ type NodeOptions struct {
 	// A member of a network with an owner (--cert, --cert-key, --owner,
 	// --revocations); member is what Connect loaded from them.
 	certFile, certKey, ownerFile, revocations string
+	rulesFile                                 string // serve only
 	member                                    *vlink.Member
 }
 
@@ -42,6 +47,34 @@ func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
 	fs.StringVar(&o.revocations, "revocations", "", "the network's revocation list, in `FILE` (vlink cert revoke): certificates it names are refused (default: none)")
 }
 
+// RulesFlag defines --rules, for the commands that accept members'
+// connections (serve).
+func RulesFlag(fs *flag.FlagSet, o *NodeOptions) {
+	fs.StringVar(&o.rulesFile, "rules", "", "the network's rules, in `FILE` (TOML: [[allow]] tables of from, to and ports; from and to a node's name, group:NAME or *): a member they do not let reach this node on the port it asks for is refused here, whatever the relay did (default: every member of the network); needs --cert")
+}
+
+// ReadRulesFile reads the network's rules from a TOML file of [[allow]]
+// tables (nodecert.Rule).
+func ReadRulesFile(path string) (*nodecert.Rules, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var file struct {
+		Allow []nodecert.Rule `toml:"allow"`
+	}
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&file); err != nil {
+		return nil, fmt.Errorf("rules %w", tomlerr.New(path, err))
+	}
+	rules, err := nodecert.NewRules(file.Allow)
+	if err != nil {
+		return nil, fmt.Errorf("rules %s: %w", path, err)
+	}
+	return rules, nil
+}
+
 // Member returns what --cert, --cert-key, --owner and --revocations make
 // the command: a member of a network with an owner; nil without --cert.
 // Connect loads it; it is nil before.
@@ -50,8 +83,8 @@ func (o *NodeOptions) Member() *vlink.Member { return o.member }
 // loadMember reads the member's files.
 func (o *NodeOptions) loadMember() (*vlink.Member, error) {
 	switch {
-	case o.certFile == "" && (o.certKey != "" || o.ownerFile != "" || o.revocations != ""):
-		return nil, Usagef("--cert-key, --owner and --revocations make the node a member of a network with an owner: give its certificate too (--cert FILE, from vlink cert sign)")
+	case o.certFile == "" && (o.certKey != "" || o.ownerFile != "" || o.revocations != "" || o.rulesFile != ""):
+		return nil, Usagef("--cert-key, --owner, --revocations and --rules make the node a member of a network with an owner: give its certificate too (--cert FILE, from vlink cert sign)")
 	case o.certFile == "":
 		return nil, nil
 	case o.certKey == "" || o.ownerFile == "":
@@ -76,6 +109,11 @@ func (o *NodeOptions) loadMember() (*vlink.Member, error) {
 		return nil, err
 	}
 	m := &vlink.Member{Cert: cert, Private: priv, Trust: trust}
+	if o.rulesFile != "" {
+		if m.Rules, err = ReadRulesFile(o.rulesFile); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("--cert %s: %w", o.certFile, err)
 	}

@@ -163,6 +163,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
 	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
 	base.NodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
+	base.RulesFlag(fs, &o.node)
 }
 
 // defaultIdleTimeout is --idle-timeout's default.
