@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,8 @@ import (
 //	reverse  vlink tunnel on a -> b.vlink.alt:PORT, b connecting back to a
 //	relay    the same, the relay carrying the bytes (stack relay)
 //	splice   the same, both connecting at once (stack splice:fallback=false)
+//	m-relay, m-splice  relay and splice in a network with an owner (its own
+//	         relay and b's member serve): certificates in the hellos, Noise KK
 //
 // Each figure is the time from connecting to the tunnel on a to the first
 // byte echoed back by a socat on b: the path's set-up, the hello and the
@@ -32,7 +35,8 @@ import (
 // reverse set-up within one a-b round trip plus one control-channel round
 // trip (a -> relay -> b and back, 20 ms here too) of the direct dial.
 // The splice has no target of its own (issue 12 asks for the figure): it
-// takes one more control round trip than reverse (b's punch, a's sync). Run
+// takes one more control round trip than reverse (b's punch, a's sync).
+// Target (issue 37): members' first byte within 1.1x of key mode's. Run
 // with -benchtime Nx for N rounds (each takes about 0.3 s); needs root.
 func BenchmarkReachSetup(b *testing.B) {
 	const rtt = 20 * time.Millisecond
@@ -70,11 +74,38 @@ func BenchmarkReachSetup(b *testing.B) {
 		"--node", "b", "--relay", relayAddr, "--node-key-file", nodeKey("b"), "--allow", "localhost:7300").
 		WaitFor(b, regexp.MustCompile(`msg="control: registered"`), startTimeout)
 
+	// The same network with an owner: its own relay, b's member serve,
+	// and a's member tunnels, each node its own certificate and key.
+	vlinkRun := func(args ...string) string {
+		out, stderr, err := run(startTimeout, nil, vlinkBin, args...)
+		if err != nil {
+			b.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	vlinkRun("owner", "init", "--out", filepath.Join(dir, "owner.key"))
+	certFlags := func(name string, relay bool) []string {
+		k, crt := filepath.Join(dir, name+".id"), filepath.Join(dir, name+".crt")
+		vlinkRun("key", "--identity", "--out", k)
+		args := []string{"cert", "sign", "--owner", filepath.Join(dir, "owner.key"), "--name", name, "--pub", vlinkRun("key", "--pub", k), "--out", crt}
+		if relay {
+			args = append(args, "--relay")
+		}
+		vlinkRun(args...)
+		return []string{"--cert", crt, "--cert-key", k, "--owner", filepath.Join(dir, "owner.key.pub")}
+	}
+	memberRelay := fmt.Sprintf("%s:7101", l.Addr("relay"))
+	labProc(b, l, "relay", vlinkBin, append([]string{"relay", "--listen", memberRelay}, certFlags("relay", true)...)...).WaitFor(b, listenAddrRE, startTimeout)
+	labProc(b, l, "b", vlinkBin, append([]string{"serve", "--listen", l.Addr("b").String() + ":7001", "--relay", memberRelay, "--allow", "localhost:7300"},
+		certFlags("mb", false)...)...).WaitFor(b, regexp.MustCompile(`msg="control: registered"`), startTimeout)
+
 	tunnels := map[string][]string{
-		"direct":  {"--to", l.Addr("b").String() + ":7000", "--stack", "noise", "--key-file", psk},
-		"reverse": {"--to", "b.vlink.alt:7300", "--stack", "noise", "--node", "a", "--relay", relayAddr, "--node-key-file", nodeKey("a"), "--reverse-listen", l.Addr("a").String() + ":7200"},
-		"relay":   {"--to", "b.vlink.alt:7300", "--stack", "relay", "--node", "a2", "--relay", relayAddr, "--node-key-file", nodeKey("a2")},
-		"splice":  {"--to", "b.vlink.alt:7300", "--stack", "splice:fallback=false", "--node", "a3", "--relay", relayAddr, "--node-key-file", nodeKey("a3")},
+		"m-relay":  append([]string{"--to", "mb.vlink.alt:7300", "--stack", "relay", "--relay", memberRelay}, certFlags("ma2", false)...),
+		"m-splice": append([]string{"--to", "mb.vlink.alt:7300", "--stack", "splice:fallback=false", "--relay", memberRelay}, certFlags("ma3", false)...),
+		"direct":   {"--to", l.Addr("b").String() + ":7000", "--stack", "noise", "--key-file", psk},
+		"reverse":  {"--to", "b.vlink.alt:7300", "--stack", "noise", "--node", "a", "--relay", relayAddr, "--node-key-file", nodeKey("a"), "--reverse-listen", l.Addr("a").String() + ":7200"},
+		"relay":    {"--to", "b.vlink.alt:7300", "--stack", "relay", "--node", "a2", "--relay", relayAddr, "--node-key-file", nodeKey("a2")},
+		"splice":   {"--to", "b.vlink.alt:7300", "--stack", "splice:fallback=false", "--node", "a3", "--relay", relayAddr, "--node-key-file", nodeKey("a3")},
 	}
 	addr := map[string]string{"tcp": l.Addr("b").String() + ":7301"}
 	port := 8000
@@ -85,7 +116,7 @@ func BenchmarkReachSetup(b *testing.B) {
 		waitLabListening(b, l, p, "a", port)
 	}
 
-	paths := []string{"tcp", "direct", "reverse", "splice", "relay"}
+	paths := []string{"tcp", "direct", "reverse", "splice", "relay", "m-splice", "m-relay"}
 	took := map[string][]time.Duration{}
 	one := []byte{42}
 	round := 0
@@ -123,6 +154,10 @@ func BenchmarkReachSetup(b *testing.B) {
 		ms(measured), rtt, ms(med["reverse"]-med["direct"]), ms(med["splice"]-med["direct"]), ms(med["relay"]-med["direct"]))
 	testnet.CheckTarget(b, "reverse set-up minus a direct VLink dial, in round trips (one a-b, one control)",
 		float64(med["reverse"]-med["direct"])/float64(measured), "<=", 2)
+	// Issue 37: members, whose hellos carry certificates, reach the
+	// first byte no later than key-mode nodes.
+	testnet.CheckTarget(b, "first byte through the relay, members / key mode", float64(med["m-relay"])/float64(med["relay"]), "<=", 1.1)
+	testnet.CheckTarget(b, "first byte through a splice, members / key mode", float64(med["m-splice"])/float64(med["splice"]), "<=", 1.1)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
