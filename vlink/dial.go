@@ -1,6 +1,7 @@
 package vlink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,6 +105,15 @@ type Dialer struct {
 	// learnt. A Dialer must not be copied after its first dial.
 	cache  layerCache
 	memory memory
+	// checked is the Member last validated, and its key, so that each
+	// dial does not derive the public key again (see withMember).
+	checked struct {
+		sync.Mutex
+		m     *Member
+		cert  *nodecert.Certificate
+		trust *nodecert.Trust
+		priv  []byte
+	}
 }
 
 // A PeerKeyCallback checks the static public key (X25519, 32
@@ -247,7 +258,7 @@ func (d *Dialer) withMember(r *route) error {
 	if d.Member == nil {
 		return nil
 	}
-	if err := d.Member.Validate(); err != nil {
+	if err := d.validMember(); err != nil {
 		return err
 	}
 	if len(r.stack.routes()) > 0 {
@@ -255,6 +266,27 @@ func (d *Dialer) withMember(r *route) error {
 	}
 	r.member, r.peerCert = d.Member, d.PeerCert
 	r.key, r.node = nil, ""
+	return nil
+}
+
+// validMember validates d.Member in full the first time, and after any
+// change to its certificate or key; then only what time changes (its
+// certificate's validity and revocation, Trust.Check, which remembers
+// the signatures it verified).
+func (d *Dialer) validMember() error {
+	m := d.Member
+	d.checked.Lock()
+	defer d.checked.Unlock()
+	if d.checked.m == m && d.checked.cert == m.Cert && d.checked.trust == m.Trust && bytes.Equal(d.checked.priv, m.Private) {
+		if err := m.Trust.Check(m.Cert, time.Now()); err != nil {
+			return fmt.Errorf("%w: its own certificate: %w", ErrNotMember, err)
+		}
+		return nil
+	}
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	d.checked.m, d.checked.cert, d.checked.trust, d.checked.priv = m, m.Cert, m.Trust, bytes.Clone(m.Private)
 	return nil
 }
 

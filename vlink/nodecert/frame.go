@@ -2,6 +2,7 @@ package nodecert
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"time"
@@ -193,6 +194,7 @@ func Parse(data []byte) (*Certificate, error) {
 		return nil, d.err
 	}
 	c.raw = append([]byte(nil), data...)
+	c.sum = sha256.Sum256(c.raw)
 	return c, nil
 }
 

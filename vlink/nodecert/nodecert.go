@@ -120,7 +120,8 @@ type Certificate struct {
 	key                 [KeySize]byte
 	notBefore, notAfter time.Time
 	issuer              OwnerPublicKey
-	raw                 []byte // the encoding, signature last
+	raw                 []byte            // the encoding, signature last
+	sum                 [sha256.Size]byte // SHA-256 of raw: the fingerprint
 }
 
 // Sign makes the certificate of t, signed by owner. t's groups are sorted
@@ -206,6 +207,14 @@ func (c *Certificate) Verify(owner OwnerPublicKey, now time.Time) error {
 	if !ed25519.Verify(owner[:], signedMessage(body), sig) {
 		return refuse("%w", ErrBadSignature)
 	}
+	return c.checkTime(now)
+}
+
+// checkTime checks that now is within c's bounds.
+func (c *Certificate) checkTime(now time.Time) error {
+	refuse := func(format string, args ...any) error {
+		return &CertificateError{Cert: c, Err: fmt.Errorf(format, args...)}
+	}
 	if !c.notBefore.IsZero() && now.Before(c.notBefore) {
 		return refuse("%w: valid from %s, now is %s", ErrNotYetValid, stamp(c.notBefore), stamp(now))
 	}
@@ -251,7 +260,9 @@ func (c *Certificate) Marshal() []byte { return slices.Clone(c.raw) }
 
 // Fingerprint names the certificate, in revocation lists and logs:
 // "SHA256:" and the unpadded base64 of the SHA-256 of its binary form.
-func (c *Certificate) Fingerprint() string { return fingerprint(c.raw) }
+func (c *Certificate) Fingerprint() string {
+	return fingerprintPrefix + base64.RawStdEncoding.EncodeToString(c.sum[:])
+}
 
 // String describes the certificate for people, one field a line, as
 // `vlink cert show` prints it.

@@ -70,6 +70,15 @@ func TestTrust(t *testing.T) {
 	alice := sign(t, owner, template(t))
 	bob := sign(t, owner, Template{Name: "bob", PublicKey: nodeKey(t), NotAfter: end})
 	stranger := sign(t, other, template(t))
+	// alice's certificate with one bit of its signature flipped, checked
+	// after alice's own: what the Trust remembers verifying is exactly
+	// one encoding.
+	raw := alice.Marshal()
+	raw[len(raw)-1] ^= 1
+	forged, err := Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
 	list := filepath.Join(t.TempDir(), "revoked")
 	writeFile(t, list, "# stolen\n"+bob.Fingerprint()+"\n")
 	trust, err := NewTrust(owner.Public(), list)
@@ -90,6 +99,8 @@ func TestTrust(t *testing.T) {
 		{"expired", alice, end, ErrExpired},
 		{"not yet valid", alice, start.Add(-time.Second), ErrNotYetValid},
 		{"another owner's", stranger, t0, ErrWrongIssuer},
+		{"forged after the valid one", forged, t0, ErrBadSignature},
+		{"valid again", alice, t0, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := trust.Check(tc.c, tc.now)
