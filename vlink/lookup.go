@@ -31,7 +31,8 @@ func (f Families) String() string {
 }
 
 // ErrNoLookup is matched by the error of a LookupHost whose route cannot
-// ask anyone: a best-effort route, a node of a vlink network.
+// ask anyone: a best-effort route, a node of a vlink network, a
+// member's dialer (Dialer.Member).
 var ErrNoLookup = errors.New("this route cannot look names up")
 
 // LookupHost reports whether the host of address (host:port; the port
@@ -53,6 +54,10 @@ func (d *Dialer) LookupHost(ctx context.Context, address string) (Families, erro
 	}
 	if _, _, ok := SplitNodeAddr(address); ok {
 		return 0, fmt.Errorf("%w: %s names a node", ErrNoLookup, address)
+	}
+	if d.Member != nil {
+		// The answer would be proven by the pre-shared key alone.
+		return 0, fmt.Errorf("%w: a member's dialer does not ask (Dialer.Member)", ErrNoLookup)
 	}
 	if d.Timeout > 0 {
 		var cancel context.CancelFunc

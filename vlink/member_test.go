@@ -396,3 +396,13 @@ func TestMemberRules(t *testing.T) {
 		})
 	}
 }
+
+// A member's dialer asks no listener to look a name up: the answer
+// would be proven by a pre-shared key it does not hold.
+func TestMemberNoLookup(t *testing.T) {
+	n := testmember.New(t)
+	d := &vlink.Dialer{Stack: vlink.MustParse("noise"), Via: "127.0.0.1:1", Member: n.Member("alice", nodecert.KindNode)}
+	if _, err := d.LookupHost(t.Context(), "db.internal:5432"); !errors.Is(err, vlink.ErrNoLookup) {
+		t.Fatalf("LookupHost = %v, want ErrNoLookup", err)
+	}
+}

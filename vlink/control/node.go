@@ -223,8 +223,8 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 
 // RelayDialer returns the dialer a node of cfg reaches its relay with
 // (Config.Dialer's default): the encryption layer over factories (a
-// stack's, --relay-stack's; none: TCP), proving cfg's node key or certificate, and with a
-// certificate, taking only a relay's.
+// stack's, --relay-stack's; none: TCP), proving cfg's node key or
+// certificate, and with a certificate, taking only a relay's.
 func RelayDialer(cfg Config, factories []vlink.Layer) *vlink.Dialer {
 	stack := vlink.MustParse(vlink.EncryptionLayer) // over TCP
 	if len(factories) > 0 {
