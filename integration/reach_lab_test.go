@@ -53,37 +53,89 @@ var reachCells = []reachCell{
 // carries data: a relayed connection fails with a reset at the
 // application, never a clean end; a reversed or spliced one carries on
 // to its end, intact. A relay started again on the same address gets both nodes back
-// by themselves, and a new connection works within 10 s.
+// by themselves, and a new connection works within 10 s. Every cell runs
+// twice: members of a network with an owner (certificates, the relay
+// holding no key; issue 37), then the key mode.
 func TestReach(t *testing.T) {
 	lab.Require(t, "nft", "socat")
 	dir := t.TempDir()
-	keys := map[string]string{"network": filepath.Join(dir, "network.key")}
-	if _, stderr, err := run(startTimeout, nil, vlinkBin, "key", "--out", keys["network"]); err != nil {
-		t.Fatalf("vlink key: %v\n%s", err, stderr)
-	}
-	for _, n := range []string{"a", "a2", "a3", "b"} {
-		keys[n] = filepath.Join(dir, n+".key")
-		if _, stderr, err := run(startTimeout, nil, vlinkBin, "key", "--node", n, "--key-file", keys["network"], "--out", keys[n]); err != nil {
-			t.Fatalf("vlink key --node %s: %v\n%s", n, err, stderr)
-		}
-	}
 	download := filepath.Join(dir, "download")
 	if err := os.WriteFile(download, testnet.RandomBytes(8<<20, 31), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var rows []string
-	for _, cell := range reachCells {
-		t.Run(cell.name, func(t *testing.T) {
-			rows = append(rows, reachInLab(t, cell, keys, download))
-		})
+	// Members (a network with an owner) first, the mode the guide
+	// teaches; then the key mode.
+	for _, auth := range []*reachAuth{memberAuth(t, dir), keyAuth(t, dir)} {
+		for _, cell := range reachCells {
+			t.Run(auth.mode+"/"+cell.name, func(t *testing.T) {
+				rows = append(rows, fmt.Sprintf("%-8s ", auth.mode)+reachInLab(t, cell, auth, download))
+			})
+		}
 	}
-	t.Logf("firewall lab matrix (first byte: its round trip from the SOCKS connect on, the path's set-up included; relay killed: what a connection carrying data saw; after the relay's restart: both nodes registered again, a new connection worked):\n%-34s %-8s %-12s %-20s %-14s %s\n%s",
-		"cell", "path", "first byte", "relay killed", "re-registered", "new conn. works",
+	t.Logf("firewall lab matrix (first byte: its round trip from the SOCKS connect on, the path's set-up included; relay killed: what a connection carrying data saw; after the relay's restart: both nodes registered again, a new connection worked):\n%-8s %-34s %-8s %-12s %-20s %-14s %s\n%s",
+		"mode", "cell", "path", "first byte", "relay killed", "re-registered", "new conn. works",
 		strings.Join(rows, "\n"))
 }
 
+// reachAuth is how the lab's relay and nodes prove themselves: the
+// flags of each, by name.
+type reachAuth struct {
+	mode  string
+	relay []string
+	node  map[string][]string
+}
+
+var reachNodes = []string{"a", "a2", "a3", "b"}
+
+// keyAuth: a network key on the relay, a key derived for each node.
+func keyAuth(t *testing.T, dir string) *reachAuth {
+	network := filepath.Join(dir, "network.key")
+	if _, stderr, err := run(startTimeout, nil, vlinkBin, "key", "--out", network); err != nil {
+		t.Fatalf("vlink key: %v\n%s", err, stderr)
+	}
+	a := &reachAuth{mode: "key", relay: []string{"--key-file", network}, node: map[string][]string{}}
+	for _, n := range reachNodes {
+		k := filepath.Join(dir, n+".key")
+		if _, stderr, err := run(startTimeout, nil, vlinkBin, "key", "--node", n, "--key-file", network, "--out", k); err != nil {
+			t.Fatalf("vlink key --node %s: %v\n%s", n, err, stderr)
+		}
+		a.node[n] = []string{"--node-key-file", k}
+	}
+	return a
+}
+
+// memberAuth: an owner, and each machine's own key and certificate.
+func memberAuth(t *testing.T, dir string) *reachAuth {
+	vlinkOut := func(args ...string) string {
+		t.Helper()
+		out, stderr, err := run(startTimeout, nil, vlinkBin, args...)
+		if err != nil {
+			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	owner := filepath.Join(dir, "owner.key")
+	vlinkOut("owner", "init", "--out", owner)
+	flags := func(name string, relay bool) []string {
+		k, crt := filepath.Join(dir, name+".id"), filepath.Join(dir, name+".crt")
+		vlinkOut("key", "--identity", "--out", k)
+		args := []string{"cert", "sign", "--owner", owner, "--name", name, "--pub", vlinkOut("key", "--pub", k), "--out", crt}
+		if relay {
+			args = append(args, "--relay")
+		}
+		vlinkOut(args...)
+		return []string{"--cert", crt, "--cert-key", k, "--owner", owner + ".pub"}
+	}
+	a := &reachAuth{mode: "member", relay: flags("relay", true), node: map[string][]string{}}
+	for _, n := range reachNodes {
+		a.node[n] = flags(n, false)
+	}
+	return a
+}
+
 // reachInLab runs one cell and returns its row of the matrix.
-func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download string) string {
+func reachInLab(t *testing.T, cell reachCell, auth *reachAuth, download string) string {
 	l := lab.New(t, lab.Topology{
 		Name: "reach",
 		Hosts: []lab.Host{
@@ -101,8 +153,8 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 
 	relayAddr := fmt.Sprintf("%s:7100", l.Addr("relay"))
 	startRelay := func() *proc {
-		p := labProc(t, l, "relay", vlinkBin, "relay", "--listen", relayAddr, "--key-file", keys["network"],
-			"--grace", "1s", "--log-level", "debug")
+		p := labProc(t, l, "relay", vlinkBin, append([]string{"relay", "--listen", relayAddr,
+			"--grace", "1s", "--log-level", "debug"}, auth.relay...)...)
 		p.CleanExit = true
 		p.WaitFor(t, listenAddrRE, startTimeout)
 		return p
@@ -110,8 +162,8 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	relay := startRelay()
 
 	labServers(t, l, "b", "127.0.0.1", download) // on b's loopback only
-	serve := labProc(t, l, "b", vlinkBin, "serve", "--listen", "127.0.0.1:7000", "--grace", "1s", "--log-level", "debug",
-		"--node", "b", "--relay", relayAddr, "--node-key-file", keys["b"], "--allow", "localhost:7300-7302")
+	serve := labProc(t, l, "b", vlinkBin, append([]string{"serve", "--listen", "127.0.0.1:7000", "--grace", "1s", "--log-level", "debug",
+		"--node", "b", "--relay", relayAddr, "--allow", "localhost:7300-7302"}, auth.node["b"]...)...)
 	serve.CleanExit = true
 	registered := regexp.MustCompile(`msg="control: registered" node=`)
 	serve.WaitFor(t, registered, startTimeout)
@@ -125,9 +177,9 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	}
 
 	const socksPort = 1080
-	socksProc := labProc(t, l, "a", vlinkBin, "socks", "--listen", fmt.Sprintf("127.0.0.1:%d", socksPort), "--stack", "zstd",
-		"--grace", "1s", "--log-level", "debug", "--node", "a", "--relay", relayAddr, "--node-key-file", keys["a"],
-		"--reverse-listen", fmt.Sprintf("%s:7200", l.Addr("a")))
+	socksProc := labProc(t, l, "a", vlinkBin, append([]string{"socks", "--listen", fmt.Sprintf("127.0.0.1:%d", socksPort), "--stack", "zstd",
+		"--grace", "1s", "--log-level", "debug", "--node", "a", "--relay", relayAddr,
+		"--reverse-listen", fmt.Sprintf("%s:7200", l.Addr("a"))}, auth.node["a"]...)...)
 	socksProc.CleanExit = true
 	waitLabListening(t, l, socksProc, "a", socksPort)
 	socksProc.WaitFor(t, registered, startTimeout)
@@ -206,11 +258,11 @@ func reachInLab(t *testing.T, cell reachCell, keys map[string]string, download s
 	}
 
 	if cell.fwa != nil {
-		strictDial(t, l, keys, relayAddr, "reverse:fallback=false", "a2", 7202,
+		strictDial(t, l, auth, relayAddr, "reverse:fallback=false", "a2", 7202,
 			`unreachable \(reverse: could not connect back to a2 at `)
 	}
 	if cell.fwa != nil && cell.fwa.NAT == "random" {
-		strictDial(t, l, keys, relayAddr, "splice:fallback=false", "a3", 7203,
+		strictDial(t, l, auth, relayAddr, "splice:fallback=false", "a3", 7203,
 			`behind a NAT or proxy that changes ports`)
 	}
 	return fmt.Sprintf("%-34s %-8s %-12v %-20s %-14v %v", cell.name, cell.path, firstByte.Round(100*time.Microsecond), killed,
@@ -379,12 +431,12 @@ func relayKilled(t *testing.T, path string, c net.Conn, relay *proc) string {
 // the relay, cannot reach b by the one path it allows: its client sees a
 // reset within the path's bound, and the tunnel says why (the regexp
 // why).
-func strictDial(t *testing.T, l *lab.Lab, keys map[string]string, relayAddr, factory, name string, port int, why string) {
+func strictDial(t *testing.T, l *lab.Lab, auth *reachAuth, relayAddr, factory, name string, port int, why string) {
 	t.Helper()
 	listen := fmt.Sprintf("127.0.0.1:%d", port+1000)
-	tunnel := labProc(t, l, "a", vlinkBin, "tunnel", "--listen", listen, "--to", "b.vlink.alt:7300",
-		"--stack", "zstd+"+factory, "--node", name, "--relay", relayAddr, "--node-key-file", keys[name],
-		"--reverse-listen", fmt.Sprintf("%s:%d", l.Addr("a"), port))
+	tunnel := labProc(t, l, "a", vlinkBin, append([]string{"tunnel", "--listen", listen, "--to", "b.vlink.alt:7300",
+		"--stack", "zstd+" + factory, "--node", name, "--relay", relayAddr,
+		"--reverse-listen", fmt.Sprintf("%s:%d", l.Addr("a"), port)}, auth.node[name]...)...)
 	tunnel.CleanExit = true
 	// Registered, then listening: the client connects once both are.
 	tunnel.WaitFor(t, regexp.MustCompile(`msg="control: registered"`), startTimeout)
