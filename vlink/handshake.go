@@ -333,7 +333,8 @@ func (l *Listener) certHello(m *message, h *Hello, j *junction, via *Hello, vouc
 		return refuse(CodeAuthRequired, "this listener is no member of a network with an owner and checks no certificate (vlink serve --cert, Policy.Member)")
 	case j != nil:
 		return refuse(CodeMalformed, "a nested hello carries no certificate: its connection's hello did")
-	case via != nil:
+	case via != nil || len(m.hops) > 0 || len(m.trail) > 0 || m.origin != "":
+		// Route layers carry no certificate yet: say so first.
 		return refuse(CodeLayer, "certificates do not travel through route layers (fwd) yet")
 	case m.node != "" || m.nonce != nil:
 		return refuse(CodeMalformed, "a hello with a certificate names no node and proves no key: the certificate names the node, and the encryption layer proves it")

@@ -561,8 +561,12 @@ func (l *Listener) handshake(raw net.Conn, accepted time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Past the policy, and with a key, proven: no longer sheddable.
-	l.shed.authenticated(raw)
+	// Past the policy, and with a key, proven: no longer sheddable. A
+	// certificate is proven by the encryption layer, below: until then
+	// it is only claimed, and anyone can copy one.
+	if h.Cert == nil {
+		l.shed.authenticated(raw)
+	}
 	if h.ends() {
 		// The last node of a route forwarded the connection here:
 		// the dialer's own hello follows, end to end.
@@ -580,7 +584,11 @@ func (l *Listener) handshake(raw net.Conn, accepted time.Time) (*Conn, error) {
 			return nil, err
 		}
 	}
-	return l.finish(raw, h, deadline, 0)
+	c, err := l.finish(raw, h, deadline, 0)
+	if err == nil && h.Cert != nil {
+		l.shed.authenticated(raw) // the encryption layer proved it
+	}
+	return c, err
 }
 
 // finish completes a handshake whose hello passed the policy: it admits
