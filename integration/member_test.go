@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -104,6 +105,12 @@ func TestMembersThroughRelay(t *testing.T) {
 			t.Fatalf("db answered guest %q", got)
 		}
 		tunnel.WaitFor(t, regexp.MustCompile(`the network's rules do not let guest reach db on port `+echoPort), startTimeout)
+	})
+	t.Run("no relay", func(t *testing.T) {
+		_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:" + echoPort}, certFlags("laptop")...)...)
+		if err == nil || !strings.Contains(stderr, "give the network's relay too (--relay HOST:PORT)") {
+			t.Fatalf("a member tunnel without --relay: %v\n%s", err, stderr)
+		}
 	})
 	t.Run("a name the certificate does not give", func(t *testing.T) {
 		_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:" + echoPort,

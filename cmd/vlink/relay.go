@@ -42,10 +42,9 @@ from the network key for its name (vlink key --node NAME), so no node can
 register or answer as another; but the relay, which holds the network key
 and hands out each relayed connection's key, could read what it carries.
 
-Either way, the relay
-serves registered nodes only, never an open proxy: it connects nobody to an
-address, and a node decides which of its ports it exposes (vlink serve
---allow). It listens on loopback unless --listen says otherwise: use
+Either way, the relay serves registered nodes only, never an open proxy: it
+connects nobody to an address, and a node decides which of its ports it
+exposes (vlink serve --allow). It listens on loopback unless --listen says otherwise: use
 --listen 0.0.0.0:7100 to serve other machines.
 `,
 	Examples: `

@@ -153,7 +153,10 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 	if member != nil {
 		o.member, o.name = member, member.Cert.Name()
 	}
-	if o.name == "" || o.relays == "" {
+	switch {
+	case member != nil && o.relays == "":
+		return nil, Usagef("--cert makes this command a node of a network with an owner: give the network's relay too (--relay HOST:PORT)")
+	case o.name == "" || o.relays == "":
 		return nil, Usagef("--node NAME and --relay HOST:PORT go together: the node registers under its name with the relay")
 	}
 	if !vlink.ValidNodeName(o.name) {
