@@ -3,6 +3,7 @@ package layertest
 import (
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 
 	"golang.org/x/net/nettest"
@@ -76,7 +77,17 @@ func TestConn(t *testing.T, mp MakePipe, opts Options) {
 	t.Run("nettest", func(t *testing.T) {
 		nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
 			p, err := mp()
-			return p.Dialer, p.Acceptor, p.Stop, err
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			// nettest's BasicIO closes its writing end in a goroutine it
+			// does not wait for: the reader is done once that Close has
+			// sent the end, and Stop may then close what is below while
+			// the Close is still at work, which fails it. Stop waits for
+			// the Closes under way.
+			var closing sync.WaitGroup
+			d, a := &closeTracked{Conn: p.Dialer, wg: &closing}, &closeTracked{Conn: p.Acceptor, wg: &closing}
+			return d, a, func() { closing.Wait(); p.Stop() }, nil
 		})
 	})
 	t.Run("Errors", func(t *testing.T) { testErrors(t, mp) })
@@ -95,6 +106,18 @@ func TestConn(t *testing.T, mp MakePipe, opts Options) {
 	for _, from := range []end{dialer, acceptor} {
 		t.Run(fmt.Sprintf("Truncation/%s", from), func(t *testing.T) { testTruncation(t, mp, opts, from) })
 	}
+}
+
+// closeTracked counts its Closes under way in wg.
+type closeTracked struct {
+	net.Conn
+	wg *sync.WaitGroup
+}
+
+func (c *closeTracked) Close() error {
+	c.wg.Add(1)
+	defer c.wg.Done()
+	return c.Conn.Close()
 }
 
 // end names one end of a pipe.
