@@ -30,24 +30,10 @@ func TestMembersThroughRelay(t *testing.T) {
 	testenv.Programs(t, "socat")
 	dir := t.TempDir()
 	file := func(name string) string { return filepath.Join(dir, name) }
-	vlinkOK := func(args ...string) string {
-		t.Helper()
-		out, stderr, err := run(startTimeout, nil, vlinkBin, args...)
-		if err != nil {
-			t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
-		}
-		return string(bytes.TrimSpace(out))
-	}
+	vlinkOK := func(args ...string) string { t.Helper(); return vlinkOut(t, args...) }
 	vlinkOK("owner", "init", "--out", file("owner.key"))
 	vlinkOK("owner", "init", "--out", file("other-owner.key"))
-	member := func(owner, name string, relay bool) {
-		vlinkOK("key", "--identity", "--out", file(name+".key"))
-		args := []string{"cert", "sign", "--owner", file(owner), "--name", name, "--pub", vlinkOK("key", "--pub", file(name+".key")), "--out", file(name + ".crt")}
-		if relay {
-			args = append(args, "--relay")
-		}
-		vlinkOK(args...)
-	}
+	member := func(owner, name string, relay bool) { signMember(t, dir, owner, name, relay) }
 	member("owner.key", "relay", true)
 	member("owner.key", "db", false)
 	member("owner.key", "laptop", false)
@@ -139,4 +125,29 @@ func TestMembersThroughRelay(t *testing.T) {
 		relay.WaitFor(t, regexp.MustCompile(`msg="relay: revocation list reloaded" .*revoked=2 dropped=1`), startTimeout)
 		tunnel.WaitFor(t, regexp.MustCompile(`revoked`), startTimeout)
 	})
+}
+
+// vlinkOut runs vlink with args and returns its output, trimmed; a
+// failure fails the test.
+func vlinkOut(t *testing.T, args ...string) string {
+	t.Helper()
+	out, stderr, err := run(startTimeout, nil, vlinkBin, args...)
+	if err != nil {
+		t.Fatalf("vlink %v: %v\n%s", args, err, stderr)
+	}
+	return string(bytes.TrimSpace(out))
+}
+
+// signMember makes name's own key in dir (name.key), as the machine
+// would, and has the owner in dir's file owner sign it into name.crt, a
+// relay's certificate if relay.
+func signMember(t *testing.T, dir, owner, name string, relay bool) {
+	t.Helper()
+	file := func(name string) string { return filepath.Join(dir, name) }
+	vlinkOut(t, "key", "--identity", "--out", file(name+".key"))
+	args := []string{"cert", "sign", "--owner", file(owner), "--name", name, "--pub", vlinkOut(t, "key", "--pub", file(name+".key")), "--out", file(name + ".crt")}
+	if relay {
+		args = append(args, "--relay")
+	}
+	vlinkOut(t, args...)
 }

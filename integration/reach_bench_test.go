@@ -28,6 +28,10 @@ import (
 //	splice   the same, both connecting at once (stack splice:fallback=false)
 //	m-relay, m-splice  relay and splice in a network with an owner (its own
 //	         relay and b's member serve): certificates in the hellos, Noise KK
+//	m-relay2 the same relayed path, a's node registered with a second relay
+//	         of the network (on the relay host too, --peer the first): a ->
+//	         relay-2 -> relay-1 -> b; what linked relays add, but for the
+//	         round trip between them, which is nil here
 //
 // Each figure is the time from connecting to the tunnel on a to the first
 // byte echoed back by a socat on b: the path's set-up, the hello and the
@@ -98,9 +102,13 @@ func BenchmarkReachSetup(b *testing.B) {
 	labProc(b, l, "relay", vlinkBin, append([]string{"relay", "--listen", memberRelay}, certFlags("relay", true)...)...).WaitFor(b, listenAddrRE, startTimeout)
 	labProc(b, l, "b", vlinkBin, append([]string{"serve", "--listen", l.Addr("b").String() + ":7001", "--relay", memberRelay, "--allow", "localhost:7300"},
 		certFlags("mb", false)...)...).WaitFor(b, regexp.MustCompile(`msg="control: registered"`), startTimeout)
+	secondRelay := fmt.Sprintf("%s:7102", l.Addr("relay"))
+	labProc(b, l, "relay", vlinkBin, append([]string{"relay", "--listen", secondRelay, "--peer", memberRelay}, certFlags("relay2", true)...)...).
+		WaitFor(b, regexp.MustCompile(`msg="control: relay: linked with another relay"`), startTimeout)
 
 	tunnels := map[string][]string{
 		"m-relay":  append([]string{"--to", "mb.vlink.alt:7300", "--stack", "relay", "--relay", memberRelay}, certFlags("ma2", false)...),
+		"m-relay2": append([]string{"--to", "mb.vlink.alt:7300", "--stack", "relay", "--relay", secondRelay}, certFlags("ma4", false)...),
 		"m-splice": append([]string{"--to", "mb.vlink.alt:7300", "--stack", "splice:fallback=false", "--relay", memberRelay}, certFlags("ma3", false)...),
 		"direct":   {"--to", l.Addr("b").String() + ":7000", "--stack", "noise", "--key-file", psk},
 		"reverse":  {"--to", "b.vlink.alt:7300", "--stack", "noise", "--node", "a", "--relay", relayAddr, "--node-key-file", nodeKey("a"), "--reverse-listen", l.Addr("a").String() + ":7200"},
@@ -116,7 +124,7 @@ func BenchmarkReachSetup(b *testing.B) {
 		waitLabListening(b, l, p, "a", port)
 	}
 
-	paths := []string{"tcp", "direct", "reverse", "splice", "relay", "m-splice", "m-relay"}
+	paths := []string{"tcp", "direct", "reverse", "splice", "relay", "m-splice", "m-relay", "m-relay2"}
 	took := map[string][]time.Duration{}
 	one := []byte{42}
 	round := 0
@@ -158,6 +166,7 @@ func BenchmarkReachSetup(b *testing.B) {
 	// first byte no later than key-mode nodes.
 	testnet.CheckTarget(b, "first byte through the relay, members / key mode", float64(med["m-relay"])/float64(med["relay"]), "<=", 1.1)
 	testnet.CheckTarget(b, "first byte through a splice, members / key mode", float64(med["m-splice"])/float64(med["splice"]), "<=", 1.1)
+	b.Logf("through two linked relays / one: %.3f (%+.1f ms)", float64(med["m-relay2"])/float64(med["m-relay"]), ms(med["m-relay2"]-med["m-relay"]))
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +38,13 @@ connections it carries between nodes are encrypted end to end with the
 nodes' own keys: it cannot read or alter them. SIGHUP rereads
 --revocations and drops the nodes whose certificates it now revokes.
 
+Several relays of one owner form one network: give each the others with
+--peer (or list each pair once; a relay takes links from the relays that
+list it). A node registered with any of them reaches a node registered
+with another; the relays pass the connection on between them and still
+hold no key that opens it. Give nodes every relay (--relay R1,R2): when
+theirs dies they register with the next within about a second.
+
 With a network key instead (--key-file), each node proves the key derived
 from the network key for its name (vlink key --node NAME), so no node can
 register or answer as another; but the relay, which holds the network key
@@ -53,6 +61,9 @@ exposes (vlink serve --allow). It listens on loopback unless --listen says other
   vlink cert sign --owner owner.key --relay --name relay --pub "$(vlink key --pub relay.key)"
   vlink relay --listen 0.0.0.0:7100 --cert relay.crt --cert-key relay.key --owner owner.key.pub
 
+  # a second relay, linked with the first: one network
+  vlink relay --listen 0.0.0.0:7100 --cert relay-2.crt --cert-key relay-2.key --owner owner.key.pub --peer relay-1.example.net:7100
+
   vlink key --out network.key
   vlink relay --listen 0.0.0.0:7100 --key-file network.key
 `,
@@ -60,7 +71,7 @@ exposes (vlink serve --allow). It listens on loopback unless --listen says other
 }
 
 func relayFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
-	var listen, keyFile, metricsAddr string
+	var listen, keyFile, metricsAddr, peers string
 	var member relayMember
 	var maxNodes, maxRelayed int
 	var idle, grace time.Duration
@@ -70,13 +81,24 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&member.key, "cert-key", "", "the relay's own private key, in `FILE` (mode 600; vlink key --identity)")
 	fs.StringVar(&member.owner, "owner", "", "the network owner's public key, in `FILE` (vlink owner init)")
 	fs.StringVar(&member.revocations, "revocations", "", "the network's revocation list, in `FILE` (vlink cert revoke), reread on SIGHUP (default: none)")
+	fs.StringVar(&peers, "peer", "", "link with the other relays of the network at `HOST:PORT`, comma-separated (each with a relay's certificate of the same owner), so that nodes registered with any reach each other; needs --cert (default: none)")
 	fs.IntVar(&maxNodes, "max-nodes", control.DefaultMaxNodes, "register at most `N` nodes at once")
 	fs.IntVar(&maxRelayed, "max-relayed", control.DefaultMaxRelayed, "carry at most `N` connections between nodes at once")
 	fs.DurationVar(&idle, "idle-timeout", control.DefaultIdleTimeout, "drop a node silent for `DURATION` (nodes ping every 15s)")
 	base.GraceVar(fs, &grace)
 	fs.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): nodes registered, connections relayed (open, total, bytes), refusals and failed logins by reason (default: none)")
 	return func(ctx context.Context, e *base.Env) int {
-		if err := runRelay(ctx, e, listen, keyFile, member, metricsAddr, grace, control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.Log}); err != nil {
+		cfg := control.RelayConfig{MaxNodes: maxNodes, MaxRelayed: maxRelayed, IdleTimeout: idle, Logger: e.Log}
+		for p := range strings.SplitSeq(peers, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			if err := base.CheckHostPort(p); err != nil {
+				return base.Fail(e, "vlink relay", base.Usagef("--peer %v", err))
+			}
+			cfg.Peers = append(cfg.Peers, p)
+		}
+		if err := runRelay(ctx, e, listen, keyFile, member, metricsAddr, grace, cfg); err != nil {
 			return base.Fail(e, "vlink relay", err)
 		}
 		return base.ExitOK
@@ -127,6 +149,9 @@ func runRelay(ctx context.Context, e *base.Env, listen, keyFile string, mf relay
 	case member != nil && keyFile != "":
 		return base.Usagef("--cert and --key-file: a network has an owner or a network key, not both; nodes of the two would not reach each other")
 	}
+	if member == nil && len(cfg.Peers) > 0 {
+		return base.Usagef("--peer links relays of a network with an owner (--cert): with a network key, any node could pass for a relay")
+	}
 	cfg.Member = member
 	if err := base.CheckHostPort(listen); err != nil {
 		return base.Usagef("--listen %v", err)
@@ -157,7 +182,7 @@ func runRelay(ctx context.Context, e *base.Env, listen, keyFile string, mf relay
 		return err
 	}
 	if member != nil {
-		e.Log.Info("relay listening", "addr", l.Addr().String(), "cert", member.Cert.Name(), "owner", member.Trust.Owner().Fingerprint(), "revoked", member.Trust.Revocations().Len())
+		e.Log.Info("relay listening", "addr", l.Addr().String(), "cert", member.Cert.Name(), "owner", member.Trust.Owner().Fingerprint(), "revoked", member.Trust.Revocations().Len(), "peers", strings.Join(cfg.Peers, ","))
 	} else {
 		e.Log.Info("relay listening", "addr", l.Addr().String())
 	}
@@ -202,6 +227,10 @@ type relayCollector struct{ r *control.Relay }
 var (
 	relayNodes = prometheus.NewDesc("vlink_relay_nodes",
 		"Nodes registered with the relay.", nil, nil)
+	relayPeers = prometheus.NewDesc("vlink_relay_peers",
+		"Other relays of the network this relay is linked with (--peer).", nil, nil)
+	relayRemoteNodes = prometheus.NewDesc("vlink_relay_remote_nodes",
+		"Nodes registered with the linked relays, as they announced them.", nil, nil)
 	relayOpen = prometheus.NewDesc("vlink_relay_connections_open",
 		"Connections between nodes the relay carries now.", nil, nil)
 	relayTotal = prometheus.NewDesc("vlink_relay_connections_total",
@@ -217,7 +246,7 @@ var (
 )
 
 func (c relayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{relayNodes, relayOpen, relayTotal, relayBytes, relayRegistrations, relayRefused, relayFailedLogins} {
+	for _, d := range []*prometheus.Desc{relayNodes, relayPeers, relayRemoteNodes, relayOpen, relayTotal, relayBytes, relayRegistrations, relayRefused, relayFailedLogins} {
 		ch <- d
 	}
 }
@@ -225,6 +254,8 @@ func (c relayCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.r.Stats()
 	ch <- prometheus.MustNewConstMetric(relayNodes, prometheus.GaugeValue, float64(s.Nodes))
+	ch <- prometheus.MustNewConstMetric(relayPeers, prometheus.GaugeValue, float64(s.Peers))
+	ch <- prometheus.MustNewConstMetric(relayRemoteNodes, prometheus.GaugeValue, float64(s.RemoteNodes))
 	ch <- prometheus.MustNewConstMetric(relayOpen, prometheus.GaugeValue, float64(s.Relayed))
 	ch <- prometheus.MustNewConstMetric(relayTotal, prometheus.CounterValue, float64(s.RelayedTotal))
 	ch <- prometheus.MustNewConstMetric(relayBytes, prometheus.CounterValue, float64(s.RelayedBytes))

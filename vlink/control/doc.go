@@ -13,7 +13,10 @@
 // another, and keeps a directory of who is online and from which
 // address ([Node.Lookup]). The node pings, and reconnects with backoff
 // when the connection fails; its handlers and name survive a relay's
-// restart.
+// restart. Several relays of one owner form one network
+// (RelayConfig.Peers): they announce their nodes to each other and pass
+// on messages and connections between nodes registered with different
+// relays, still encrypted end to end.
 //
 // Messaging follows Paradis-Net. Messages are typed; a program registers
 // a [Handler] per type and never calls receive: handlers run in

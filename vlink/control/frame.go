@@ -31,8 +31,10 @@ const (
 	// connection of its own.
 	MaxPayload = 64 << 10
 	// maxBody bounds every frame's body, and so what a peer can make the
-	// other side allocate for one frame.
-	maxBody   = MaxPayload + msgFixed + 2*maxNameSize
+	// other side allocate for one frame: a message, or one wrapped for
+	// another relay (via, from: a name and a whole frame).
+	maxBody   = maxInner + 1 + maxNameSize + headerSize
+	maxInner  = MaxPayload + msgFixed + 2*maxNameSize
 	msgFixed  = 8 + 1 + 1
 	maxReason = 512
 	maxAddrs  = 8
@@ -63,6 +65,13 @@ const (
 	opAttached  op = 16 // relay: both ends are here; raw bytes from now on
 	opPunch     op = 17 // node dialed -> relay -> dialer: where the node awaits a spliced connection (token, address)
 	opSync      op = 18 // dialer -> relay -> node dialed: connect now (token)
+
+	// Between relays of one network (links.go).
+	opLink   op = 19 // either relay, first frame: the ports it takes connections on
+	opJoined op = 20 // a node registered here, or changed its addresses (name, observed and advertised addresses)
+	opLeft   op = 21 // a node registered here is gone (name)
+	opVia    op = 22 // pass this frame, from a relay to a node, on to the node registered with you (name, frame)
+	opFrom   op = 23 // a node registered here sent this frame about a connection you set up (name, frame)
 )
 
 // Flags of a dial, passed on in its offer.
@@ -85,7 +94,8 @@ const (
 
 func (o op) String() string {
 	names := [...]string{"", "ping", "pong", "send", "forward", "deliver", "error", "lookup", "peer", "advertise", "welcome",
-		"dial", "offer", "decline", "ready", "attach", "attached", "punch", "sync"}
+		"dial", "offer", "decline", "ready", "attach", "attached", "punch", "sync",
+		"link", "joined", "left", "via", "from"}
 	if int(o) < len(names) && o != 0 {
 		return names[o]
 	}
@@ -184,6 +194,14 @@ func (f *frame) append(b []byte) []byte {
 		b = append(b, f.key...)
 	case opAttach:
 		b = append(b, f.token[:]...)
+	case opLink:
+		b = appendAddrs(b, f.addrs)
+	case opJoined, opLeft:
+		b = appendName(b, f.name)
+		b = appendAddrs(b, f.addrs)
+	case opVia, opFrom:
+		b = appendName(b, f.name)
+		b = append(b, f.payload...)
 	}
 	binary.BigEndian.PutUint32(b[start+4:], uint32(len(b)-start-headerSize))
 	return b
@@ -248,6 +266,9 @@ func decode(h header, body []byte) (*frame, error) {
 		f.payload = d.rest()
 		if len(f.payload) > MaxPayload {
 			return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrMalformed, len(f.payload), MaxPayload)
+		}
+		if len(body) > maxInner {
+			return nil, fmt.Errorf("%w: %s of %d bytes exceeds %d", ErrMalformed, f.op, len(body), maxInner)
 		}
 		if d.err == nil && f.name == "" {
 			d.err = errors.New("no destination or sender")
@@ -324,6 +345,18 @@ func decode(h header, body []byte) (*frame, error) {
 	case opAttach:
 		d.token(&f.token)
 	case opAttached:
+	case opLink:
+		f.addrs = d.addrs()
+	case opJoined, opLeft:
+		if f.name = d.name(); d.err == nil && f.name == "" {
+			d.err = errors.New("no node named")
+		}
+		f.addrs = d.addrs()
+	case opVia, opFrom:
+		if f.name = d.name(); d.err == nil && f.name == "" {
+			d.err = errors.New("no node named")
+		}
+		f.payload = d.rest()
 	default:
 		return nil, fmt.Errorf("%w: unknown op %d", ErrMalformed, uint8(f.op))
 	}
@@ -334,6 +367,38 @@ func decode(h header, body []byte) (*frame, error) {
 		return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, f.op, d.err)
 	}
 	return f, nil
+}
+
+// unwrap decodes the frame a via or from frame carries, which must be
+// whole, of one of the ops a relay passes on that way, and no larger
+// than a frame a node may send or receive.
+func (f *frame) unwrap() (*frame, error) {
+	b := f.payload
+	if len(b) < headerSize {
+		return nil, fmt.Errorf("%w: %s carries %d bytes, no frame", ErrMalformed, f.op, len(b))
+	}
+	h := header(b[:headerSize])
+	switch {
+	case h.version() != protoVersion:
+		return nil, fmt.Errorf("%w: %s carries a frame of version %d", ErrMalformed, f.op, h.version())
+	case h.len() != len(b)-headerSize || h.len() > maxInner:
+		return nil, fmt.Errorf("%w: %s carries a frame of %d bytes that says %d", ErrMalformed, f.op, len(b)-headerSize, h.len())
+	}
+	in, err := decode(h, b[headerSize:])
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	switch f.op {
+	case opVia: // what a relay sends a node
+		ok = in.op == opDeliver || in.op == opError || in.op == opOffer || in.op == opReady || in.op == opPunch || in.op == opSync
+	case opFrom: // what a node tells its relay about another's connection
+		ok = in.op == opPunch || in.op == opDecline
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: %s carries %s", ErrMalformed, f.op, in.op)
+	}
+	return in, nil
 }
 
 // decoder takes fields off a body; the first error sticks.

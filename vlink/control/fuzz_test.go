@@ -33,6 +33,13 @@ func FuzzFrame(f *testing.F) {
 			splice: netip.MustParseAddrPort("192.0.2.1:40000")},
 		{op: opPunch, token: [tokenSize]byte{8}, splice: netip.MustParseAddrPort("[2001:db8::2]:40001")},
 		{op: opSync, token: [tokenSize]byte{9}},
+		{op: opLink, addrs: []netip.AddrPort{netip.MustParseAddrPort("[::]:7100")}},
+		{op: opJoined, name: "bob", addrs: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.7:40000"), netip.MustParseAddrPort("10.0.0.2:7200")}},
+		{op: opLeft, name: "bob"},
+		{op: opVia, name: "bob", payload: (&frame{op: opDeliver, typ: 3, coop: 1, name: "alice", payload: []byte("hi")}).append(nil)},
+		{op: opVia, name: "bob", payload: (&frame{op: opOffer, token: [tokenSize]byte{10}, key: make([]byte, keySize), port: 22, name: "alice"}).append(nil)},
+		{op: opFrom, name: "bob", payload: (&frame{op: opPunch, token: [tokenSize]byte{11}, splice: netip.MustParseAddrPort("192.0.2.7:40001")}).append(nil)},
+		{op: opFrom, name: "bob", payload: (&frame{op: opSend, typ: 1, name: "carol"}).append(nil)}, // not passed on
 	}
 	for _, s := range seeds {
 		f.Add(s.append(nil))
@@ -51,6 +58,18 @@ func FuzzFrame(f *testing.F) {
 		}
 		if again := fr.append(nil); !bytes.Equal(again, consumed) {
 			t.Fatalf("re-encoding differs:\n got %x\nwant %x", again, consumed)
+		}
+		if fr.op == opVia || fr.op == opFrom {
+			in, err := fr.unwrap()
+			if err != nil {
+				return
+			}
+			if in.op == opVia || in.op == opFrom || in.op == opSend || in.op == opLink {
+				t.Fatalf("%s passed on %s", fr.op, in.op)
+			}
+			if again := in.append(nil); !bytes.Equal(again, fr.payload) {
+				t.Fatalf("re-encoding the frame %s carries differs:\n got %x\nwant %x", fr.op, again, fr.payload)
+			}
 		}
 	})
 }

@@ -102,15 +102,31 @@ func (tp *tap) contains(b []byte) bool {
 	return bytes.Contains(tp.seen.Bytes(), b)
 }
 
-// relayOnlyPaths dials nodes through the relay only.
-type relayOnlyPaths struct{ n *Node }
+// pathsOnly dials nodes by the given paths only.
+type pathsOnly struct {
+	n     *Node
+	paths Paths
+}
 
-func (p relayOnlyPaths) DialNode(ctx context.Context, name string, port uint16) (net.Conn, error) {
-	c, err := p.n.DialPaths(ctx, name, port, PathRelay)
+func (p pathsOnly) DialNode(ctx context.Context, name string, port uint16) (net.Conn, error) {
+	c, err := p.n.DialPaths(ctx, name, port, p.paths)
 	if err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// sumOf sends payload to sumServer's port on bob through d, and returns
+// what comes back: its checksum, if all went well.
+func sumOf(t *testing.T, d *vlink.Dialer, payload []byte) ([]byte, error) {
+	t.Helper()
+	c, err := d.DialContext(ctxT(t), "tcp", "bob.vlink.alt:5432")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() { c.Write(payload); c.(interface{ CloseWrite() error }).CloseWrite() }()
+	return io.ReadAll(c)
 }
 
 // startMemberRelay starts a relay with a relay's certificate of n.
@@ -174,15 +190,9 @@ func TestMembersThroughRelay(t *testing.T) {
 			tp := startTap(t, r.addr, tt.flipAt)
 			alice, bob := memberNode(t, tp.ln.Addr().String(), aliceM), memberNode(t, tp.ln.Addr().String(), bobM)
 			errs := sumServer(t, bob, bobM)
-			d := &vlink.Dialer{Stack: vlink.MustParse("zstd"), Network: relayOnlyPaths{alice}, Member: aliceM}
+			d := &vlink.Dialer{Stack: vlink.MustParse("zstd"), Network: pathsOnly{alice, PathRelay}, Member: aliceM}
 			defer d.Close()
-			c, err := d.DialContext(ctxT(t), "tcp", "bob.vlink.alt:5432")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			go func() { c.Write(payload); c.(interface{ CloseWrite() error }).CloseWrite() }()
-			got, err := io.ReadAll(c)
+			got, err := sumOf(t, d, payload)
 			want := sha256.Sum256(payload)
 			if tt.flipAt == 0 {
 				if err != nil || !bytes.Equal(got, want[:]) {

@@ -26,7 +26,14 @@ const (
 	DefaultKeepAlive   = 15 * time.Second
 	DefaultMaxHandlers = 64
 	DefaultNodeQueue   = 1 << 20
-	maxBackoff         = 30 * time.Second
+	// maxBackoff caps the wait between reconnects, so that a node is
+	// back within about that long of its relay's return, however long
+	// it was away (jitter spreads the nodes over the second half).
+	maxBackoff = 8 * time.Second
+	// firstRetry is the wait after losing a relay that was up a while:
+	// with several relays, the node is registered with the next within
+	// about that long.
+	firstRetry = 500 * time.Millisecond
 )
 
 // Config configures a node. Relays are required, and Name and Key, or
@@ -48,7 +55,9 @@ type Config struct {
 	Member *vlink.Member
 	// Relays are the relays' host:port, tried in order; the node keeps
 	// one control connection, to the first that answers, and moves on
-	// down the list when it fails.
+	// down the list when it fails. Relays linked with each other
+	// (RelayConfig.Peers) are one network: the node is reached through
+	// whichever it is registered with.
 	Relays []string
 	// Dialer reaches a relay. Nil means a vlink.Dialer with the noise
 	// stack proving Key as Name: the channel is always authenticated and
@@ -494,7 +503,7 @@ func (n *Node) register(ctx context.Context, relay string) (*channel, error) {
 // backoff until Close.
 func (n *Node) run(ch *channel) {
 	defer n.wg.Done()
-	backoff := time.Second
+	backoff := firstRetry
 	for {
 		start := time.Now()
 		err := n.serve(ch)
@@ -518,7 +527,7 @@ func (n *Node) run(ch *channel) {
 		}
 		n.log.Warn("control: connection to the relay lost; reconnecting", "node", n.cfg.Name, "err", err)
 		if time.Since(start) > maxBackoff {
-			backoff = time.Second // it was up for a while: start over
+			backoff = firstRetry // it was up for a while: start over
 		}
 		for {
 			if !sleep(n.ctx, jitter(backoff)) {

@@ -2,6 +2,7 @@ package control
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,6 +62,17 @@ type RelayConfig struct {
 	// their token, which only the two nodes and the relay know, is what
 	// they prove (a member's end holds no key the relay could check).
 	Member *vlink.Member
+	// Peers are the other relays of the network (host:port), which this
+	// relay links with (links.go), so that a node registered with any of
+	// them reaches a node registered with another: they announce their
+	// nodes to each other and pass on what concerns them, connections
+	// between nodes included, which stay encrypted end to end. The
+	// relays of a network link in a full mesh: each is listed by, or
+	// lists, every other. Each holds a certificate the owner signed for
+	// a relay, and takes only such another's; with no Member there are
+	// no peers (every holder of a network key could pass for a relay).
+	// A relay also takes links from relays that list it.
+	Peers []string
 	// Logger receives registrations and refusals. Nil discards them.
 	Logger *slog.Logger
 }
@@ -76,6 +88,14 @@ func (c *RelayConfig) Validate() error {
 		}
 		if c.Member.Cert.Kind() != nodecert.KindRelay {
 			return fmt.Errorf("control: relay: the certificate of %s is a %s's: a relay needs one signed for a relay (vlink cert sign --relay)", c.Member.Cert.Name(), c.Member.Cert.Kind())
+		}
+	}
+	if len(c.Peers) > 0 && c.Member == nil {
+		return errors.New("control: relay: relays link only in a network with an owner, each with a relay's certificate: with a network key, any node could pass for a relay")
+	}
+	for _, p := range c.Peers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			return fmt.Errorf("control: relay: peer %q: %w", p, err)
 		}
 	}
 	return nil
@@ -97,19 +117,27 @@ type Relay struct {
 	logins                                    logins
 
 	mu        sync.Mutex
-	nodes     map[string]*peer
+	nodes     map[string]*peer // registered here
+	remote    map[string]*peer // registered with a linked relay
+	links     map[string]*link // by the other relay's name
+	transit   map[[tokenSize]byte]*transit
 	pending   map[[tokenSize]byte]*rendezvous
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // connections in their first frame or relayed
 	closed    bool
 
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	linkOnce  sync.Once // starts the links with Peers
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 }
 
-// peer is a registered node, as the relay holds it.
+// peer is a registered node, as the relay holds it: registered here,
+// or with the linked relay via.
 type peer struct {
 	name     string
+	via      *link
 	cert     *nodecert.Certificate // the certificate it registered with, if a member
 	ch       *channel
 	observed netip.AddrPort
@@ -120,6 +148,15 @@ type peer struct {
 	mu         sync.Mutex
 	advertised []netip.AddrPort
 	recent     map[voucher]time.Time // lazily made: an idle node holds none
+}
+
+// send queues f toward p: on its control connection, or wrapped for
+// the relay it is registered with.
+func (p *peer) send(f *frame) error {
+	if p.via != nil {
+		return p.via.ch.trySend(&frame{op: opVia, name: p.name, payload: f.append(nil)})
+	}
+	return p.ch.trySend(f)
 }
 
 // A voucher records that the relay delivered a cooperation's message
@@ -149,7 +186,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.MaxRelayed == 0 {
 		cfg.MaxRelayed = DefaultMaxRelayed
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, nodes: map[string]*peer{}, listeners: map[net.Listener]struct{}{}, pending: map[[tokenSize]byte]*rendezvous{}}
+	r := &Relay{cfg: cfg, log: cfg.Logger, nodes: map[string]*peer{}, remote: map[string]*peer{}, links: map[string]*link{},
+		transit: map[[tokenSize]byte]*transit{}, listeners: map[net.Listener]struct{}{}, pending: map[[tokenSize]byte]*rendezvous{}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.budget.max = cfg.MaxBuffered
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -180,6 +219,13 @@ func (r *Relay) Serve(l net.Listener) error {
 	}
 	r.listeners[l] = struct{}{}
 	r.mu.Unlock()
+	r.linkOnce.Do(func() {
+		// Once a listener is up: a link names the port it serves on.
+		for _, addr := range r.cfg.Peers {
+			r.wg.Add(1)
+			go r.keepLinked(addr)
+		}
+	})
 	defer func() {
 		r.mu.Lock()
 		delete(r.listeners, l)
@@ -203,6 +249,20 @@ func (r *Relay) Serve(l net.Listener) error {
 			go func() {
 				defer r.wg.Done()
 				r.serveConn(c, "", false)
+			}()
+			continue
+		}
+		if cert := certOf(c); cert != nil && cert.Kind() == nodecert.KindRelay && r.cfg.Member != nil && encrypted(c) {
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				if cert.Name() == r.cfg.Member.Cert.Name() {
+					r.logins.log.Info("control: relay: refused a link from a relay with this relay's own name", "remote", c.RemoteAddr().String())
+					r.logins.failed(LoginRefused)
+					c.Close()
+					return
+				}
+				r.serveLink(c, cert, "")
 			}()
 			continue
 		}
@@ -348,6 +408,7 @@ func (r *Relay) register(p *peer) error {
 		old.ch.fail(errReplaced)
 	}
 	r.nodes[p.name] = p
+	r.announce(joined(p))
 	r.registrations.Add(1)
 	r.log.Info("control: relay: registered", "node", p.name, "seen as", p.observed.String())
 	return nil
@@ -357,24 +418,35 @@ func (r *Relay) register(p *peer) error {
 // longer accepts is dropped with (see Recheck).
 var ErrCertRefused = errors.New("control: relay: the node's certificate is no longer accepted (revoked or expired)")
 
-// Recheck drops the registered nodes whose certificates the relay's
-// trust no longer accepts, after RelayConfig.Member.Trust.Reload read a
-// new revocation list, or as certificates expire, and returns how many
-// it dropped. A node dropped so cannot register again: its certificate
-// is refused at the hello.
+// Recheck drops the registered nodes, and the links with other relays,
+// whose certificates the relay's trust no longer accepts, after
+// RelayConfig.Member.Trust.Reload read a new revocation list, or as
+// certificates expire, and returns how many nodes it dropped. A node or
+// relay dropped so cannot come back: its certificate is refused at the
+// hello.
 func (r *Relay) Recheck() int {
 	if r.cfg.Member == nil {
 		return 0
 	}
 	now := time.Now()
 	var drop []*peer
+	var links []*link
 	r.mu.Lock()
 	for _, p := range r.nodes {
 		if p.cert != nil && r.cfg.Member.Trust.Check(p.cert, now) != nil {
 			drop = append(drop, p)
 		}
 	}
+	for _, l := range r.links {
+		if r.cfg.Member.Trust.Check(l.cert, now) != nil {
+			links = append(links, l)
+		}
+	}
 	r.mu.Unlock()
+	for _, l := range links {
+		r.log.Info("control: relay: dropped the link with a relay whose certificate is no longer accepted", "relay", l.name, "cert", l.cert.Fingerprint())
+		l.ch.fail(ErrCertRefused)
+	}
 	for _, p := range drop {
 		r.log.Info("control: relay: dropped a node whose certificate is no longer accepted", "node", p.name, "cert", p.cert.Fingerprint())
 		p.ch.fail(ErrCertRefused)
@@ -388,8 +460,9 @@ func (r *Relay) Recheck() int {
 // freed.
 func (r *Relay) unregister(p *peer) {
 	r.mu.Lock()
-	if r.nodes[p.name] == p {
+	if p.via == nil && r.nodes[p.name] == p {
 		delete(r.nodes, p.name)
+		r.announce(&frame{op: opLeft, name: p.name})
 	}
 	var gone []*rendezvous
 	for _, rv := range r.pending {
@@ -406,15 +479,20 @@ func (r *Relay) unregister(p *peer) {
 			r.drop(rv.bConn)
 		}
 		if rv.b == p {
-			rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: CodeNoNode, name: p.name, reason: "it went offline"})
+			rv.a.send(&frame{op: opError, coop: rv.coop, code: CodeNoNode, name: p.name, reason: "it went offline"})
 		}
 	}
 }
 
+// lookup returns the node called name, registered here or else with a
+// linked relay, or nil.
 func (r *Relay) lookup(name string) *peer {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.nodes[name]
+	if p := r.nodes[name]; p != nil {
+		return p
+	}
+	return r.remote[name]
 }
 
 // handle acts on one frame from node p. An error ends p's connection:
@@ -451,6 +529,11 @@ func (r *Relay) handle(p *peer, f *frame) error {
 		p.mu.Lock()
 		p.advertised = f.addrs
 		p.mu.Unlock()
+		r.mu.Lock()
+		if r.nodes[p.name] == p {
+			r.announce(joined(p))
+		}
+		r.mu.Unlock()
 	default:
 		return fmt.Errorf("%w: a node does not send %s", ErrMalformed, f.op)
 	}
@@ -466,12 +549,12 @@ func (r *Relay) route(p *peer, f *frame, origin, via string) {
 		return
 	}
 	d := &frame{op: opDeliver, typ: f.typ, coop: f.coop, name: origin, name2: via, payload: f.payload}
-	if err := q.ch.trySend(d); err != nil {
+	if err := q.send(d); err != nil {
 		r.refuse(p, f, CodeBusy, "its queue is full")
 		return
 	}
-	if f.coop != 0 {
-		q.vouch(origin, f.coop)
+	if f.coop != 0 && q.via == nil {
+		q.vouch(origin, f.coop) // the relay q is registered with vouches for its own
 	}
 }
 
@@ -566,6 +649,8 @@ func (r *Relay) Relayed() int { return int(r.relayed.Load()) }
 // RelayStats are a relay's figures, for a metrics endpoint.
 type RelayStats struct {
 	Nodes         int    // registered now
+	Peers         int    // relays linked now (RelayConfig.Peers)
+	RemoteNodes   int    // registered with the linked relays now, as they announced them
 	Relayed       int    // connections between nodes carried now
 	Registrations uint64 // registrations since the start, again after a reconnect included
 	// RelayedTotal counts the connections between nodes carried since
@@ -584,9 +669,9 @@ type RelayStats struct {
 // Stats returns the relay's figures so far.
 func (r *Relay) Stats() RelayStats {
 	r.mu.Lock()
-	nodes := len(r.nodes)
+	nodes, peers, remote := len(r.nodes), len(r.links), len(r.remote)
 	r.mu.Unlock()
-	s := RelayStats{Nodes: nodes, Relayed: r.Relayed(), Registrations: r.registrations.Load(),
+	s := RelayStats{Nodes: nodes, Peers: peers, RemoteNodes: remote, Relayed: r.Relayed(), Registrations: r.registrations.Load(),
 		RelayedTotal: r.relayedTotal.Load(), RelayedBytes: r.relayedBytes.Load(), Refused: map[string]uint64{},
 		FailedLogins: r.logins.snapshot()}
 	for _, c := range []Code{CodeNoNode, CodeBusy, CodeForbidden, CodeTimeout} {
@@ -623,6 +708,7 @@ func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		r.mu.Lock()
 		r.closed = true
+		r.cancel()
 		for l := range r.listeners {
 			l.Close()
 		}
@@ -633,6 +719,9 @@ func (r *Relay) Close() error {
 		}
 		for _, rv := range r.pending {
 			rv.expiry.Stop()
+		}
+		for _, t := range r.transit {
+			t.expiry.Stop()
 		}
 		r.mu.Unlock()
 		for _, p := range nodes {

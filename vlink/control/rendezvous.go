@@ -71,7 +71,7 @@ type rendezvous struct {
 func (r *Relay) dial(a *peer, f *frame) {
 	refuse := func(code Code, reason string) {
 		r.refused[code].Add(1)
-		a.ch.trySend(&frame{op: opError, coop: f.coop, code: code, name: f.name, reason: reason})
+		a.send(&frame{op: opError, coop: f.coop, code: code, name: f.name, reason: reason})
 	}
 	b := r.lookup(f.name)
 	if b == nil {
@@ -111,7 +111,7 @@ func (r *Relay) dial(a *peer, f *frame) {
 			offer.flags &^= flagSplice
 		}
 	}
-	if err := b.ch.trySend(offer); err != nil {
+	if err := b.send(offer); err != nil {
 		r.take(rv.token)
 		refuse(CodeBusy, "its queue is full")
 	}
@@ -155,10 +155,13 @@ func (r *Relay) punch(b *peer, f *frame) {
 	}
 	r.mu.Unlock()
 	if !ok {
+		if rv == nil && b.via == nil {
+			r.passBack(b, f) // another relay's, perhaps
+		}
 		return
 	}
 	if at := observedAt(b, f.splice.Port()); at.IsValid() {
-		rv.a.ch.trySend(&frame{op: opPunch, token: f.token, splice: at})
+		rv.a.send(&frame{op: opPunch, token: f.token, splice: at})
 	}
 }
 
@@ -172,7 +175,7 @@ func (r *Relay) sync(a *peer, f *frame) {
 	}
 	r.mu.Unlock()
 	if ok {
-		rv.b.ch.trySend(&frame{op: opSync, token: f.token})
+		rv.b.send(&frame{op: opSync, token: f.token})
 	}
 }
 
@@ -204,14 +207,17 @@ func (r *Relay) decline(p *peer, f *frame) {
 	r.mu.Unlock()
 	switch {
 	case rv == nil:
-		// Expired, taken, or never was.
+		// Expired, taken, never was, or another relay's.
+		if p.via == nil {
+			r.passBack(p, f)
+		}
 	case f.code == codeDirect && (p == rv.a || p == rv.b):
 		if r.take(f.token) != nil && bConn != nil {
 			r.drop(bConn)
 		}
 	case p == rv.b && bConn == nil:
 		if r.take(f.token) != nil {
-			rv.a.ch.trySend(&frame{op: opError, coop: rv.coop, code: f.code, name: p.name, reason: f.reason})
+			rv.a.send(&frame{op: opError, coop: rv.coop, code: f.code, name: p.name, reason: f.reason})
 		}
 	}
 }
@@ -224,6 +230,9 @@ func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
 	switch {
 	case rv == nil:
 		r.mu.Unlock()
+		if r.bridge(c, token) {
+			return // the half of a connection another relay sets up
+		}
 		r.log.Info("control: relay: attach with an unknown or used token", "node", name)
 		r.drop(c)
 		return
@@ -237,7 +246,7 @@ func (r *Relay) attach(c net.Conn, name string, token [tokenSize]byte) {
 	case rv.bConn == nil && (rv.b.name == name || name == ""):
 		rv.bConn = c
 		r.mu.Unlock()
-		if err := rv.a.ch.trySend(&frame{op: opReady, coop: rv.coop, token: token, key: rv.key}); err != nil {
+		if err := rv.a.send(&frame{op: opReady, coop: rv.coop, token: token, key: rv.key}); err != nil {
 			if r.take(token) != nil {
 				r.drop(c)
 			}

@@ -38,7 +38,7 @@ type NodeOptions struct {
 // being a node does for the command.
 func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
 	fs.StringVar(&o.name, "node", "", "join the vlink network as the node called `NAME` (a DNS label: lower-case letters, digits, '-'), "+role+"; needs --relay")
-	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order; needs --node")
+	fs.StringVar(&o.relays, "relay", "", "the network's relay (vlink relay) at `HOST:PORT`, or several, comma-separated, tried in order (relays linked with --peer form one network: a node moves to the next when its relay dies); needs --node")
 	fs.StringVar(&o.relayStack, "relay-stack", "", "reach the relay through the factories of `STACK` (an SSH server or a proxy the network lets out: ssh:host=bastion, socks5h://proxy:1080), the control connection's encryption on top (default: the route the configuration gives the relay's address, else direct)")
 	fs.StringVar(&o.keyFile, "node-key-file", "", "the node's key, made with vlink key --node NAME --key-file NETWORK_KEY, in `FILE` (mode 600; default: derived from --key-file, if that holds the network key)")
 	fs.StringVar(&o.certFile, "cert", "", "join as a member of a network with an owner: the node's certificate, in `FILE` (vlink cert sign), which names the node (--node may be left out); other nodes and the relay then hold no key of ours, and connections between members are encrypted end to end with the members' own keys; needs --cert-key and --owner")
