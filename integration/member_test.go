@@ -112,6 +112,21 @@ func TestMembersThroughRelay(t *testing.T) {
 			t.Fatalf("a node of another owner: %v\n%s", err, stderr)
 		}
 	})
+	t.Run("revoked at the node", func(t *testing.T) {
+		// db's list is reread on SIGHUP; the relay's is not, so runner
+		// still registers, and db alone refuses it.
+		vlinkOK("cert", "revoke", "--revocations", revoked, file("runner.crt"))
+		serve.Cmd.Process.Signal(syscall.SIGHUP)
+		serve.WaitFor(t, regexp.MustCompile(`msg="revocation list reloaded" .*revoked=2`), startTimeout)
+		// runner holds no list that names it (its own copy is older).
+		runner := []string{"--cert", file("runner.crt"), "--cert-key", file("runner.key"), "--owner", file("owner.key.pub")}
+		out, stderr, err := run(time.Minute, bytes.NewReader([]byte("hello")), vlinkBin, append(append([]string{"exec", "--relay", tap},
+			runner...), "--", "socat", "-t", "5", "-", "TCP:db.vlink.alt:"+echoPort)...)
+		if err == nil || len(out) != 0 {
+			t.Fatalf("db answered runner after revoking it: %v, %q\n%s", err, out, stderr)
+		}
+		serve.WaitFor(t, regexp.MustCompile(`runner.*revoked`), startTimeout)
+	})
 	t.Run("revoked", func(t *testing.T) {
 		_, stderr, err := run(startTimeout, nil, vlinkBin, append([]string{"tunnel", "--listen", "127.0.0.1:0", "--to", "db.vlink.alt:" + echoPort,
 			"--relay", tap}, certFlags("mallory")...)...)
@@ -122,7 +137,7 @@ func TestMembersThroughRelay(t *testing.T) {
 		// it cannot come back.
 		vlinkOK("cert", "revoke", "--revocations", revoked, file("laptop.crt"))
 		relay.Cmd.Process.Signal(syscall.SIGHUP)
-		relay.WaitFor(t, regexp.MustCompile(`msg="relay: revocation list reloaded" .*revoked=2 dropped=1`), startTimeout)
+		relay.WaitFor(t, regexp.MustCompile(`msg="relay: revocation list reloaded" .*revoked=3 dropped=1`), startTimeout)
 		tunnel.WaitFor(t, regexp.MustCompile(`revoked`), startTimeout)
 	})
 }

@@ -89,6 +89,24 @@ type RouteReport struct {
 	// Path is how a connection to a node came (reverse, splice, relay),
 	// when the network says.
 	Path string
+	// Ladder is what the dial to a node saw of each of its paths, when
+	// the network says (control.Conn.Ladder).
+	Ladder []PathStep
+}
+
+// A PathStep is what a dial to a node saw of one of the paths the
+// network races to it (package vlink/control: reverse, splice, relay).
+type PathStep struct {
+	Path string // in the order the node tries them
+	// Offered: the dial let the node try it. Note says why not, or what
+	// came of it.
+	Offered bool
+	Won     bool
+	// At is when, from the dial's start, the path's connection was taken
+	// (Won), or the node's step for it came (the splice's punch, the
+	// relay's ready); zero for none.
+	At   time.Duration
+	Note string
 }
 
 // A RaceError is the error of a best-effort dial that no way completed.

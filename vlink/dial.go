@@ -207,6 +207,9 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		}
 		if rep != nil {
 			rep.Rule, rep.Way, rep.Path = r.describe(), r.stack.String(), path
+			if l := r.transport.(*nodeTransport).ladder.Load(); l != nil {
+				rep.Ladder = *l
+			}
 		}
 		if path == "" {
 			return c, nil
@@ -477,8 +480,9 @@ func (n networkDialer) DialContext(ctx context.Context, network, address string)
 // the network vouches for. It serves one dial, and keeps the path the
 // network says the connection took.
 type nodeTransport struct {
-	next layer.ContextDialer
-	path atomic.Pointer[string] // a multi-link layer dials several at once
+	next   layer.ContextDialer
+	path   atomic.Pointer[string] // a multi-link layer dials several at once
+	ladder atomic.Pointer[[]PathStep]
 }
 
 func (t *nodeTransport) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -493,6 +497,10 @@ func (t *nodeTransport) DialContext(ctx context.Context, network, address string
 	if p, ok := c.(interface{ Path() string }); ok {
 		path := p.Path()
 		t.path.Store(&path)
+	}
+	if l, ok := c.(interface{ Ladder() []PathStep }); ok {
+		ladder := l.Ladder()
+		t.ladder.Store(&ladder)
 	}
 	return c, nil
 }

@@ -35,8 +35,11 @@ ssh, or a way's whole text) narrow every best-effort route, and the
 paths to nodes: reverse, splice, relay.
 
 A node's address (NODE.vlink.alt:PORT) is reached through the vlink
-network (--node, --relay): the line says which path the connection took
-(reverse, splice or relay).
+network (--node, --relay): a table shows each path the network races
+(reverse, splice, relay): whether the dial offered it and why not, when
+the node's step for it came, and which won. The path that won is
+remembered for 10 minutes and the paths that lost to it are left out:
+--count 2 shows that too.
 
 Exit status 0 if a way connected, 1 if none did.
 `,
@@ -135,6 +138,7 @@ func (o *routeOptions) run(ctx context.Context, e *base.Env) (bool, error) {
 			c.Close()
 		}
 		printReport(e, rep, err)
+		printLadder(e, rep.Ladder)
 		switch {
 		case err != nil:
 			fmt.Fprintf(e.Stdout, "no connection after %v: %v\n", round(took), err)
@@ -182,6 +186,33 @@ func printReport(e *base.Env, rep *vlink.RouteReport, err error) {
 			start, took, result = "-", "-", "not needed"
 		}
 		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", i+1, wayLabel(a.Way), start, took, result, a.Note)
+	}
+	w.Flush()
+}
+
+// printLadder prints the paths of a dial to a node.
+func printLadder(e *base.Env, ladder []vlink.PathStep) {
+	if len(ladder) == 0 {
+		return
+	}
+	fmt.Fprintln(e.Stdout, "paths to the node, in the order it tries them (reverse at once, splice 100 ms later, relay 500 ms later):")
+	w := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  path\toffered\tat\tresult")
+	for _, s := range ladder {
+		offered, at, result := "no", "-", s.Note
+		if s.Offered {
+			offered = "yes"
+		}
+		if s.At > 0 {
+			at = round(s.At).String()
+		}
+		switch {
+		case s.Won:
+			result = "connected, taken"
+		case s.Offered && result == "":
+			result = "not taken: another path came first"
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", s.Path, offered, at, oneLine(result))
 	}
 	w.Flush()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"net"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -27,9 +28,23 @@ func TestRouteNode(t *testing.T) {
 	web.stderr.waitFor(t, `msg="serving as a node"`)
 
 	node := []string{"route", "--node", "laptop", "--relay", relayAddr}
-	code, stdout, stderr := runSync(append(node, "--key-file", network, "web.vlink.alt:"+port)...)
+	code, stdout, stderr := runSync(append(node, "--key-file", network, "--count", "2", "web.vlink.alt:"+port)...)
 	if code != base.ExitOK || !strings.Contains(stdout, "connected in ") {
 		t.Errorf("route to web with --key-file: exit %d, stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	// The ladder of paths: laptop takes no connections back, the splice
+	// works on loopback, and the second dial leaves out what lost.
+	first, second, _ := strings.Cut(stdout, "dial 2 of 2")
+	for _, want := range []struct{ in, re string }{
+		{first, `(?m)^  reverse +no +- +this node takes no connections back`},
+		{first, `(?m)^  splice +yes +\S+ +connected, taken$`},
+		{first, `(?m)^  relay +yes +- +not taken: another path came first$`},
+		{second, `(?m)^  reverse +no +- +left out: splice won the last dial to web$`},
+		{second, `(?m)^  splice +yes +\S+ +connected, taken$`},
+	} {
+		if !regexp.MustCompile(want.re).MatchString(want.in) {
+			t.Errorf("route to web: no line matching %s in\n%s", want.re, want.in)
+		}
 	}
 
 	code, stdout, stderr = runSync(append(node, "--key-file", network, "nope.vlink.alt:"+port)...)

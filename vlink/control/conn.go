@@ -41,7 +41,13 @@ type Conn struct {
 	local, remote Addr
 	key           []byte
 	path          string
+	ladder        []vlink.PathStep // the dialer's: what each path did
 }
+
+// Ladder returns, on the dialer's end, what the dial saw of each path:
+// which it offered (and why not the others), when the node's steps came
+// and which won. vlink route prints it.
+func (c *Conn) Ladder() []vlink.PathStep { return c.ladder }
 
 var (
 	_ net.Conn          = (*Conn)(nil)
@@ -150,17 +156,8 @@ func (n *Node) DialContext(ctx context.Context, network, address string) (net.Co
 	return n.DialNode(ctx, name, port)
 }
 
-// DialPaths connects to port on the named node by one of paths, the best
-// that works: the node connecting back to this one (PathReverse, when
-// this node accepts reverse connections), both connecting at once
-// (PathSplice, 100 ms later) and the relay (PathRelay, 500 ms later, or
-// once the others failed), raced; this side takes the first connection
-// that comes, and the node keeps the same. The node must expose the port
-// (Node.Listen). The connection is a *Conn, whose Path says how it came.
-// A refusal is a *DeliveryError matching ErrRefused, ErrNoNode, ErrBusy,
-// ErrTimeout or, when no direct path worked and the relay was not
-// allowed, ErrUnreachable (its reason says what each path met).
-func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
+// dialPaths is DialPaths without what earlier dials learned.
+func (n *Node) dialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -193,6 +190,20 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 			dial.splice = netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(spliced.Addr().(*net.TCPAddr).Port))
 		}
 	}
+	start := time.Now()
+	// What the dial sees of each path, in the node's order, for Ladder.
+	ladder := []vlink.PathStep{{Path: "reverse"}, {Path: "splice"}, {Path: "relay", Offered: paths&PathRelay != 0}}
+	switch {
+	case paths&PathSplice == 0:
+		ladder[1].Note = "not allowed"
+	case spliceErr != nil:
+		ladder[1].Note = spliceErr.Error()
+	default:
+		ladder[1].Offered = true
+	}
+	if paths&PathRelay == 0 {
+		ladder[2].Note = "not allowed"
+	}
 	// Where the node would connect back to us, if we accept that.
 	w := &reverseWait{conn: make(chan pathConn), punch: make(chan netip.AddrPort, 1), done: make(chan struct{})}
 	defer close(w.done)
@@ -201,6 +212,14 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 		for _, p := range n.reversePorts {
 			dial.addrs = append(dial.addrs, netip.AddrPortFrom(netip.IPv4Unspecified(), p))
 		}
+	}
+	switch {
+	case paths&PathReverse == 0:
+		ladder[0].Note = "not allowed"
+	case len(dial.addrs) == 0:
+		ladder[0].Note = "this node takes no connections back (Node.ServeReverse, --reverse-listen)"
+	default:
+		ladder[0].Offered = true
 	}
 	direct := len(dial.addrs) > 0 || dial.flags&flagSplice != 0
 	if direct {
@@ -249,11 +268,17 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 			}
 			c.SetDeadline(time.Time{})
 			ch.trySend(&frame{op: opDecline, token: dial.token, code: codeDirect})
-			return &Conn{Conn: c.Conn, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: c.path}, nil
+			won := &ladder[0]
+			if c.path == "splice" {
+				won = &ladder[1]
+			}
+			won.Won, won.At = true, time.Since(start)
+			return &Conn{Conn: c.Conn, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: c.path, ladder: ladder}, nil
 		case peer := <-w.punch:
 			// The node waits for the sync; it arrives about half this
 			// round trip from now, when this side connects too.
 			rtt := time.Since(sent)
+			ladder[1].At, ladder[1].Note = time.Since(start), "the node was ready to splice"
 			ch.trySend(&frame{op: opSync, token: dial.token})
 			spliceDone.Add(1)
 			go func() {
@@ -275,11 +300,13 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 	if err != nil {
 		return nil, err
 	}
+	ladder[2].At = time.Since(start)
 	c, err := n.attach(ctx, replies[0].ready.token)
 	if err != nil {
 		return nil, fmt.Errorf("control: connecting to %s through the relay: %w", name, err)
 	}
-	return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: "relay"}, nil
+	ladder[2].Won = true
+	return &Conn{Conn: c, local: Addr{n.cfg.Name, 0}, remote: remote, key: dial.key, path: "relay", ladder: ladder}, nil
 }
 
 // punched hands a node's punch to the dial whose token it carries.

@@ -159,7 +159,9 @@ type Node struct {
 	// syncs maps the token of each offer being spliced to where its
 	// dialer's sync goes.
 	syncs map[[tokenSize]byte]chan struct{}
-	err   error // why the last connection attempt or connection failed
+	// learned is the path the last dial to each node took (learned.go).
+	learned map[string]learnedPath
+	err     error // why the last connection attempt or connection failed
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -197,6 +199,7 @@ func Connect(ctx context.Context, cfg Config) (*Node, error) {
 		coops:     map[uint64]*Cooperation{},
 		reverse:   map[[tokenSize]byte]*reverseWait{},
 		syncs:     map[[tokenSize]byte]chan struct{}{},
+		learned:   map[string]learnedPath{},
 		connected: make(chan struct{}),
 	}
 	for t, h := range cfg.Handlers {

@@ -9,8 +9,11 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // echoListener exposes port on n and echoes what each connection sends,
@@ -108,25 +111,7 @@ func TestReverseFallback(t *testing.T) {
 	r := startRelay(t, RelayConfig{}, "")
 	a, b := connect(t, r.addr, "alice"), connect(t, r.addr, "bob")
 	paths := echoListener(t, b, 7)
-	// A port that accepts and never answers: what a middlebox that
-	// swallows the connection looks like.
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
-	a.mu.Lock()
-	a.reversePorts = []uint16{uint16(silent.Addr().(*net.TCPAddr).Port)}
-	a.mu.Unlock()
+	silentReverse(t, a)
 	start := time.Now()
 	c, err := a.DialPaths(ctxT(t), "bob", 7, PathReverse|PathRelay)
 	if err != nil {
@@ -141,6 +126,26 @@ func TestReverseFallback(t *testing.T) {
 		t.Fatalf("the fallback took %v, want the relay's stagger (%v) and less than the reverse attempt's bound (%v)", took, relayStagger, reverseTimeout)
 	}
 	echoThrough(t, c)
+}
+
+// silentReverse has n offer a reverse port that accepts and never
+// answers, what a middlebox that swallows the connection looks like, and
+// returns how many connections it took.
+func silentReverse(t *testing.T, n *Node) *atomic.Int32 {
+	t.Helper()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taken atomic.Int32
+	testnet.Serve(t, silent, func(c net.Conn) {
+		taken.Add(1)
+		io.Copy(io.Discard, c) // until the other end gives up
+	})
+	n.mu.Lock()
+	n.reversePorts = []uint16{uint16(silent.Addr().(*net.TCPAddr).Port)}
+	n.mu.Unlock()
+	return &taken
 }
 
 // TestReverseAddrs: the relay sends a node back only to the address it

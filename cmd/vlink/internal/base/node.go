@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
@@ -44,7 +45,7 @@ func NodeFlags(fs *flag.FlagSet, o *NodeOptions, role string) {
 	fs.StringVar(&o.certFile, "cert", "", "join as a member of a network with an owner: the node's certificate, in `FILE` (vlink cert sign), which names the node (--node may be left out); other nodes and the relay then hold no key of ours, and connections between members are encrypted end to end with the members' own keys; needs --cert-key and --owner")
 	fs.StringVar(&o.certKey, "cert-key", "", "the node's own private key, in `FILE` (mode 600; vlink key --identity made it, and --cert binds its public half)")
 	fs.StringVar(&o.ownerFile, "owner", "", "the network owner's public key, in `FILE` (vlink owner init wrote it): the relay's and other nodes' certificates must be signed by it")
-	fs.StringVar(&o.revocations, "revocations", "", "the network's revocation list, in `FILE` (vlink cert revoke): certificates it names are refused (default: none)")
+	fs.StringVar(&o.revocations, "revocations", "", "the network's revocation list, in `FILE` (vlink cert revoke): certificates it names are refused; reread on SIGHUP (default: none)")
 }
 
 // RulesFlag defines --rules, for the commands that accept members'
@@ -187,6 +188,9 @@ func (o *NodeOptions) Connect(ctx context.Context, e *Env, networkKey []byte) (*
 			return nil, Usagef("--reverse-listen %v", err)
 		}
 	}
+	if member != nil && o.revocations != "" {
+		go watchRevocations(ctx, e, member.Trust, o.revocations)
+	}
 	cfg := control.Config{Name: o.name, Key: key, Member: member, Relays: relays, Logger: e.Log}
 	dialer, err := o.relayDialer(e, cfg)
 	if err != nil {
@@ -264,4 +268,26 @@ func (o *NodeOptions) relayDialer(e *Env, cfg control.Config) (*vlink.Dialer, er
 	d := control.RelayDialer(cfg, layers)
 	e.Log.Info("reaching the relay through a stack", "stack", d.Stack.String(), "from", from)
 	return d, nil
+}
+
+// watchRevocations rereads the revocation list on each SIGHUP until ctx
+// ends: from then on, hellos from the certificates it names are refused.
+// A list that does not parse leaves the old one in force, and says so.
+// Connections already made stay up.
+func watchRevocations(ctx context.Context, e *Env, trust *nodecert.Trust, path string) {
+	hup := make(chan os.Signal, 1)
+	notifyHangup(hup)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			if err := trust.Reload(); err != nil {
+				e.Log.Error("revocation list not reloaded, the old one stays", "file", path, "err", err)
+				continue
+			}
+			e.Log.Info("revocation list reloaded", "file", path, "revoked", trust.Revocations().Len())
+		case <-ctx.Done():
+			return
+		}
+	}
 }
