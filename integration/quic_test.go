@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,4 +144,65 @@ func TestQuicBlackHole(t *testing.T) {
 	if _, err := io.ReadFull(c, make([]byte, 1<<20)); err != nil {
 		t.Fatalf("a new connection once the path is back: %v", err)
 	}
+}
+
+// TestQuicEnds: over QUIC, vlink says what TCP would. A keyed serve that
+// refuses a connection sending no hello resets it, and the tunnel's
+// client reads a reset, not a clean end of an empty stream; and a serve
+// killed with SIGKILL (nothing left to answer for it) is noticed by
+// default within the idle timeout and a keepalive (8 s), as a reset.
+func TestQuicEnds(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	keyFile := filepath.Join(t.TempDir(), "vlink.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serve, gw := startVLink(t, "serve", "--target", echo, "--quic", "--key-file", keyFile)
+	serve.WaitFor(t, quicPinRE, startTimeout)
+
+	t.Run("refused", func(t *testing.T) {
+		_, tun := startVLink(t, "tunnel", "--to", gw, "--stack", "quic")
+		c, err := net.Dial("tcp", tun)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		c.Write([]byte("no hello"))
+		got, err := io.ReadAll(c)
+		if err == nil || !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("the tunnel's client read %q, %v: want a reset", got, err)
+		}
+	})
+
+	t.Run("peer killed", func(t *testing.T) {
+		_, tun := startVLink(t, "tunnel", "--to", gw, "--stack", "identity+quic", "--key-file", keyFile)
+		c, err := net.Dial("tcp", tun)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		serve.Kill()
+		<-serve.Done()
+		killed := time.Now()
+		_, err = io.ReadAll(c)
+		took := time.Since(killed)
+		t.Logf("the client's read ended %v after serve was killed: %v", took.Round(time.Millisecond), err)
+		switch {
+		case err == nil:
+			t.Fatal("the client saw a clean end after serve was killed")
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			t.Fatal("the client saw nothing for a minute after serve was killed")
+		case took > 12*time.Second:
+			t.Errorf("the client learned %v after serve was killed, want within the idle timeout and a keepalive (6 + 2 s) and a little", took)
+		}
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -230,17 +231,29 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (*L
 	if !stack.IsPlain() {
 		return nil, fmt.Errorf("vlink: listen: stack %s has mirrored layers; a listener takes those from each dialer's hello", stack)
 	}
-	inner, err := ListenStack(ctx, stack, network, address)
-	if err != nil {
-		return nil, err
-	}
-	lc.logPin(inner)
-	if lc.Quic {
-		if inner, err = lc.listenQuic(ctx, stack, inner); err != nil {
+	var inner net.Listener
+	for attempt := 1; ; attempt++ {
+		tl, err := ListenStack(ctx, stack, network, address)
+		if err != nil {
+			return nil, err
+		}
+		lc.logPin(tl)
+		if !lc.Quic {
+			inner = tl
+			break
+		}
+		inner, err = lc.listenQuic(ctx, stack, tl)
+		if err == nil {
+			break
+		}
+		// The port the kernel picked for TCP may be taken on UDP: pick
+		// again, until a number is free for both.
+		if !anyPort(address) || !errors.Is(err, syscall.EADDRINUSE) || attempt == maxPortPicks {
 			return nil, err
 		}
 	}
 	if lc.Shm {
+		var err error
 		if inner, err = listenShm(ctx, stack, inner); err != nil {
 			return nil, err
 		}
@@ -251,6 +264,16 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (*L
 		return nil, err
 	}
 	return l, nil
+}
+
+// maxPortPicks bounds how many ports Listen tries for a listener on port
+// 0 that needs its number free on several transports.
+const maxPortPicks = 64
+
+// anyPort reports whether address asks for any port (port 0).
+func anyPort(address string) bool {
+	_, port, err := net.SplitHostPort(address)
+	return err == nil && (port == "0" || port == "")
 }
 
 // ListenStack listens on address with the top factory of a plain stack,
@@ -452,6 +475,12 @@ func (l *Listener) serve(raw net.Conn, accepted time.Time) {
 	c, err := l.handshake(raw, accepted)
 	l.untrack(raw)
 	shed := l.shed.done(raw)
+	if errors.Is(err, ErrPlainRefused) {
+		// Refused unheard, as TCP refuses a connection nobody takes: a
+		// reset on every transport (TCP's kernel sends one anyway for
+		// the bytes left unread), never a clean end of an empty stream.
+		netconn.Abort(raw)
+	}
 	if err != nil {
 		raw.Close()
 		if shed {

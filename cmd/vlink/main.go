@@ -24,6 +24,7 @@ import (
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/execcmd"
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/launcher"
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/serve"
+	"github.com/vlink-dev/vlink/factories/quic"
 	"github.com/vlink-dev/vlink/internal/cli"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
 )
@@ -55,6 +56,9 @@ runs unmodified programs on them.
 `,
 	Commands: []*cli.Command{serve.Cmd, dial.TunnelCmd, dial.ConnectCmd, dial.SocksCmd, relayCmd, execcmd.Cmd, launcher.Cmd, routeCmd, keyCmd, ownerCmd, certCmd, bench.Cmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
+	// QUIC runs in this process: closing its connections tells each peer
+	// the path ended now, rather than at its idle timeout.
+	AtExit: quic.CloseAll,
 }
 
 // run is the whole program with its environment passed in, so tests call

@@ -77,9 +77,45 @@ func (f *Factory) Listen(_ context.Context, network, address string, _ layer.Con
 	l := &listener{tr: tr, ql: ql, pin: pin, streams: make(chan net.Conn),
 		ctx: ctx, cancel: cancel, paths: map[*path]struct{}{}, sources: map[netip.Addr]int{},
 		opening: make(chan struct{}, MaxOpening)}
+	listening.add(l)
 	l.wg.Add(1)
 	go l.acceptPaths()
 	return l, nil
+}
+
+// listening holds the listeners whose socket is open, for CloseAll.
+var listening = listenerSet{m: map[*listener]struct{}{}}
+
+type listenerSet struct {
+	mu sync.Mutex
+	m  map[*listener]struct{}
+}
+
+func (ls *listenerSet) add(l *listener) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.m[l] = struct{}{}
+}
+
+func (ls *listenerSet) remove(l *listener) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	delete(ls.m, l)
+}
+
+// paths returns the paths of every open listener.
+func (ls *listenerSet) paths() []*path {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	var out []*path
+	for l := range ls.m {
+		l.mu.Lock()
+		for p := range l.paths {
+			out = append(out, p)
+		}
+		l.mu.Unlock()
+	}
+	return out
 }
 
 // A listener hands out the streams of the QUIC connections it accepts.
@@ -146,6 +182,7 @@ func (l *listener) Close() error {
 }
 
 func (l *listener) closeSocket() {
+	listening.remove(l)
 	l.tr.Close()
 	l.tr.Conn.Close()
 }

@@ -22,8 +22,13 @@ import (
 const (
 	// DefaultIdleTimeout is how long a path may stay silent before every
 	// stream on it fails. Keepalives are sent at a third of it, so a
-	// working path never idles out while a stream is open.
-	DefaultIdleTimeout = 30 * time.Second
+	// working path never idles out while a stream is open, and a dead
+	// peer (killed: QUIC runs in its process, and nothing answers for
+	// it) is noticed within it and a keepalive's interval (RFC 9000
+	// §10.1 restarts the timer on the first packet sent after the last
+	// one received): 8 s, where TCP notices a killed peer at once when
+	// its host answers with a reset.
+	DefaultIdleTimeout = 6 * time.Second
 	// DefaultWindow is the most a stream may have in flight unread; the
 	// connection's bound is twice it. 16 MiB fills 1 Gbit/s over 100 ms
 	// with room for loss recovery.
@@ -234,10 +239,15 @@ var pool = struct {
 	live  map[*path]bool   // every dialer path not yet closed, stale ones too
 }{paths: map[string]*path{}, live: map[*path]bool{}}
 
-// CloseAll closes every QUIC connection the package's dialers keep,
-// failing the streams still on them. Programs call it at shutdown; tests
-// call it to leave no goroutine behind.
+// CloseAll closes every QUIC connection the package's dialers keep, and
+// those its listeners accepted, failing the streams still on them, so
+// that each peer learns now that the path ended, not at its idle
+// timeout. Programs call it at exit (vlink's commands do); tests call it
+// to leave no goroutine behind.
 func CloseAll() {
+	for _, p := range listening.paths() {
+		p.shut(codeGone, "closed")
+	}
 	pool.mu.Lock()
 	all := make([]*path, 0, len(pool.live))
 	for p := range pool.live {

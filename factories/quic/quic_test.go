@@ -538,3 +538,36 @@ func TestSilentStreamsBound(t *testing.T) {
 		}
 	}
 }
+
+// CloseAll closes the connections listeners accepted too: at a program's
+// exit its peers learn at once that the path ended, not at their idle
+// timeout.
+func TestCloseAllListenerPaths(t *testing.T) {
+	l := listen(t, newFactory(t, Options{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	qc, err := quic.DialAddr(ctx, l.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}},
+		&quic.Config{MaxIdleTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qc.CloseWithError(0, "")
+	s, err := qc.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Write([]byte{streamOpen}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	CloseAll()
+	select {
+	case <-qc.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the peer's connection is still up 5 s after CloseAll")
+	}
+}

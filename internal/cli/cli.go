@@ -57,6 +57,9 @@ type Program struct {
 	Commands  []*Command
 	// Aliases maps top-level words to commands ("--version": "version").
 	Aliases map[string]string
+	// AtExit, if set, runs once the command returned, before Main exits:
+	// what the process must end cleanly, where it would only be dropped.
+	AtExit func()
 }
 
 // Main runs the program with the process's arguments and exits with its
@@ -68,7 +71,11 @@ func (p *Program) Main() {
 		<-ctx.Done()
 		stop() // restore the default: the next signal kills
 	}()
-	os.Exit(p.Run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	code := p.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if p.AtExit != nil {
+		p.AtExit()
+	}
+	os.Exit(code)
 }
 
 // Run is the whole program with its environment passed in, so tests call

@@ -71,7 +71,7 @@ type connectOptions struct {
 
 func connectFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	o := &connectOptions{dialOptions{toName: "HOST:PORT"}}
-	fs.StringVar(&o.stack, "stack", "", "carry the connection through `STACK`, e.g. zstd, lz4+tcp or socks5h://proxy:1080 (default: the user's configuration decides)")
+	fs.StringVar(&o.stack, "stack", "", "carry the connection through `STACK`, e.g. zstd, lz4+tcp or socks5h://proxy:1080; a filter (identity, zstd, ...) marks the end, so a stream cut short is an error, where tcp alone, byte for byte, ends as TCP does (default: the user's configuration decides)")
 	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which connects to the destination; or through a chain of nodes, HOST:PORT,HOST:PORT,...: the first is reached first and forwards to the next (vlink serve --hop), the last is the gateway. Needs --stack (default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching the destination, handshake included, after `DURATION`")

@@ -129,7 +129,7 @@ func (o *tunnelOptions) flags(fs *flag.FlagSet) {
 	o.toName = "--to"
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "accept local connections on `ADDR` (host:port)")
 	fs.StringVar(&o.to, "to", "", "carry connections to `HOST:PORT`: a VLink listener, or with --via the plain destination (required)")
-	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd, lz4+tcp or zstd+socks5h://proxy:1080 (default: the user's configuration decides)")
+	fs.StringVar(&o.stack, "stack", "", "carry connections through `STACK`, e.g. zstd, lz4+tcp or zstd+socks5h://proxy:1080; a filter (identity, zstd, ...) marks the end, so a stream cut short is an error, where tcp alone, byte for byte, ends as TCP does (default: the user's configuration decides)")
 	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which forwards to --to; or through a chain of nodes, HOST:PORT,HOST:PORT,...: the first is reached first and forwards to the next (vlink serve --hop), the last is the gateway. Needs --stack (default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
