@@ -62,7 +62,8 @@ runs unmodified programs on them.
 }
 
 // run is the whole program with its environment passed in, so tests call
-// it directly. Cancelling ctx is what SIGINT and SIGTERM do.
+// it directly. Cancelling ctx is what SIGINT and SIGTERM do, except to
+// vlink exec, which passes them on to its program.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return program.Run(ctx, args, stdout, stderr)
 }

@@ -32,7 +32,18 @@ import (
 	"github.com/vlink-dev/vlink/vlink"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// envAsVlink makes the test binary run as vlink itself: the exec tests
+// see how a vlink process takes and ends by signals, which run() in a
+// goroutine cannot show.
+const envAsVlink = "VLINK_TEST_AS_VLINK"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envAsVlink) == "1" {
+		os.Unsetenv(envAsVlink)
+		main() // exits
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // output is a command's stdout or stderr, written while the test reads.
 type output struct{ testnet.Buffer }

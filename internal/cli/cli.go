@@ -25,7 +25,9 @@ const (
 )
 
 // A Runner runs a command once its flags are parsed, with the arguments
-// after them, and returns its exit code.
+// after them, and returns its exit code, or -N to end the process by
+// signal N: a command that ran a program passes on the signal that killed
+// it, as env(1) would (Main does that; Run returns -N as it is).
 type Runner func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 // A Command is one subcommand: its help text and what runs it.
@@ -45,6 +47,10 @@ type Command struct {
 	// command's --help, for a command whose exit codes differ (one that
 	// passes on another program's status). Empty: the program's.
 	ExitCodes string
+	// OwnSignals says the command takes SIGINT and SIGTERM itself (it
+	// passes them on to a program it runs): Main does not make them
+	// cancel its context.
+	OwnSignals bool
 }
 
 // A Program is a binary made of subcommands.
@@ -63,23 +69,45 @@ type Program struct {
 }
 
 // Main runs the program with the process's arguments and exits with its
-// code. SIGINT and SIGTERM cancel the context the command runs with; a
-// second signal ends the process at once.
+// code, or ends by the signal a code -N names. SIGINT and SIGTERM cancel
+// the context the command runs with, and a second signal ends the process
+// at once, unless the command has OwnSignals.
 func (p *Program) Main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-ctx.Done()
-		stop() // restore the default: the next signal kills
-	}()
-	code := p.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	args := os.Args[1:]
+	ctx := context.Background()
+	if c := p.commandOf(args); c == nil || !c.OwnSignals {
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			<-ctx.Done()
+			stop() // restore the default: the next signal kills
+		}()
+	}
+	code := p.Run(ctx, args, os.Stdout, os.Stderr)
 	if p.AtExit != nil {
 		p.AtExit()
+	}
+	if code < 0 {
+		code = dieBySignal(syscall.Signal(-code))
 	}
 	os.Exit(code)
 }
 
+// commandOf returns the command args run, or nil (help, no command).
+func (p *Program) commandOf(args []string) *Command {
+	if len(args) == 0 {
+		return nil
+	}
+	name := args[0]
+	if alias, ok := p.Aliases[name]; ok {
+		name = alias
+	}
+	return p.lookup(name)
+}
+
 // Run is the whole program with its environment passed in, so tests call
-// it directly. Cancelling ctx is what SIGINT and SIGTERM do.
+// it directly. Cancelling ctx is what SIGINT and SIGTERM do, except to a
+// command with OwnSignals.
 func (p *Program) Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprintf(stderr, "%s: no command given\n\n", p.Name)

@@ -24,12 +24,12 @@ import (
 
 // Exit codes of vlink exec besides the program's own, as env(1) and
 // timeout(1) use them: the program's code passes through, so vlink exec's
-// own failures need codes programs rarely use.
+// own failures need codes programs rarely use. A program killed by a
+// signal makes vlink exec die by the same signal.
 const (
-	ExitExecFailed   = 125 // vlink exec itself failed: shim, agent, unreachable program
-	exitCannotRun    = 126 // the program exists but cannot be run
-	exitNotFound     = 127 // no such program
-	exitSignalOffset = 128 // plus N: the program was killed by signal N
+	ExitExecFailed = 125 // vlink exec itself failed: shim, agent, unreachable program
+	exitCannotRun  = 126 // the program exists but cannot be run
+	exitNotFound   = 127 // no such program
 )
 
 var Cmd = &cli.Command{
@@ -88,13 +88,20 @@ preload shim: vlink exec says so and refuses to run them, unless
 --allow-bypass (their connections then go direct). Only PROGRAM (or the
 interpreter of a script) is checked, not what it runs later.
 
-SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed on to PROGRAM; so are
-SIGINT and SIGQUIT, unless they came from the terminal, which sends them
-to PROGRAM itself.
+Signals reach PROGRAM as without vlink exec. SIGINT and SIGQUIT from the
+terminal (Ctrl-C, Ctrl-\) reach it from the terminal itself: vlink exec
+neither passes them on again nor ends PROGRAM for them, so a program that
+handles Ctrl-C goes on. SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGUSR1 and
+SIGUSR2 sent to vlink exec alone are passed on to PROGRAM as they are,
+once, and vlink exec waits for it; once PROGRAM has exited, they go to the
+processes it left running. When a signal kills PROGRAM, vlink exec cleans
+up and kills itself with the same signal (without a core file), as if
+PROGRAM had run in its place: a shell loop stops on Ctrl-C, a crash reads
+"Segmentation fault".
 `,
 	ExitCodes: `Exit codes:
-  N    PROGRAM's own exit status (0 also for --help)
-  128+N  PROGRAM was killed by signal N
+  N    PROGRAM's own exit status (0 also for --help); a signal that kills
+       PROGRAM kills vlink exec too
   125  vlink exec itself failed (no shim, an unusable configuration...)
   126  PROGRAM cannot be run (not executable, static, Go or set-user-ID)
   127  PROGRAM was not found
@@ -117,6 +124,9 @@ to PROGRAM itself.
   vlink exec --log-level debug --stack lz4 --via 10.0.0.1:7000 -- ssh build.corp
 `,
 	Args: true,
+	// Signals go to the program, as they would without vlink exec: they
+	// do not cancel the context.
+	OwnSignals: true,
 	// The program's stderr is its output: vlink exec adds warnings and
 	// errors only, unless told otherwise.
 	Flags: base.WithEnvAt(slog.LevelWarn, "; with --log-file, info", execFlags),

@@ -44,9 +44,25 @@ func buildShimTo(file string) error {
 	return os.Rename(tmp, file)
 }
 
+// passedOn are the signals vlink exec passes on to the program.
+var passedOn = []os.Signal{syscall.SIGTERM, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
 // execProgram runs the program with the shim and a private agent, and
-// returns its exit code once it and every process it left behind are gone.
+// returns its exit code once it and every process it left behind are
+// gone: -N if signal N killed it, for vlink exec to end by N too.
 func execProgram(ctx context.Context, e *base.Env, o *execOptions, cfg *vlink.Config) (int, error) {
+	// Caught from here on, so that a signal before the program starts
+	// still lets the agent and the shim's build clean up. One ignored when
+	// vlink started (nohup, a script's background job) stays ignored: the
+	// program inherits it so, as without vlink.
+	sigs := make(chan os.Signal, 8)
+	for _, s := range passedOn {
+		if !signal.Ignored(s) {
+			signal.Notify(sigs, s)
+		}
+	}
+	defer signal.Stop(sigs)
+
 	name := e.Args[0]
 	path, code, err := findProgram(e, o, name)
 	if err != nil {
@@ -79,9 +95,11 @@ func execProgram(ctx context.Context, e *base.Env, o *execOptions, cfg *vlink.Co
 	cmd.Args[0] = name
 	cmd.Env = preloadEnv(os.Environ(), shim, agent.Env())
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.Stdout, e.Stderr
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	defer signal.Stop(sigs)
+	select {
+	case s := <-sigs:
+		return -int(s.(syscall.Signal)), nil // what the signal would have done to us
+	default:
+	}
 	if err := cmd.Start(); err != nil {
 		if errors.Is(err, fs.ErrPermission) {
 			return exitCannotRun, err
@@ -122,10 +140,11 @@ func findProgram(e *base.Env, o *execOptions, name string) (path string, code in
 	return path, base.ExitOK, nil
 }
 
-// waitProgram passes the signals vlink exec receives on to the program
-// until it exits, and returns its exit code. done closing (the command's
-// context ending) stands for SIGTERM, once: the done returned is nil if
-// it was passed on already.
+// waitProgram passes the signals vlink exec receives on to the program,
+// each as itself and once, until it exits, and returns its exit code. A
+// signal changes nothing else: the program decides whether it ends. done
+// closing (the command's context ending, which no signal does) stands
+// for SIGTERM, once: the done returned is nil if it was passed on already.
 func waitProgram(done <-chan struct{}, cmd *exec.Cmd, sigs <-chan os.Signal) (int, <-chan struct{}) {
 	waited := make(chan struct{})
 	go func() {
@@ -135,10 +154,9 @@ func waitProgram(done <-chan struct{}, cmd *exec.Cmd, sigs <-chan os.Signal) (in
 	for {
 		select {
 		case s := <-sigs:
-			if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
-				continue // the terminal sent it to the program's process group too
+			if !sentByTerminal(s, cmd.Process.Pid) {
+				cmd.Process.Signal(s)
 			}
-			cmd.Process.Signal(s)
 		case <-done:
 			done = nil
 			cmd.Process.Signal(syscall.SIGTERM)
@@ -149,7 +167,9 @@ func waitProgram(done <-chan struct{}, cmd *exec.Cmd, sigs <-chan os.Signal) (in
 }
 
 // waitLeftBehind reaps the processes the program left running, which
-// became ours, passing signals on to them, until none is left.
+// became ours, passing signals on to them, until none is left. A Ctrl-C
+// reaches those outside the terminal's foreground group (daemons) only
+// this way: it is how the user stops the wait.
 func waitLeftBehind(done <-chan struct{}, sigs <-chan os.Signal) {
 	reaped := make(chan struct{})
 	go func() {
@@ -164,11 +184,10 @@ func waitLeftBehind(done <-chan struct{}, sigs <-chan os.Signal) {
 	for {
 		select {
 		case s := <-sigs:
-			if (s == syscall.SIGINT || s == syscall.SIGQUIT) && terminalSentIt() {
-				continue
-			}
 			for _, pid := range children() {
-				syscall.Kill(pid, s.(syscall.Signal))
+				if !sentByTerminal(s, pid) {
+					syscall.Kill(pid, s.(syscall.Signal))
+				}
 			}
 		case <-done:
 			done = nil
@@ -208,19 +227,45 @@ func preloadEnv(environ []string, shim string, agentVars []string) []string {
 	return append(out, agentVars...)
 }
 
+// exitCode is the program's exit status, or -N if signal N killed it.
 func exitCode(ps *os.ProcessState) int {
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return exitSignalOffset + int(ws.Signal())
+		return -int(ws.Signal())
 	}
 	return ps.ExitCode()
 }
 
-// terminalSentIt reports whether our process group is the foreground of
-// the terminal on stdin: then a SIGINT or SIGQUIT from the keyboard went to
-// the program as well, and passing it on would deliver it twice.
-func terminalSentIt() bool {
-	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
-	return err == nil && pgrp == unix.Getpgrp()
+// sentByTerminal reports whether s reached pid from the terminal already:
+// a SIGINT or SIGQUIT typed at the keyboard goes to the whole foreground
+// process group of the terminal, so when that group is ours, it came from
+// there (or so we must assume), and pid got it too if it is in the group.
+// Passing it on would deliver it twice.
+func sentByTerminal(s os.Signal, pid int) bool {
+	if s != syscall.SIGINT && s != syscall.SIGQUIT {
+		return false
+	}
+	fg := foregroundGroup()
+	if fg != unix.Getpgrp() {
+		return false
+	}
+	pg, err := unix.Getpgid(pid)
+	return err == nil && pg == fg
+}
+
+// foregroundGroup returns the foreground process group of our controlling
+// terminal, or -1 without one. The terminal need not be on stdin: Ctrl-C
+// in "cat file | vlink exec ..." signals the whole pipeline.
+func foregroundGroup() int {
+	fd, err := unix.Open("/dev/tty", unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	defer unix.Close(fd)
+	pgrp, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	if err != nil {
+		return -1
+	}
+	return pgrp
 }
 
 // children lists our child processes, from /proc.
