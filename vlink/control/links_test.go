@@ -430,3 +430,31 @@ func TestRelayLinkAbuse(t *testing.T) {
 		})
 	}
 }
+
+// A certificate that expires while its node is registered is dropped
+// within the relay's recheck interval, and cannot register again.
+func TestRelayDropsExpired(t *testing.T) {
+	old := recheckInterval
+	recheckInterval = 100 * time.Millisecond
+	defer func() { recheckInterval = old }()
+	n := testmember.New(t)
+	r := startMemberRelay(t, n)
+	priv := vlink.NewIdentity()
+	pub, err := vlink.IdentityPublic(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expires := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	cert, err := nodecert.Sign(n.Owner, nodecert.Template{Name: "brief", Kind: nodecert.KindNode, PublicKey: pub, NotAfter: expires})
+	if err != nil {
+		t.Fatal(err)
+	}
+	memberNode(t, r.addr, &vlink.Member{Cert: cert, Private: priv, Trust: n.Trust})
+	if got := len(r.Nodes()); got != 1 {
+		t.Fatalf("%d nodes registered, want brief", got)
+	}
+	waitUntil(t, "the relay drops brief", func() bool { return len(r.Nodes()) == 0 })
+	if late := time.Since(expires); late < 0 || late > time.Second {
+		t.Fatalf("brief was dropped %v after its certificate expired, want within the recheck interval", late)
+	}
+}

@@ -225,6 +225,10 @@ func (r *Relay) Serve(l net.Listener) error {
 			r.wg.Add(1)
 			go r.keepLinked(addr)
 		}
+		if r.cfg.Member != nil {
+			r.wg.Add(1)
+			go r.recheckEvery(recheckInterval)
+		}
 	})
 	defer func() {
 		r.mu.Lock()
@@ -452,6 +456,25 @@ func (r *Relay) Recheck() int {
 		p.ch.fail(ErrCertRefused)
 	}
 	return len(drop)
+}
+
+// recheckInterval is how often a relay with an owner drops the nodes and
+// relays whose certificates expired: within it of their expiry.
+var recheckInterval = time.Minute
+
+// recheckEvery runs Recheck every d until the relay closes.
+func (r *Relay) recheckEvery(d time.Duration) {
+	defer r.wg.Done()
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			r.Recheck()
+		case <-r.ctx.Done():
+			return
+		}
+	}
 }
 
 // unregister removes p from the directory and ends the connections
