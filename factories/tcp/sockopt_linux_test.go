@@ -59,6 +59,12 @@ func TestSocketOptions(t *testing.T) {
 				if ka != (tt.keepalive > 0) {
 					t.Errorf("%s: SO_KEEPALIVE %v, want %v", side, ka, tt.keepalive > 0)
 				}
+				// Data in flight on a dead path fails the connection within
+				// the keep-alives' bound too (0: the kernel's default).
+				wantUT := int((tt.keepalive * (KeepAliveCount + 1)).Milliseconds())
+				if got := getsockopt(t, conn, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); got != wantUT {
+					t.Errorf("%s: TCP_USER_TIMEOUT %dms, want %dms", side, got, wantUT)
+				}
 				if !ka {
 					continue
 				}

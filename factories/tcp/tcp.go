@@ -46,7 +46,7 @@ func init() {
 			{Name: "nodelay", Type: layer.TypeBool, Default: "true", Local: true,
 				Doc: "set TCP_NODELAY: send small writes at once instead of coalescing them (Nagle's algorithm)"},
 			{Name: "keepalive", Type: layer.TypeDuration, Default: DefaultKeepAlive.String(), Min: 0, Max: int64(MaxKeepAlive), Local: true,
-				Doc: "idle time before the first keep-alive probe and interval between probes (a dead peer is noticed after about ten times this); 0 disables keep-alives"},
+				Doc: "idle time before the first keep-alive probe and interval between probes: a dead peer or path is noticed after ten times this, idle or with data in flight (TCP_USER_TIMEOUT, Linux); 0 disables keep-alives"},
 			{Name: "family", Type: layer.TypeString, Default: "any", Local: true,
 				Doc: `address family: "any" (IPv4 and IPv6, racing both as net.Dialer does), "4" (IPv4 only) or "6" (IPv6 only)`},
 			{Name: "local", Type: layer.TypeString, Local: true,
@@ -177,6 +177,28 @@ func (f *Factory) keepAlive() net.KeepAliveConfig {
 	return net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: KeepAliveCount}
 }
 
+// userTimeout is how long sent data may stay unacknowledged before the
+// connection fails: the keep-alives' own bound (idle time, then
+// KeepAliveCount probes), so that a dead path fails a connection within
+// the same time whether it was idle or carrying data. Zero without
+// keep-alives.
+func (f *Factory) userTimeout() time.Duration {
+	ka := f.keepAlive()
+	if !ka.Enable {
+		return 0
+	}
+	return ka.Idle + time.Duration(ka.Count)*ka.Interval
+}
+
+// control sets the options a socket needs before it connects or
+// listens.
+func (f *Factory) control(_, _ string, rc syscall.RawConn) error {
+	if d := f.userTimeout(); d > 0 {
+		return setUserTimeout(rc, d)
+	}
+	return nil
+}
+
 // Options returns the factory's options, with defaults filled in.
 func (f *Factory) Options() Options { return f.o }
 
@@ -216,7 +238,7 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, _ la
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
 	}
-	d := net.Dialer{KeepAlive: f.o.KeepAlive, KeepAliveConfig: f.keepAlive()}
+	d := net.Dialer{KeepAlive: f.o.KeepAlive, KeepAliveConfig: f.keepAlive(), Control: f.control}
 	var c net.Conn
 	if f.o.Ports.IsZero() {
 		if f.o.Local.IsValid() {
@@ -244,8 +266,11 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, _ la
 // from an earlier connection to the same peer) is skipped by dialing again.
 func (f *Factory) dialInRange(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error) {
 	p := f.o.Ports.picker()
-	d.ControlContext = func(_ context.Context, network, _ string, rc syscall.RawConn) error {
-		return p.bind(rc, network, f.o.Local)
+	d.ControlContext = func(_ context.Context, network, address string, rc syscall.RawConn) error {
+		if err := p.bind(rc, network, f.o.Local); err != nil {
+			return err
+		}
+		return f.control(network, address, rc)
 	}
 	for {
 		c, err := d.DialContext(ctx, network, address)
@@ -270,7 +295,7 @@ func (f *Factory) Listen(ctx context.Context, network, address string, _ layer.C
 	if err != nil {
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
 	}
-	lc := net.ListenConfig{KeepAlive: f.o.KeepAlive, KeepAliveConfig: f.keepAlive()}
+	lc := net.ListenConfig{KeepAlive: f.o.KeepAlive, KeepAliveConfig: f.keepAlive(), Control: f.control}
 	var ln net.Listener
 	host, port, splitErr := net.SplitHostPort(address)
 	if f.o.Ports.IsZero() || splitErr != nil || (port != "0" && port != "") {
