@@ -758,16 +758,30 @@ func (l *Listener) sniff(c net.Conn, deadline time.Time) (vlink bool, prefix []b
 		}
 		if err != nil {
 			if isTimeout(err) && l.cfg.SniffTimeout > 0 && time.Now().Before(deadline) {
-				return false, buf[:n], nil // silent: a server-speaks-first client
+				// Silent, maybe after a strict prefix of the magic (a
+				// 0x89 of its own protocol): a client waiting for the
+				// server to speak, not a dialer, which sends its hello
+				// in one write.
+				return false, buf[:n], nil
 			}
 			if errors.Is(err, io.EOF) && n == 0 {
 				return false, nil, nil // plain client that only half-closed
 			}
 			return false, nil, fmt.Errorf("sniffing: %w", err)
 		}
-		if n == 1 {
-			// The first byte matched: from here on this is a hello,
-			// bounded by the handshake deadline, not the sniff timeout.
+		if m > 0 && l.cfg.SniffTimeout > 0 {
+			// Each byte of the magic gives the next one a sniff timeout
+			// more, within the handshake's deadline.
+			next := time.Now().Add(l.cfg.SniffTimeout)
+			if deadline.Before(next) {
+				next = deadline
+			}
+			if err := c.SetReadDeadline(next); err != nil {
+				return false, nil, err
+			}
+		} else if n == 1 {
+			// The first byte matched and no sniff timeout: this is a
+			// hello, bounded by the handshake deadline.
 			if err := c.SetReadDeadline(deadline); err != nil {
 				return false, nil, err
 			}

@@ -106,6 +106,24 @@ func TestListenerAcceptsPlain(t *testing.T) {
 			}
 		})
 	}
+	for _, prefix := range []string{"\x89", "\x89VLK\r\n\x1a"} {
+		// A strict prefix of the magic, then silence: the client waits for
+		// the server. Handed over as plain one sniff timeout after its
+		// last byte, not refused at the handshake timeout.
+		t.Run(fmt.Sprintf("prefix %q then silent", prefix), func(t *testing.T) {
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write([]byte(prefix))
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, len(prefix))
+			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != prefix {
+				t.Fatalf("echo = %q, %v; want the prefix back well before the handshake timeout", buf, err)
+			}
+		})
+	}
 	t.Run("silent", func(t *testing.T) {
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
@@ -382,7 +400,9 @@ func TestMalformedHellos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer slow.Close()
-	slow.Write([]byte(magic[:5])) // and never more
+	// The magic and a hello's first byte, and never more: a hello stalled
+	// (a strict prefix of the magic alone would be a plain client's).
+	slow.Write([]byte(magic + "\x01"))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", l.Addr().String())
