@@ -590,6 +590,10 @@ func TestUDP(t *testing.T) {
 	if !strings.Contains(out, "sendto=ENETUNREACH") || !strings.Contains(out, "connect=ENETUNREACH") {
 		t.Errorf("a datagram to a far-side name: got:\n%s", out)
 	}
+	// And says why, once, where the program would only print ENETUNREACH.
+	if n := strings.Count(out, "a datagram (UDP) to a name the far side resolves is not carried: vlink carries TCP only"); n != 1 {
+		t.Errorf("a datagram to a far-side name: the reason said %d times, want once:\n%s", n, out)
+	}
 	out = lb.mustRun(t, "udp", "127.0.0.1", "9")
 	if !strings.Contains(out, "sendto=sent") || !strings.Contains(out, "connect=connected") {
 		t.Errorf("a datagram to a real address passes: got:\n%s", out)

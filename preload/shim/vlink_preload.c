@@ -289,6 +289,7 @@ static void unlock(lockstate *ls)
  * a file: a program whose descriptor 2 is a socket must not get our text
  * in its protocol. */
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int no_datagrams(void);
 static void note(const char *fmt, ...)
 {
 	int saved = errno;
@@ -1474,10 +1475,8 @@ EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 	    domain != fam)
 		return sys_connect(fd, sa, len); /* EBADF, ENOTSOCK, EAFNOSUPPORT: the kernel says it */
 	if (!stream) {
-		if (is_fake(&dst)) {
-			errno = ENETUNREACH; /* no datagram path to a far-side name */
-			return -1;
-		}
+		if (is_fake(&dst))
+			return no_datagrams(); /* no datagram path to a far-side name */
 		return sys_connect(fd, sa, len);
 	}
 	int redirected = 0;
@@ -2110,6 +2109,20 @@ static int fake_dest(const struct sockaddr *sa, socklen_t len)
 	       to_vaddr(sa, len, &v) == 0 && is_fake(&v);
 }
 
+/* no_datagrams fails a datagram to a stand-in address (a name the far
+ * side resolves) with ENETUNREACH, as before, and says why on stderr,
+ * once per process: vlink carries TCP only, and the program alone would
+ * not say more than "Network is unreachable". */
+static int no_datagrams(void)
+{
+	static int noted;
+	if (!__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
+		note("a datagram (UDP) to a name the far side resolves is not carried: vlink carries TCP only; "
+		     "the program gets ENETUNREACH");
+	errno = ENETUNREACH;
+	return -1;
+}
+
 /* fastopen connects a TCP Fast Open send (MSG_FASTOPEN with an address)
  * through the shim when its route is not known to be direct: a routed
  * connection cannot carry data in its SYN. It returns 1 if it handled the
@@ -2140,10 +2153,8 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 			return r;
 		if (!(flags & MSG_FASTOPEN) && fake_dest(sa, len)) {
 			int stream = 0;
-			if (stream_socket(fd, &stream) == 0 && !stream) {
-				errno = ENETUNREACH;
-				return -1;
-			}
+			if (stream_socket(fd, &stream) == 0 && !stream)
+				return no_datagrams();
 		}
 	}
 	return real.sendto ? real.sendto(fd, buf, n, flags, sa, len)
@@ -2162,10 +2173,8 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 		}
 		if (fake_dest(sa, m->msg_namelen)) {
 			int stream = 0;
-			if (stream_socket(fd, &stream) == 0 && !stream) {
-				errno = ENETUNREACH;
-				return -1;
-			}
+			if (stream_socket(fd, &stream) == 0 && !stream)
+				return no_datagrams();
 		}
 	}
 	return real.sendmsg ? real.sendmsg(fd, m, flags) : syscall(SYS_sendmsg, fd, m, flags);
@@ -2176,10 +2185,8 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 	ensure_init();
 	if (!t_busy && v) {
 		for (unsigned int k = 0; k < n; k++)
-			if (fake_dest(v[k].msg_hdr.msg_name, v[k].msg_hdr.msg_namelen)) {
-				errno = ENETUNREACH;
-				return -1;
-			}
+			if (fake_dest(v[k].msg_hdr.msg_name, v[k].msg_hdr.msg_namelen))
+				return no_datagrams();
 	}
 	return real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
 }
