@@ -988,12 +988,12 @@ func (a *Agent) relay(prog, conn net.Conn, attrs []any) {
 
 // errnoOf maps a dial error to the errno a program's connect returns.
 func errnoOf(err error) syscall.Errno {
-	var en syscall.Errno
-	if errors.As(err, &en) {
-		switch en {
-		case syscall.ECONNREFUSED, syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
-			syscall.ECONNRESET, syscall.EACCES, syscall.EPERM, syscall.EADDRNOTAVAIL, syscall.ENETDOWN,
-			syscall.EHOSTDOWN:
+	// The dial's own errno, or the one a gateway's refusal carries (the
+	// failure of its dial to the target: vlink.TargetRefusal).
+	for _, en := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
+		syscall.ECONNRESET, syscall.EACCES, syscall.EPERM, syscall.EADDRNOTAVAIL, syscall.ENETDOWN,
+		syscall.EHOSTDOWN} {
+		if errors.Is(err, en) {
 			return en
 		}
 	}
@@ -1009,7 +1009,7 @@ func errnoOf(err error) syscall.Errno {
 	case errors.As(err, &dnsErr):
 		return syscall.EHOSTUNREACH
 	}
-	// A gateway's "target unreachable" refusal carries no errno; a refusal
-	// is what the program can act on best.
+	// A refusal from a gateway older than the errno-carrying codes, or
+	// of another kind: a refusal is what the program can act on best.
 	return syscall.ECONNREFUSED
 }

@@ -125,6 +125,10 @@ func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 		switch {
 		case strings.HasPrefix(host, "nosuch."):
 			return "", fmt.Errorf("no such host %s", host)
+		case strings.HasPrefix(host, "unreach."): // what a dial to a host with no route gets
+			return "", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.EHOSTUNREACH)}
+		case strings.HasPrefix(host, "silent."): // a host that drops SYNs, past the gateway's dial timeout
+			return "", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
 		case host == "127.0.0.2", host == "127.0.0.3", host == "127.0.0.5", strings.HasSuffix(host, ".far.test"), strings.HasSuffix(host, ".fdfar.test"):
 			host = "127.0.0.1"
 		case host == "fd00::1":
@@ -151,7 +155,7 @@ func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 					return c, nil
 				}
 			}
-			return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
+			return nil, vlink.TargetRefusal(err)
 		},
 		Lookup: func(ctx context.Context, h *vlink.Hello) (vlink.Families, error) {
 			lookups.Add(1)
@@ -335,8 +339,10 @@ func TestBlockingErrno(t *testing.T) {
 		{"direct-connected", "127.0.0.1", lb.port4, "errno=connected"},
 		{"direct-refused", "127.0.0.1", closed, "errno=ECONNREFUSED"},
 		{"relay-connected", "127.0.0.2", lb.port4, "errno=connected"},
-		// The gateway's dial is refused: its refusal carries no errno.
+		// The gateway's dial fails: its refusal carries the errno's class.
 		{"relay-refused", "127.0.0.2", closed, "errno=ECONNREFUSED"},
+		{"relay-unreachable", "unreach.far.test", lb.port4, "errno=EHOSTUNREACH"},
+		{"relay-timed-out", "silent.far.test", lb.port4, "errno=ETIMEDOUT"},
 		{"fd-refused", "127.0.0.3", closed, "errno=ECONNREFUSED"},
 		// A mux stream sends its hello as early data; a blocking connect
 		// still waits for the answer.

@@ -1,10 +1,13 @@
 package vlink
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
+	"syscall"
 
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -67,21 +70,32 @@ const (
 	CodeRejected     RefuseCode = 10 // the application rejected the connection
 	CodeLoop         RefuseCode = 11 // the connection already crossed this node, or too many
 	CodeNoSuchHost   RefuseCode = 12 // a lookup's host does not resolve (Dialer.LookupHost)
+	// The forwarding target could not be reached, as the listener's own
+	// dial said, so that the dialer's program gets the errno it would
+	// have got itself (TargetRefusal): CodeUnreachable for a host or
+	// network that cannot be reached (EHOSTUNREACH), CodeTargetRefused
+	// for a port nobody listens on (ECONNREFUSED), CodeTargetTimeout for
+	// a host that never answered (ETIMEDOUT). All three match
+	// ErrUnreachable. A dialer older than these codes shows their number.
+	CodeTargetRefused RefuseCode = 13
+	CodeTargetTimeout RefuseCode = 14
 )
 
 var codeText = map[RefuseCode]string{
-	CodeMalformed:    "malformed hello",
-	CodeVersion:      "unsupported version",
-	CodeAuthRequired: "authentication required",
-	CodeAuthFailed:   "authentication failed",
-	CodeLayer:        "layer not allowed",
-	CodeParam:        "parameter not allowed",
-	CodeTarget:       "target not allowed",
-	CodeUnreachable:  "target unreachable",
-	CodeBusy:         "busy",
-	CodeRejected:     "rejected",
-	CodeLoop:         "forwarding loop",
-	CodeNoSuchHost:   "no such host",
+	CodeMalformed:     "malformed hello",
+	CodeVersion:       "unsupported version",
+	CodeAuthRequired:  "authentication required",
+	CodeAuthFailed:    "authentication failed",
+	CodeLayer:         "layer not allowed",
+	CodeParam:         "parameter not allowed",
+	CodeTarget:        "target not allowed",
+	CodeUnreachable:   "target unreachable",
+	CodeBusy:          "busy",
+	CodeRejected:      "rejected",
+	CodeLoop:          "forwarding loop",
+	CodeNoSuchHost:    "no such host",
+	CodeTargetRefused: "target refused the connection",
+	CodeTargetTimeout: "target timed out",
 }
 
 func (c RefuseCode) String() string {
@@ -99,7 +113,7 @@ func (c RefuseCode) sentinel() error {
 		return ErrAuth
 	case CodeLayer, CodeParam, CodeTarget:
 		return ErrNotAllowed
-	case CodeUnreachable:
+	case CodeUnreachable, CodeTargetRefused, CodeTargetTimeout:
 		return ErrUnreachable
 	case CodeBusy:
 		return ErrBusy
@@ -137,9 +151,44 @@ func (e *RefusedError) Error() string {
 	return b.String()
 }
 
-// Is makes a refusal match ErrRefused and its code's sentinel.
+// errno is what a program's own connect would have returned for the
+// failure a code reports, or 0.
+func (c RefuseCode) errno() syscall.Errno {
+	switch c {
+	case CodeUnreachable, CodeNoSuchHost:
+		return syscall.EHOSTUNREACH
+	case CodeTargetRefused:
+		return syscall.ECONNREFUSED
+	case CodeTargetTimeout:
+		return syscall.ETIMEDOUT
+	}
+	return 0
+}
+
+// Is makes a refusal match ErrRefused, its code's sentinel and, for a
+// target the listener could not reach, the errno its dial got
+// (syscall.ECONNREFUSED, ETIMEDOUT or EHOSTUNREACH).
 func (e *RefusedError) Is(target error) bool {
+	if en, ok := target.(syscall.Errno); ok {
+		return en != 0 && en == e.Code.errno()
+	}
 	return target == ErrRefused || (target != nil && target == e.Code.sentinel())
+}
+
+// TargetRefusal is the refusal of a listener whose dial to the
+// forwarding target failed with err: its code says how (refused, timed
+// out, unreachable), so the dialer's program gets that errno.
+func TargetRefusal(err error) *RefusedError {
+	code := CodeUnreachable
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		code = CodeTargetRefused
+	case errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		code = CodeTargetTimeout
+	}
+	return &RefusedError{Code: code, Reason: err.Error()}
 }
 
 func refuse(code RefuseCode, format string, args ...any) *RefusedError {

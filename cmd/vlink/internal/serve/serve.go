@@ -479,7 +479,7 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 	c, err := dialTarget(ctx, &net.Dialer{Timeout: s.dialTimeout}, to)
 	if err != nil {
 		s.log.Warn("target unreachable", "remote", h.RemoteAddr.String(), "target", to, "err", err)
-		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: err.Error()}
+		return nil, vlink.TargetRefusal(err)
 	}
 	if err := s.sendProxyHeader(c, to, h.RemoteAddr); err != nil {
 		c.Close()
