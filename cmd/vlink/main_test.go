@@ -340,8 +340,10 @@ func TestServeUnreachableTarget(t *testing.T) {
 			t.Fatal("dial succeeded")
 		}
 		var re *vlink.RefusedError
-		if !errors.Is(err, vlink.ErrUnreachable) || !errors.As(err, &re) || re.Code != vlink.CodeUnreachable {
-			t.Fatalf("got %v, want a refusal with CodeUnreachable", err)
+		// Unreachable, and how: the port refused, as a connect of the
+		// dialer's own would have said.
+		if !errors.Is(err, vlink.ErrUnreachable) || !errors.Is(err, syscall.ECONNREFUSED) || !errors.As(err, &re) || re.Code != vlink.CodeTargetRefused {
+			t.Fatalf("got %v, want a refusal with CodeTargetRefused", err)
 		}
 		if !strings.Contains(re.Reason, dead) {
 			t.Errorf("the reason %q does not name the target", re.Reason)
@@ -354,7 +356,7 @@ func TestServeUnreachableTarget(t *testing.T) {
 		if b, err := dialRead(tun.addr(t)); !errors.Is(err, syscall.ECONNRESET) {
 			t.Errorf("read %q, %v; want a reset", b, err)
 		}
-		tun.stderr.waitFor(t, `msg="cannot reach destination".*target unreachable: .*`+regexp.QuoteMeta(dead))
+		tun.stderr.waitFor(t, `msg="cannot reach destination".*target refused the connection: .*`+regexp.QuoteMeta(dead))
 	})
 	t.Run("plain", func(t *testing.T) {
 		c, err := net.Dial("tcp", srvAddr)

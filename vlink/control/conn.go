@@ -110,10 +110,12 @@ const (
 var ErrNoReverse = errors.New("control: reverse connections need this node to accept them (Node.ServeReverse, vlink --reverse-listen)")
 
 // DialNode connects to port on the named node by the best path that
-// works (DialPaths with PathsAny), and returns a *Conn. It makes Node a
-// vlink.NodeDialer: vlink.Dialer's Network dials with it.
+// works (DialPaths with PathsAny), and returns a *Conn. The path that won
+// is remembered for 10 minutes: the next dials to the node leave out the
+// paths that lost to it (learned.go). It makes Node a vlink.NodeDialer:
+// vlink.Dialer's Network dials with it.
 func (n *Node) DialNode(ctx context.Context, name string, port uint16) (net.Conn, error) {
-	c, err := n.DialPaths(ctx, name, port, PathsAny)
+	c, err := n.dialLearning(ctx, name, port, PathsAny)
 	if err != nil {
 		return nil, err // not a nil *Conn in a non-nil net.Conn
 	}
@@ -133,7 +135,7 @@ func (n *Node) DialNodeWays(ctx context.Context, name string, port uint16, allow
 	if paths == 0 {
 		return nil, fmt.Errorf("%w: reverse, splice and relay, to %s", vlink.ErrNoWay, name)
 	}
-	c, err := n.DialPaths(ctx, name, port, paths)
+	c, err := n.dialLearning(ctx, name, port, paths)
 	if err != nil {
 		return nil, err
 	}
@@ -156,8 +158,19 @@ func (n *Node) DialContext(ctx context.Context, network, address string) (net.Co
 	return n.DialNode(ctx, name, port)
 }
 
-// dialPaths is DialPaths without what earlier dials learned.
-func (n *Node) dialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
+// DialPaths connects to port on the named node by one of paths, the best
+// that works: the node connecting back to this one (PathReverse, when
+// this node accepts reverse connections), both connecting at once
+// (PathSplice, 100 ms later) and the relay (PathRelay, 500 ms later, or
+// once the others failed), raced; this side takes the first connection
+// that comes, and the node keeps the same. The node must expose the port
+// (Node.Listen). The connection is a *Conn, whose Path says how it came,
+// and Ladder what each path did. A refusal is a *DeliveryError matching
+// ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when no direct path
+// worked and the relay was not allowed, ErrUnreachable (its reason says
+// what each path met). DialNode and DialNodeWays also remember the path
+// that won (learned.go); DialPaths takes exactly paths.
+func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}

@@ -69,22 +69,15 @@ func (n *Node) forget(name string) {
 	delete(n.learned, name)
 }
 
-// DialPaths connects to port on the named node by one of paths, the best
-// that works: the node connecting back to this one (PathReverse, when
-// this node accepts reverse connections), both connecting at once
-// (PathSplice, 100 ms later) and the relay (PathRelay, 500 ms later, or
-// once the others failed), raced; this side takes the first connection
-// that comes, and the node keeps the same. The path that won is
-// remembered for 10 minutes: the next dials to the node leave out the
-// paths that lost to it (falling back on the whole ladder if that
-// fails). The node must expose the port (Node.Listen). The connection is
-// a *Conn, whose Path says how it came. A refusal is a *DeliveryError
-// matching ErrRefused, ErrNoNode, ErrBusy, ErrTimeout or, when no direct
-// path worked and the relay was not allowed, ErrUnreachable (its reason
-// says what each path met).
-func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
+// dialLearning is DialPaths for the dials where the network picks the
+// path (DialNode, DialNodeWays): the path that won is remembered for 10
+// minutes, and the next dials to the node leave out the paths that lost
+// to it, falling back on all of paths if that fails. A dial whose stack
+// chose its paths (DialPaths, the rendezvous factories) neither uses nor
+// feeds what was learned.
+func (n *Node) dialLearning(ctx context.Context, name string, port uint16, paths Paths) (*Conn, error) {
 	if narrowed := n.narrow(name, paths); narrowed != paths {
-		c, err := n.dialPaths(ctx, name, port, narrowed)
+		c, err := n.DialPaths(ctx, name, port, narrowed)
 		if err == nil {
 			for i, s := range c.ladder {
 				if p := map[string]Paths{"reverse": PathReverse, "splice": PathSplice}[s.Path]; paths&p != 0 && narrowed&p == 0 {
@@ -100,7 +93,7 @@ func (n *Node) DialPaths(ctx context.Context, name string, port uint16, paths Pa
 		}
 		n.forget(name)
 	}
-	c, err := n.dialPaths(ctx, name, port, paths)
+	c, err := n.DialPaths(ctx, name, port, paths)
 	if err != nil {
 		return nil, err
 	}

@@ -2,9 +2,15 @@ package control
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
+
+// only allows the named paths, as VLINK_PATHS_ONLY does.
+func only(paths ...string) func(string) bool {
+	return func(p string) bool { return slices.Contains(paths, p) }
+}
 
 // A dial remembers the path that won: where the node cannot connect
 // back, the next dials go straight to the relay, without a connection
@@ -19,10 +25,11 @@ func TestDialLearns(t *testing.T) {
 	dial := func(want string) time.Duration {
 		t.Helper()
 		start := time.Now()
-		c, err := a.DialPaths(ctxT(t), "bob", 7, PathReverse|PathRelay)
+		nc, err := a.DialNodeWays(ctxT(t), "bob", 7, only("reverse", "relay"))
 		if err != nil {
 			t.Fatal(err)
 		}
+		c := nc.(*Conn)
 		took := time.Since(start)
 		if p := c.Path(); p != want || <-paths != want {
 			t.Fatalf("came by %q, want %s", p, want)
@@ -42,6 +49,14 @@ func TestDialLearns(t *testing.T) {
 	if n := back.Load(); n != 1 {
 		t.Fatalf("bob connected back %d times, want once: the second dial offered the path that lost", n)
 	}
+	// A stack that names its paths takes them all, whatever was learned.
+	c, err := a.DialPaths(ctxT(t), "bob", 7, PathReverse|PathRelay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-paths
+	c.Close()
+	waitUntil(t, "bob's connection back for the dial by named paths", func() bool { return back.Load() == 2 })
 
 	// A splice that won before cannot work now (alice seems behind a NAT
 	// that changes ports): the dial climbs the ladder again, here back
@@ -50,11 +65,11 @@ func TestDialLearns(t *testing.T) {
 	a.learned["bob"] = learnedPath{won: PathSplice, at: time.Now()}
 	a.observed = netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), a.local.Port()+1)
 	a.mu.Unlock()
-	if _, err := a.DialPaths(ctxT(t), "bob", 7, PathReverse|PathSplice); err == nil {
+	if _, err := a.DialNodeWays(ctxT(t), "bob", 7, only("reverse", "splice")); err == nil {
 		t.Fatal("a dial by paths that cannot work succeeded")
 	}
-	if n := back.Load(); n != 2 {
-		t.Fatalf("bob connected back %d times, want twice: a failed narrowed dial did not fall back on the whole ladder", n)
+	if n := back.Load(); n != 3 {
+		t.Fatalf("bob connected back %d times, want 3: a failed narrowed dial did not fall back on the whole ladder", n)
 	}
 	a.mu.Lock()
 	_, kept := a.learned["bob"]
