@@ -158,6 +158,7 @@ func TestBadInputDuringTransfer(t *testing.T) {
 		t.Run(fmt.Sprintf("%d stalled handshakes", stalled), func(t *testing.T) {
 			t.Parallel()
 			start := time.Now()
+			hello := helloFrame("zstd")
 			conns := make([]net.Conn, stalled)
 			for i := range conns {
 				c, err := net.Dial("tcp", gw)
@@ -166,7 +167,10 @@ func TestBadInputDuringTransfer(t *testing.T) {
 				}
 				defer c.Close()
 				c.SetWriteDeadline(time.Now().Add(time.Second))
-				c.Write([]byte(wireMagic[:1+i%len(wireMagic)])) // a prefix of the magic, then silence
+				// The magic and a prefix of a hello, then silence (a strict
+				// prefix of the magic alone is a plain client's, handed to
+				// the target a sniff timeout after its last byte).
+				c.Write(hello[:len(wireMagic)+1+i%6])
 				conns[i] = c
 			}
 			// Meanwhile a new VLink connection is served.
