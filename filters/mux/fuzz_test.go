@@ -20,8 +20,10 @@ const fuzzWait = 10 * time.Second
 
 // junk is a layer.Junction for the fuzz target: it reads every stream the
 // session delivers to its end, as a listener would, and records how each
-// ended. Streams stay open until the test closes them, so a stream the
-// peer finished is never forgotten by smux and opened again.
+// ended, and then whether its writes fail: after a clean end, once the
+// stream's drainer is done. Streams stay open until the test closes them,
+// so a stream the peer finished is never forgotten by smux and opened
+// again.
 type junk struct {
 	done chan struct{}
 
@@ -33,11 +35,16 @@ type junk struct {
 }
 
 // received is how one delivered stream ended: the bytes it read and the
-// error that stopped it (nil for a clean end of stream).
+// error that stopped it (nil for a clean end of stream), and what its
+// writes fail with once it has read all it will.
 type received struct {
 	twice bool // the same stream id was delivered again
 	n     int64
 	err   error
+	// Set if the stream took the peer for gone (its close mark, or a FIN
+	// without the end record): what writes fail with, and what a Write
+	// then failed with.
+	gone, writeErr error
 }
 
 func newJunk() *junk {
@@ -65,9 +72,19 @@ func (j *junk) Deliver(c net.Conn) error {
 		if id%4 == 1 {
 			// Read, in pieces smaller than a header and a record.
 			r.n, r.err = readAll(c, 5)
-			return
+		} else {
+			r.n, r.err = io.Copy(io.Discard, c) // WriteTo
 		}
-		r.n, r.err = io.Copy(io.Discard, c) // WriteTo
+		s := c.(*stream)
+		if r.err == nil {
+			// The drainer looks for the close mark until the stream's
+			// end below: the peer's FIN, or the session's end.
+			<-s.drained
+		}
+		if gone := s.gone.Load(); gone != nil {
+			r.gone = *gone
+			_, r.writeErr = c.Write([]byte("x"))
+		}
 	}()
 	return nil
 }
@@ -131,12 +148,13 @@ type sent struct {
 
 // unrecord is the stream's records as a reader must see them, decoded
 // here as plainly as possible: the payload bytes up to the end record (or
-// to where b runs out), and whether the end record came.
-func unrecord(b []byte) (payload int64, ended bool) {
+// to where b runs out), whether the end record came, and whether a byte
+// came after it (the close mark).
+func unrecord(b []byte) (payload int64, ended, marked bool) {
 	for len(b) >= headerSize {
 		n := int(b[0])<<8 | int(b[1])
 		if n == 0 {
-			return payload, true
+			return payload, true, len(b) > headerSize
 		}
 		b = b[headerSize:]
 		payload += int64(min(n, len(b)))
@@ -145,7 +163,7 @@ func unrecord(b []byte) (payload int64, ended bool) {
 		}
 		b = b[n:]
 	}
-	return payload, false
+	return payload, false, false
 }
 
 // script is what a correct session must make of the peer's bytes, read
@@ -208,7 +226,9 @@ func readScript(b []byte) script {
 // streams opened are delivered (no other); a stream ends cleanly only
 // after its end record, with the records' payload; one the peer did not
 // finish ends with ErrAborted (a FIN, no end record) or ErrSessionClosed
-// (neither); a frame
+// (neither); a stream's writes fail with EPIPE once a byte follows its
+// end record before its FIN (the close mark), with ECONNRESET after an
+// abort, and never for another reason than these; a frame
 // smux must reject ends the session at once, with the peer's connection
 // still open; the end of the connection ends it too. Nothing hangs,
 // panics, leaves a goroutine behind or allocates out of proportion to the
@@ -226,8 +246,12 @@ func FuzzSession(f *testing.F) {
 		return b
 	}
 	rec := func(s string) []byte { return append([]byte{byte(len(s) >> 8), byte(len(s))}, s...) }
-	end := []byte(endRecord)
+	end, mark := []byte(endRecord), []byte(closeMark)
 	for _, seed := range [][]byte{
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, join(rec("closed"), end, mark)), frame(cmdFIN, 3, nil)),
+		join(frame(cmdSYN, 5, nil), frame(cmdPSH, 5, join(rec("half-closed"), end)), frame(cmdPSH, 5, mark), frame(cmdFIN, 5, nil)),
+		join(frame(cmdSYN, 5, nil), frame(cmdPSH, 5, join(rec("old peer"), end)), frame(cmdFIN, 5, nil), frame(cmdPSH, 5, mark)),
+		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, join(rec("marked, no FIN"), end, mark, []byte("junk after the mark")))),
 		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, join(rec("hi"), end)), frame(cmdFIN, 3, nil)),
 		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, rec("aborted")), frame(cmdFIN, 3, nil)),
 		join(frame(cmdSYN, 3, nil), frame(cmdPSH, 3, rec("split ")[:1]), frame(cmdPSH, 3, rec("split ")[1:5]),
@@ -343,8 +367,8 @@ func FuzzSession(f *testing.F) {
 			// reader before it has read all (a window update it sends
 			// fails once the connection is gone): an error, never a clean
 			// end, and never taken for the peer's abort.
-			n1, ended1 := unrecord(st.beforeFIN)
-			n2, ended2 := unrecord(st.all)
+			n1, ended1, marked1 := unrecord(st.beforeFIN)
+			n2, ended2, marked2 := unrecord(st.all)
 			switch {
 			case r.twice:
 				t.Errorf("stream %d delivered twice", id)
@@ -360,6 +384,17 @@ func FuzzSession(f *testing.F) {
 				t.Errorf("stream %d ended with %v, want ErrSessionClosed, ErrAborted or a clean end", id, r.err)
 			case r.n > n2:
 				t.Errorf("stream %d read %d bytes (%v); the peer's records hold %d", id, r.n, r.err, n2)
+			// Its writes, once it has read all it will.
+			case r.err == nil && marked1 && r.gone != errPeerClosed:
+				t.Errorf("stream %d: the peer's close mark came before its FIN; writes fail with %v, want %v", id, r.gone, errPeerClosed)
+			case r.err == nil && !marked2 && r.gone != nil:
+				t.Errorf("stream %d: writes fail with %v; the peer sent no close mark", id, r.gone)
+			case errors.Is(r.err, ErrAborted) && r.gone != errPeerReset:
+				t.Errorf("stream %d: %v; writes fail with %v, want %v", id, r.err, r.gone, errPeerReset)
+			case r.err != nil && !errors.Is(r.err, ErrAborted) && r.gone != nil:
+				t.Errorf("stream %d: %v; writes fail with %v, but the peer sent no FIN", id, r.err, r.gone)
+			case r.gone != nil && !errors.Is(r.writeErr, r.gone):
+				t.Errorf("stream %d: a Write after the peer left: %v, want %v", id, r.writeErr, r.gone)
 			}
 		}
 		for _, c := range j.streams {

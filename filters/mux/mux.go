@@ -22,7 +22,10 @@
 // blocked, use after Close is net.ErrClosed, CloseWrite half-closes. A
 // stream never ends cleanly unless its peer closed it: one whose session
 // died reports ErrSessionClosed, and one the peer aborted on its own
-// (smux has no stream reset; see frame.go) reports ErrAborted.
+// (smux has no stream reset; see frame.go) reports ErrAborted. Once the
+// peer has closed a stream for good (Close or Abort, after CloseWrite or
+// without it), writes to it fail, as a TCP write does once the peer's
+// reset answers it: with ErrAborted and syscall.EPIPE or ECONNRESET.
 package mux
 
 import (

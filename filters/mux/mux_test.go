@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -599,5 +600,288 @@ func TestWireVersion(t *testing.T) {
 	}
 	if n := s.count.n.Load(); n != 0 {
 		t.Errorf("the listener accepted %d connections, want none", n)
+	}
+}
+
+// streamPair opens a stream on a new session: the dialer's end and the
+// listener's.
+func streamPair(t *testing.T) (client, server *smux.Session, c, s *stream) {
+	t.Helper()
+	client, server = sessionPair(t)
+	st, err := client.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = newStream(st)
+	t.Cleanup(func() { c.Close() })
+	sst, err := server.AcceptStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = newStream(sst)
+	t.Cleanup(func() { s.Close() })
+	return client, server, c, s
+}
+
+// readEnd reads c to its end, through Read or WriteTo.
+func readEnd(c *stream, how string) ([]byte, error) {
+	var got bytes.Buffer
+	err := readEndTo(&got, c, how)
+	return got.Bytes(), err
+}
+
+func readEndTo(w io.Writer, c *stream, how string) error {
+	var err error
+	if how == "Read" {
+		_, err = io.CopyBuffer(w, struct{ io.Reader }{c}, make([]byte, 1000))
+	} else {
+		_, err = c.WriteTo(w)
+	}
+	return err
+}
+
+// notifyBuffer is a buffer that closes full once it holds n bytes. It
+// has no ReadFrom, so that io.Copy writes to it.
+type notifyBuffer struct {
+	buf  bytes.Buffer
+	n    int
+	full chan struct{}
+}
+
+func (b *notifyBuffer) Write(p []byte) (int, error) {
+	n, err := b.buf.Write(p)
+	if b.buf.Len() >= b.n && b.full != nil {
+		close(b.full)
+		b.full = nil
+	}
+	return n, err
+}
+
+// checkSession fails the test unless a new stream of the session carries
+// bytes both ways.
+func checkSession(t *testing.T, client, server *smux.Session) {
+	t.Helper()
+	st, err := client.OpenStream()
+	if err != nil {
+		t.Fatalf("opening a stream after: %v", err)
+	}
+	c := newStream(st)
+	defer c.Close()
+	sst, err := server.AcceptStream()
+	if err != nil {
+		t.Fatalf("accepting a stream after: %v", err)
+	}
+	s := newStream(sst)
+	defer s.Close()
+	for _, p := range [][2]*stream{{c, s}, {s, c}} {
+		p[0].SetDeadline(time.Now().Add(10 * time.Second))
+		p[1].SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := p[0].Write([]byte("still")); err != nil {
+			t.Fatalf("a stream opened after: %v", err)
+		}
+		b := make([]byte, 5)
+		if _, err := io.ReadFull(p[1], b); err != nil || string(b) != "still" {
+			t.Fatalf("a stream opened after: read %q, %v", b, err)
+		}
+	}
+}
+
+// TestPeerGone: once a stream's peer has closed it for good (Close or
+// Abort, after CloseWrite or without it), this side's writes fail within
+// moments, as a TCP write does once the peer's reset answers it: with
+// EPIPE after the peer's end of stream, with ECONNRESET after an abort
+// without it, never waiting for the peer's window forever (issue 38: the
+// target behind `vlink serve` kept writing into a stream whose client was
+// gone). Both ends of the session take both parts: the half-closing end
+// is the dialer's in a download, the listener's in an upload. The session
+// and its other streams carry on.
+func TestPeerGone(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		closeWrite bool
+		end        func(*stream) error
+		want       error // what the peer's writes fail with
+		readErr    error // what the peer's reader ends with; nil for io.EOF
+	}{
+		{"CloseWrite, Abort", true, (*stream).Abort, syscall.EPIPE, nil},
+		{"CloseWrite, netconn.Abort", true, func(s *stream) error { return netconn.Abort(s) }, syscall.EPIPE, nil},
+		{"CloseWrite, Close", true, (*stream).Close, syscall.EPIPE, nil},
+		{"Close", false, (*stream).Close, syscall.EPIPE, nil},
+		{"Abort", false, (*stream).Abort, syscall.ECONNRESET, ErrAborted},
+	} {
+		for _, side := range []string{"dialer", "listener"} {
+			for _, how := range []string{"Read", "WriteTo"} {
+				t.Run(tc.name+"/"+side+" ends/"+how, func(t *testing.T) {
+					client, server, c, s := streamPair(t)
+					a, b := c, s // a ends the stream; b writes on
+					if side == "listener" {
+						a, b = s, c
+					}
+					type result struct {
+						got []byte
+						err error
+					}
+					read := make(chan result, 1)
+					got := &notifyBuffer{n: len("request"), full: make(chan struct{})}
+					gotRequest := got.full
+					go func() {
+						b.SetReadDeadline(time.Now().Add(10 * time.Second))
+						err := readEndTo(got, b, how)
+						read <- result{got.buf.Bytes(), err}
+					}()
+					type failed struct {
+						err error
+						at  time.Time
+					}
+					wrote := make(chan failed, 1)
+					go func() {
+						buf := make([]byte, 32<<10)
+						for {
+							if _, err := b.Write(buf); err != nil {
+								wrote <- failed{err, time.Now()}
+								return
+							}
+						}
+					}()
+					if _, err := a.Write([]byte("request")); err != nil {
+						t.Fatal(err)
+					}
+					if tc.closeWrite {
+						if err := a.CloseWrite(); err != nil {
+							t.Fatal(err)
+						}
+					}
+					a.SetReadDeadline(time.Now().Add(10 * time.Second))
+					if _, err := io.ReadFull(a, make([]byte, 256<<10)); err != nil {
+						t.Fatal(err)
+					}
+					// The request, and its end record, go in the background:
+					// the stream ends after them.
+					select {
+					case <-gotRequest:
+					case <-time.After(10 * time.Second):
+						t.Fatal("the peer has not read the request after 10s")
+					}
+					var r result
+					if tc.closeWrite {
+						r = <-read // its end record
+					}
+					ended := time.Now()
+					if err := tc.end(a); err != nil {
+						t.Fatal(err)
+					}
+					var w failed
+					select {
+					case w = <-wrote:
+					case <-time.After(2 * time.Second):
+						t.Fatal("the peer's Write still runs 2s after the stream ended")
+					}
+					switch {
+					case !errors.Is(w.err, tc.want) || !errors.Is(w.err, ErrAborted):
+						t.Errorf("the peer's Write: %v; want ErrAborted and %v", w.err, tc.want)
+					case !netconn.ResetByPeer(w.err):
+						t.Errorf("the peer's Write: %v, which netconn.ResetByPeer does not take for a reset", w.err)
+					}
+					t.Logf("the peer's Write failed %v after the end: %v", w.at.Sub(ended).Round(time.Millisecond), w.err)
+					if _, err := b.Write([]byte("more")); !errors.Is(err, tc.want) {
+						t.Errorf("a later Write: %v, want %v", err, tc.want)
+					}
+					if !tc.closeWrite {
+						r = <-read
+					}
+					if string(r.got) != "request" || (tc.readErr == nil && r.err != nil) || (tc.readErr != nil && !errors.Is(r.err, tc.readErr)) {
+						t.Errorf("the peer read %q, then %v; want %q, then %v", r.got, r.err, "request", tc.readErr)
+					}
+					if err := b.Close(); err != nil {
+						t.Errorf("the peer's Close: %v", err)
+					}
+					checkSession(t, client, server)
+				})
+			}
+		}
+	}
+}
+
+// TestHalfCloseExchange: a request, its end, then the answer, read to its
+// end before the asker closes, ends cleanly on both sides, whichever end
+// asks and however the other ends: no error, no byte lost, though the
+// answer is larger than the window. So it does with an asker from before
+// the close mark (frame.go), which sent smux's FIN with its end record.
+func TestHalfCloseExchange(t *testing.T) {
+	request := testnet.RandomBytes(100<<10, 7)
+	answer := testnet.RandomBytes(3*DefaultWindow, 8)
+	for _, asker := range []string{"", "old "} {
+		for _, side := range []string{"dialer", "listener"} {
+			for _, how := range []string{"Read", "WriteTo"} {
+				for _, closeWrite := range []bool{false, true} {
+					name := fmt.Sprintf("%s%s asks/%s/answer then CloseWrite=%v", asker, side, how, closeWrite)
+					t.Run(name, func(t *testing.T) { halfCloseExchange(t, request, answer, asker != "", side, how, closeWrite) })
+				}
+			}
+		}
+	}
+}
+
+func halfCloseExchange(t *testing.T, request, answer []byte, old bool, side, how string, closeWrite bool) {
+	_, _, c, s := streamPair(t)
+	a, b := c, s
+	if side == "listener" {
+		a, b = s, c
+	}
+	a.SetDeadline(time.Now().Add(10 * time.Second))
+	b.SetDeadline(time.Now().Add(10 * time.Second))
+	bDone := make(chan error, 1)
+	aClosed := make(chan struct{})
+	go func() {
+		got, err := readEnd(b, how)
+		if err != nil || !bytes.Equal(got, request) {
+			bDone <- fmt.Errorf("the answering side read %d of %d bytes, then %v", len(got), len(request), err)
+			return
+		}
+		if _, err := b.Write(answer); err != nil {
+			bDone <- fmt.Errorf("the answer: %w", err)
+			return
+		}
+		if closeWrite {
+			if err := b.CloseWrite(); err != nil {
+				bDone <- fmt.Errorf("CloseWrite after the answer: %w", err)
+				return
+			}
+			<-aClosed
+			time.Sleep(50 * time.Millisecond) // the asker's close arrives
+		}
+		bDone <- b.Close()
+	}()
+	if old {
+		// The records, the end record and smux's FIN, at once.
+		for b := request; len(b) > 0; b = b[min(len(b), chunkData):] {
+			if _, err := a.st.Write(record(b[:min(len(b), chunkData)])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := a.st.Write([]byte(endRecord)); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.st.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		if _, err := a.Write(request); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := readEnd(a, how)
+	if err != nil || !bytes.Equal(got, answer) {
+		t.Fatalf("the asker read %d of %d bytes, then %v", len(got), len(answer), err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("the asker's Close: %v", err)
+	}
+	close(aClosed)
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
 	}
 }

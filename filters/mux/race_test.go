@@ -57,12 +57,18 @@ func TestLastFrameRace(t *testing.T) {
 			}
 			s := newStream(st)
 			defer s.Close()
-			// The reader's side is done writing: the peer's FIN will end
-			// the stream.
+			// The reader's side is done writing, and has sent smux's FIN:
+			// the peer's FIN will end the stream. CloseWrite sends smux's
+			// FIN only after a Write failed (its end record and FIN wait
+			// for Close otherwise: frame.go), and then the peer's last
+			// bytes may still come; the test sends it itself.
 			if err := s.CloseWrite(); err != nil {
 				t.Fatal(err)
 			}
 			<-s.tail
+			if err := st.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
 			mu := bufferLock(t, st)
 
 			mu.Lock()
