@@ -106,16 +106,20 @@ func clientHandshake(c net.Conn, hello *message, key, binding []byte) (transcrip
 }
 
 // helloBytes is the magic and the hello frame, with a fresh nonce if the
-// dialer holds a key.
+// dialer holds a key, marked with the key (firstflight.go).
 func helloBytes(hello *message, key []byte) []byte {
 	hello.typ = msgHello
 	hello.nonce = nil
 	if key != nil {
 		hello.nonce = make([]byte, nonceSize)
-		rand.Read(hello.nonce)
+		rand.Read(hello.nonce[:nonceSize-markSize])
 	}
 	buf := append(make([]byte, 0, len(magic)+headerSize+96+len(hello.stack)+len(hello.target)+len(hello.node)), magic...)
-	return hello.appendFrame(buf)
+	buf = hello.appendFrame(buf)
+	if key != nil {
+		sealMark(key, buf[len(magic)+headerSize:])
+	}
+	return buf
 }
 
 // answerError explains a failure to read the listener's answer.
@@ -160,6 +164,9 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
 	h := &Hello{Target: m.target, Lookup: m.lookup, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	if j == nil && via == nil && l.marked(c, m, helloBody) {
+		l.shed.markedRead(c) // a replayed hello could have a mark: the challenge decides
+	}
 	h.transcript = appendFrameBytes([]byte(magic), msgHello, helloBody)
 	// A connection from another node of a vlink network comes with the
 	// key the relay gave both ends for it, and the dialer's name: the

@@ -347,7 +347,11 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 	if l.cfg.SniffTimeout > 0 && l.cfg.Policy.plainAllowed() {
 		plainAt = l.cfg.SniffTimeout
 	}
-	l.shed = newShedder(l.cfg.MaxHandshakes, l.cfg.HandshakeTimeout, plainAt, l.startHandshake)
+	var markedHello func(net.Conn, []byte) bool
+	if l.cfg.Policy.Key != nil {
+		markedHello = l.markedFirstFlight
+	}
+	l.shed = newShedder(l.cfg.MaxHandshakes, l.cfg.HandshakeTimeout, plainAt, markedHello, l.startHandshake)
 	l.sem = make(chan struct{}, l.cfg.MaxHandshakes)
 	l.wg.Add(1)
 	go l.acceptLoop()

@@ -329,3 +329,157 @@ func TestAuthenticatedNotShed(t *testing.T) {
 		t.Errorf("the late client, once a slot freed: %v", err)
 	}
 }
+
+// TestOnlyTheKeyMakesRoom: on a keyed listener whose slots are all held
+// by dialers from other addresses, a newcomer that has not proven the
+// key in its first flight (the mark, firstflight.go) waits for a free
+// slot and closes nobody's, whatever it sends and wherever it comes
+// from, so that an attacker with many addresses cannot churn the slots;
+// a dialer holding the key still gets a slot at once, at the cost of one
+// unproven connection. Without a key, a whole hello is as good as any
+// client's and makes room, but a silent newcomer still pushes nobody out.
+func TestOnlyTheKeyMakesRoom(t *testing.T) {
+	const slots = 4
+	silent := func(t *testing.T, addr string) { silentDialer(t, acceptAt(addr), "127.0.0.20") }
+	hello := func(k []byte) func(t *testing.T, addr string) {
+		return func(t *testing.T, addr string) {
+			go func() {
+				d := vlink.Dialer{Key: k, Stack: vlink.MustParse("test-filter+tcp:local=127.0.0.20"), Timeout: 2 * time.Second}
+				if c, err := d.Dial("tcp", addr); err == nil {
+					c.Close()
+				}
+			}()
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		key      []byte                          // the listener's and the client's
+		newcomer func(t *testing.T, addr string) // dials from 127.0.0.20
+		pushes   int                             // slots the newcomer takes
+		inAll    int                             // and the client with it
+	}{
+		{"keyed/silent", key, silent, 0, 1},
+		{"keyed/a whole hello with another key", key, hello([]byte("not the listener's key")), 0, 1},
+		{"keyed/a whole hello without a key", key, hello(nil), 0, 1},
+		{"unkeyed/silent", nil, silent, 0, 1},
+		// The newcomer's handshake ends at once, and frees the slot it
+		// took: the client takes that one.
+		{"unkeyed/a whole hello", nil, hello(nil), 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := listen(t, vlink.ListenConfig{
+				Policy:           vlink.Policy{Key: tc.key},
+				HandshakeTimeout: time.Minute,
+				SniffTimeout:     -1,
+				MaxHandshakes:    slots,
+			})
+			var held []net.Conn
+			for i := range slots {
+				held = append(held, silentDialer(t, l, fmt.Sprintf("127.0.0.%d", 11+i)))
+			}
+			time.Sleep(200 * time.Millisecond) // all four in their slots
+			tc.newcomer(t, l.Addr().String())
+			time.Sleep(300 * time.Millisecond) // three sweeps
+			if pushed := countClosed(held, 10*time.Millisecond); pushed != tc.pushes {
+				t.Fatalf("the newcomer took %d slots from their holders, want %d", pushed, tc.pushes)
+			}
+			d := vlink.Dialer{Key: tc.key, Stack: vlink.MustParse("test-filter+tcp:local=127.0.0.21"), Timeout: 5 * time.Second}
+			c, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatalf("a client, every slot held by silent dialers: %v", err)
+			}
+			defer c.Close()
+			testnet.RoundTrip(t, c, 1<<10)
+			if shed := countClosed(held, 100*time.Millisecond); shed != tc.inAll {
+				t.Errorf("%d silent connections were shed in all, want %d", shed, tc.inAll)
+			}
+		})
+	}
+}
+
+// countClosed counts the connections the listener closed, giving each
+// d to show it (closedWithin).
+func countClosed(conns []net.Conn, d time.Duration) int {
+	n := 0
+	for _, c := range conns {
+		if closedWithin(c, d) {
+			n++
+		}
+	}
+	return n
+}
+
+// acceptAt is a net.Listener whose only use is its address.
+type acceptAt string
+
+func (a acceptAt) Accept() (net.Conn, error) { return nil, net.ErrClosed }
+func (a acceptAt) Close() error              { return nil }
+func (a acceptAt) Addr() net.Addr {
+	ap, _ := net.ResolveTCPAddr("tcp", string(a))
+	return ap
+}
+
+// TestReplayedHelloGivesWay: someone who recorded a dialer's first
+// flight can replay it and pass its mark, never its challenge. Slots
+// held by replays still give way to a dialer with the key: a mark is
+// not a proof.
+func TestReplayedHelloGivesWay(t *testing.T) {
+	const slots = 4
+	// Record a dialer's first flight.
+	rec, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	go func() {
+		d := vlink.Dialer{Key: key, Stack: vlink.MustParse("test-filter"), Timeout: time.Second}
+		if c, err := d.Dial("tcp", rec.Addr().String()); err == nil {
+			c.Close()
+		}
+	}()
+	rc, err := rec.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flight []byte
+	buf := make([]byte, 4096)
+	rc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for len(flight) < len(magic)+4 || len(flight) < len(magic)+4+int(flight[len(magic)+2])<<8|int(flight[len(magic)+3]) {
+		n, err := rc.Read(buf)
+		if err != nil {
+			t.Fatalf("recording the first flight: %v", err)
+		}
+		flight = append(flight, buf[:n]...)
+	}
+	rc.Close()
+
+	l := listen(t, vlink.ListenConfig{
+		Policy:           vlink.Policy{Key: key},
+		HandshakeTimeout: time.Minute,
+		SniffTimeout:     -1,
+		MaxHandshakes:    slots,
+	})
+	var replays []net.Conn
+	for i := range slots + 2 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("127.0.0.%d", 11+i))}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(flight); err != nil {
+			t.Fatal(err)
+		}
+		replays = append(replays, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	d := vlink.Dialer{Key: key, Stack: vlink.MustParse("test-filter+tcp:local=127.0.0.21"), Timeout: 5 * time.Second}
+	start := time.Now()
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatalf("every slot held by a replayed hello: %v", err)
+	}
+	defer c.Close()
+	t.Logf("connected in %v", time.Since(start))
+	testnet.RoundTrip(t, c, 1<<10)
+}

@@ -11,41 +11,66 @@
 # A probe connects to the tunnel and times one byte echoed back: the
 # tunnel's dial, the VLink handshake with its key proof, the target dial.
 #
-# Target (issue 10, item 3): p99 under attack <= 100 ms. Environment:
-# HOSTILE (2000), ROUNDS (5), PROBES (20), VLINK (default: built here).
+# Target (issue 10, item 3; issue 38, item 13): p99 under attack <= 100 ms.
+# Environment: HOSTILE (2000), ROUNDS (5), PROBES (20), VLINK (default:
+# built here), and the attack's kind:
+#   FROM    other: every hostile connection from 127.0.0.2 (default);
+#           same: from 127.0.0.1, the probing client's own address (a
+#           shared NAT); many: from 100 addresses, 127.0.1.1-100
+#   ATTACK  magic: the hello's magic, then silence (default); hello: a
+#           whole hello with a nonce but without the key, then silence
+#   KEYED   1: serve and tunnel with --key-file (default); 0: without
 HOSTILE=${HOSTILE:-2000}
 ROUNDS=${ROUNDS:-5}
 PROBES=${PROBES:-20}
+FROM=${FROM:-other}
+ATTACK=${ATTACK:-magic}
+KEYED=${KEYED:-1}
 . "$(dirname "$0")/lib.sh"
 need socat python3 taskset
 build_vlink
 [ "$(nproc)" -ge 2 ] || { echo "$(basename "$0"): needs 2 CPUs (one for the attacker)" >&2; exit 1; }
 
+for port in 25301 25302 25303; do
+  port_free "$port" || { echo "$(basename "$0"): port $port is taken (a run left behind?)" >&2; exit 1; }
+done
 head -c 32 /dev/urandom | base64 >"$work/key"
 chmod 600 "$work/key"
+keyflag=(--key-file "$work/key")
+[ "$KEYED" = 1 ] || keyflag=()
 taskset -c 0 socat TCP-LISTEN:25301,bind=127.0.0.1,reuseaddr,fork EXEC:cat &
 pids+=($!)
 wait_listen 25301
-taskset -c 0 "$VLINK" serve --listen 127.0.0.1:25302 --target 127.0.0.1:25301 --key-file "$work/key" --log-level warn &
+taskset -c 0 "$VLINK" serve --listen 127.0.0.1:25302 --target 127.0.0.1:25301 "${keyflag[@]}" --log-level warn &
 pids+=($!)
 wait_listen 25302
-taskset -c 0 "$VLINK" tunnel --listen 127.0.0.1:25303 --to 127.0.0.1:25302 --stack zstd --key-file "$work/key" --log-level warn &
+taskset -c 0 "$VLINK" tunnel --listen 127.0.0.1:25303 --to 127.0.0.1:25302 --stack zstd "${keyflag[@]}" --log-level warn &
 pids+=($!)
 wait_listen 25303
 
 cat >"$work/attack.py" <<'EOF'
-# Keeps N connections to PORT open from 127.0.0.2, each sending the magic
-# and then nothing; a connection the server closes is replaced at once.
-import selectors, socket, sys, errno
-n, port = int(sys.argv[1]), int(sys.argv[2])
+# Keeps N connections to PORT open from the sources FROM names, each
+# sending ATTACK's bytes and then nothing; a connection the server closes
+# is replaced at once.
+import os, selectors, socket, struct, sys
+n, port, frm, attack = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 magic = b"\x89VLK\r\n\x1a\n"
+sources = {"other": ["127.0.0.2"], "same": ["127.0.0.1"],
+           "many": [f"127.0.1.{i}" for i in range(1, 101)]}[frm]
+def first_flight():
+    if attack == "magic":
+        return magic
+    # A hello (version 1, type 1) of the stack "zstd" (field 1) and a
+    # random nonce (field 3, 32 bytes): a keyed dialer's, without its key.
+    body = struct.pack(">BH", 1, 4) + b"zstd" + struct.pack(">BH", 3, 32) + os.urandom(32)
+    return magic + struct.pack(">BBH", 1, 1, len(body)) + body
 sel = selectors.DefaultSelector()
 opened = 0
 def open_one():
     global opened
     s = socket.socket()
     s.setblocking(False)
-    s.bind(("127.0.0.2", 0))
+    s.bind((sources[opened % len(sources)], 0))
     s.connect_ex(("127.0.0.1", port))
     sel.register(s, selectors.EVENT_WRITE, "connecting")
     opened += 1
@@ -57,14 +82,14 @@ while True:
         if key.data == "connecting":
             if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
                 try:
-                    s.send(magic)
+                    s.send(first_flight())
                     sel.modify(s, selectors.EVENT_READ, "silent")
                     continue
                 except OSError:
                     pass
         else:
             try:
-                if s.recv(1):
+                if s.recv(4096):
                     continue
             except OSError:
                 pass
@@ -95,18 +120,19 @@ EOF
 for r in $(seq "$ROUNDS"); do
   echo "== round $r/$ROUNDS: quiet, then $HOSTILE hostile connections" >&2
   taskset -c 0 python3 "$work/probe.py" 25303 "$PROBES" | sed 's/^/quiet /' >>"$work/times"
-  taskset -c 1 python3 "$work/attack.py" "$HOSTILE" 25302 &
+  taskset -c 1 python3 "$work/attack.py" "$HOSTILE" 25302 "$FROM" "$ATTACK" &
   attacker=$!
   pids+=("$attacker")
   sleep 2 # the attack builds up
   taskset -c 0 python3 "$work/probe.py" 25303 "$PROBES" | sed 's/^/attacked /' >>"$work/times"
+  [ -n "${NSTAT:-}" ] && nstat -z TcpExtListenOverflows TcpExtListenDrops TcpExtTCPReqQFullDrop TcpExtTCPReqQFullDoCookies TcpExtSyncookiesSent >&2
   kill "$attacker"
   wait "$attacker" 2>/dev/null || true
   sleep 1
 done
 
-python3 - "$work/times" <<'EOF'
-import sys
+HOSTILE=$HOSTILE FROM=$FROM ATTACK=$ATTACK KEYED=$KEYED python3 - "$work/times" <<'EOF'
+import os, sys
 from targets import check
 times = {"quiet": [], "attacked": []}
 failed = {"quiet": 0, "attacked": 0}
@@ -118,7 +144,7 @@ for line in open(sys.argv[1]):
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(len(v) * p / 100))]
-print("connect + one echo through tunnel -> serve, ms")
+print(f"connect + one echo through tunnel -> serve, ms; attack: {os.environ['HOSTILE']} from {os.environ['FROM']}, {os.environ['ATTACK']}, keyed={os.environ['KEYED']}")
 print(f"  {'':9} {'n':>4} {'failed':>6} {'median':>8} {'p90':>8} {'p99':>8} {'max':>8}")
 for k, v in times.items():
     print(f"  {k:9} {len(v):4d} {failed[k]:6d} {pct(v, 50):8.2f} {pct(v, 90):8.2f} {pct(v, 99):8.2f} {max(v):8.2f}")
