@@ -401,9 +401,14 @@ func TestNoAllocsAuto(t *testing.T) {
 	}
 	wire = ended(wire)
 	src := bytes.NewReader(wire)
-	r := newAutoConn(&testnet.FakeConn{R: src}, a)
+	eof := testnet.NewEOFSignal(src)
+	r := newAutoConn(&testnet.FakeConn{R: eof}, a)
 	buf := make([]byte, 256<<10)
 	w.Write(text) // makes the controller
+	// The end frame starts the tail reader (framed.Ends.PeerEnded), which
+	// reads src to its end: the rounds read src again once it is done.
+	r.WriteTo(io.Discard)
+	eof.Wait(t)
 	allocs := testing.AllocsPerRun(20, func() {
 		for j := range a.rungs {
 			w.ctrl.cur = j

@@ -135,8 +135,11 @@ func (f framing) ReleaseRead()     { f.c.releaseRead() }
 // frames.
 func (c *conn) NetConn() net.Conn { return c.c }
 
-func (c *conn) LocalAddr() net.Addr                { return c.c.LocalAddr() }
-func (c *conn) RemoteAddr() net.Addr               { return c.c.RemoteAddr() }
-func (c *conn) SetDeadline(t time.Time) error      { return c.c.SetDeadline(t) }
-func (c *conn) SetReadDeadline(t time.Time) error  { return c.c.SetReadDeadline(t) }
+func (c *conn) LocalAddr() net.Addr  { return c.c.LocalAddr() }
+func (c *conn) RemoteAddr() net.Addr { return c.c.RemoteAddr() }
+
+// The read deadline goes through ends: once the peer's end marker is
+// read, it no longer reaches below (framed.Ends.SetReadDeadline).
+func (c *conn) SetDeadline(t time.Time) error      { return c.ends.SetDeadline(t) }
+func (c *conn) SetReadDeadline(t time.Time) error  { return c.ends.SetReadDeadline(t) }
 func (c *conn) SetWriteDeadline(t time.Time) error { return c.c.SetWriteDeadline(t) }

@@ -576,8 +576,14 @@ func TestNoAllocs(t *testing.T) {
 			w.vectored = true
 			wire := ended(encode(t, name, defaultLevel(name), text, random, text[:100]))
 			src := bytes.NewReader(wire)
-			r := newConn(&testnet.FakeConn{R: src}, name, codec)
+			eof := testnet.NewEOFSignal(src)
+			r := newConn(&testnet.FakeConn{R: eof}, name, codec)
 			buf := make([]byte, 256<<10)
+			// The end frame starts the tail reader
+			// (framed.Ends.PeerEnded), which reads src to its end: the
+			// rounds read src again once it is done.
+			r.WriteTo(io.Discard)
+			eof.Wait(t)
 			allocs := testing.AllocsPerRun(20, func() {
 				w.skip, w.backoff = 0, 0 // compress every time
 				w.Write(text)

@@ -400,8 +400,17 @@ func TestNoAllocs(t *testing.T) {
 	send, _ := states()
 	w := newConn(&testnet.FakeConn{W: io.Discard}, send, nil)
 	src := bytes.NewReader(wire)
-	r := newConn(&testnet.FakeConn{R: src}, nil, recv)
+	eof := testnet.NewEOFSignal(src)
+	r := newConn(&testnet.FakeConn{R: eof}, nil, recv)
 	small, big := make([]byte, 32<<10), make([]byte, 256<<10)
+	// The end record starts the tail reader (framed.Ends.PeerEnded), which
+	// reads src to its end: the rounds read src again once it is done.
+	for {
+		if _, err := r.Read(big); err != nil {
+			break
+		}
+	}
+	eof.Wait(t)
 	allocs := testing.AllocsPerRun(20, func() {
 		w.Write(data)
 		w.Write(data[:100])

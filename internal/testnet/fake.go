@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
+	"testing"
 	"time"
 )
 
@@ -42,6 +44,40 @@ func (f *FakeConn) RemoteAddr() net.Addr             { return fakeAddr{} }
 func (f *FakeConn) SetDeadline(time.Time) error      { return nil }
 func (f *FakeConn) SetReadDeadline(time.Time) error  { return nil }
 func (f *FakeConn) SetWriteDeadline(time.Time) error { return nil }
+
+// EOFSignal reads R and closes Done once a read returns io.EOF. Once a
+// framed layer has read its peer's end marker, its tail reader reads the
+// connection below to its end (netconn/framed's Ends.PeerEnded): a test
+// that reads the same bytes again through the same layer waits for Done
+// first.
+type EOFSignal struct {
+	R    io.Reader
+	Done chan struct{}
+	once sync.Once
+}
+
+// NewEOFSignal returns an EOFSignal reading r.
+func NewEOFSignal(r io.Reader) *EOFSignal {
+	return &EOFSignal{R: r, Done: make(chan struct{})}
+}
+
+// Wait waits for Done, failing tb after 10 s.
+func (s *EOFSignal) Wait(tb testing.TB) {
+	tb.Helper()
+	select {
+	case <-s.Done:
+	case <-time.After(10 * time.Second):
+		tb.Fatal("nothing read the connection below to its end after 10s")
+	}
+}
+
+func (s *EOFSignal) Read(p []byte) (int, error) {
+	n, err := s.R.Read(p)
+	if err == io.EOF {
+		s.once.Do(func() { close(s.Done) })
+	}
+	return n, err
+}
 
 // DribbleConn hands out Data a Step of bytes at a time and fails every
 // other Read with a deadline error, as a real connection does when a read

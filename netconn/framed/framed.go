@@ -19,12 +19,16 @@
 //     below ([netconn.Abort]), so the peer sees a failure.
 //   - CloseWrite sends the end marker, then half-closes the connection
 //     below if it can.
-//   - After the peer's end marker, a Close first reads what still comes
-//     from below (the end of the layer below: noise's end record under
-//     compression, compression's end frame under noise), for up to a
-//     second and 64 KiB: a socket closed with bytes unread is reset by
-//     the kernel, which throws away what it had not sent yet, and the
-//     peer would lose the end of what this side wrote.
+//   - After the peer's end marker, the connection below is read on to
+//     its end, keeping nothing, in the background (the tail reader, see
+//     [Ends.PeerEnded]), and a Close waits for that for up to a second
+//     and 64 KiB. It is the end of the layer below (noise's end record
+//     under compression, compression's end frame under noise, mux's end
+//     record): a socket closed with bytes unread is reset by the kernel,
+//     which throws away what it had not sent yet, and the peer would lose
+//     the end of what this side wrote; and mux learns only by reading
+//     past its end record that its peer closed the stream for good, which
+//     fails this side's writes as a TCP reset does.
 //   - Use after Close is net.ErrClosed in a *net.OpError naming the
 //     layer; Close unblocks any Read or Write at once.
 //
@@ -74,8 +78,8 @@ type AbortWriter interface {
 }
 
 // Below is what Ends needs of the connection under the layer; a net.Conn
-// has it. CloseWrite (a half-close), Read (the drain after the peer's
-// end) and Abort are used where the connection has them.
+// has it. CloseWrite (a half-close), Read (the tail reader after the
+// peer's end) and Abort are used where the connection has them.
 type Below interface {
 	SetReadDeadline(t time.Time) error
 	SetWriteDeadline(t time.Time) error
@@ -88,8 +92,9 @@ type Below interface {
 // end marker to a peer that does not read.
 const CloseLinger = 10 * time.Second
 
-// After the peer's end marker, a close reads what still comes from the
-// connection below for up to endDrain, and at most maxEndDrain bytes.
+// After the peer's end marker, the tail reader reads at most maxEndDrain
+// bytes from the connection below, and a close waits for it for up to
+// endDrain.
 const (
 	endDrain    = time.Second
 	maxEndDrain = 64 << 10
@@ -150,8 +155,18 @@ type Ends struct {
 
 	closed atomic.Bool
 	// peerEnded: the peer's end marker was read. What it sends after (the
-	// end of the layer below) is read before closing: see drainClose.
+	// end of the layer below) is read by the tail reader (PeerEnded).
 	peerEnded atomic.Bool
+	// The tail reader's: tailDone is closed when it is done, tailOver set
+	// before if it read below to its end or its bound, so that a close
+	// reads no more. tailDone is written before peerEnded is set; nil if
+	// below is no io.Reader.
+	tailDone chan struct{}
+	tailOver atomic.Bool
+	// dmu orders the tail reader's start with the caller's read
+	// deadlines, which no longer reach below once it runs (tailing).
+	dmu     sync.Mutex
+	tailing bool
 	// readFailed: the read side failed for good (see ReadFailed).
 	readFailed atomic.Bool
 
@@ -203,9 +218,79 @@ func (e *Ends) readClosed() error {
 	return e.OpError("read", net.ErrClosed)
 }
 
-// PeerEnded records that the peer's end marker was read. The read lock
-// is held.
-func (e *Ends) PeerEnded() { e.peerEnded.Store(true) }
+// PeerEnded records that the peer's end marker was read; the layer reads
+// nothing from below after it. The read lock is held.
+//
+// A goroutine, the tail reader, then reads on from below, keeping
+// nothing, until its end (or maxEndDrain bytes), so that the layer below
+// sees its own end as soon as it comes rather than at Close. A socket
+// then holds no unread bytes when it is closed (see drainClose); and a
+// layer below may learn only by reading that its peer is gone: a mux
+// stream reads its peer's close mark, which fails its writes with EPIPE
+// once the peer closed the stream for good (an abort after a
+// half-close), only when read past its end record. Without the tail
+// reader, a layer above mux whose peer half-closed, then aborted, would
+// write on into a mux window that nobody opens again (issue 38). What
+// the layer below learns reaches the layer's user through its writes,
+// which fail; its reads have ended already. The caller's read deadlines
+// stop reaching below (SetReadDeadline): the layer's reads end at the end
+// marker without reading there, and the tail reader ends only with the
+// connection (Close, Abort) or below's end.
+func (e *Ends) PeerEnded() {
+	if e.peerEnded.Load() {
+		return
+	}
+	if r, ok := e.below.(io.Reader); ok {
+		e.dmu.Lock()
+		e.tailing = true
+		e.below.SetReadDeadline(time.Time{})
+		e.dmu.Unlock()
+		e.tailDone = make(chan struct{})
+		go e.readTail(r)
+	}
+	e.peerEnded.Store(true)
+}
+
+// readTail is the tail reader (see PeerEnded). A deadline stops it only
+// when Close set one, and then drainClose reads on.
+func (e *Ends) readTail(r io.Reader) {
+	defer close(e.tailDone)
+	var buf [512]byte
+	for n := 0; n < maxEndDrain; {
+		k, err := r.Read(buf[:])
+		n += k
+		if err != nil {
+			e.tailOver.Store(!errors.Is(err, os.ErrDeadlineExceeded))
+			return
+		}
+	}
+	e.tailOver.Store(true)
+}
+
+// SetReadDeadline sets the read deadline of the connection below, for
+// the layer's reads: a layer's SetReadDeadline calls it. Once the tail
+// reader runs (see PeerEnded), nothing reads below for the caller and
+// the deadline is not passed on.
+func (e *Ends) SetReadDeadline(t time.Time) error {
+	e.dmu.Lock()
+	defer e.dmu.Unlock()
+	if !e.tailing {
+		return e.below.SetReadDeadline(t)
+	}
+	if e.closed.Load() {
+		return e.OpError("set", net.ErrClosed)
+	}
+	return nil
+}
+
+// SetDeadline sets both deadlines of the connection below, the read
+// deadline as SetReadDeadline does: a layer's SetDeadline calls it.
+func (e *Ends) SetDeadline(t time.Time) error {
+	if err := e.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return e.below.SetWriteDeadline(t)
+}
 
 // ReadFailed records that the read side failed for good, mid-stream: a
 // record that did not authenticate or decode, a stream cut before its
@@ -357,14 +442,20 @@ func (e *Ends) lingerClose() {
 	e.closeBelow(e.below.Close())
 }
 
-// drainClose closes the connection below once it has read what the peer
-// sent after its end marker: the end of the layer below, which its
-// CloseWrite sends a moment later. A socket closed with bytes unread is
-// reset by the kernel, which throws away what it had not sent yet: the
-// peer would lose the end of what we wrote.
+// drainClose closes the connection below once the tail reader has read
+// what the peer sent after its end marker, for up to endDrain: the end of
+// the layer below, which its CloseWrite sends a moment later. A socket
+// closed with bytes unread is reset by the kernel, which throws away what
+// it had not sent yet: the peer would lose the end of what we wrote. If
+// Close's interruption (InterruptRead) stopped the tail reader, it reads
+// on itself.
 func (e *Ends) drainClose() error {
 	if r, ok := e.below.(io.Reader); ok {
 		e.below.SetReadDeadline(time.Now().Add(endDrain))
+		<-e.tailDone
+		if e.tailOver.Load() {
+			return e.below.Close()
+		}
 		var buf [512]byte
 		for n := 0; n < maxEndDrain; {
 			k, err := r.Read(buf[:])

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -408,6 +409,169 @@ func TestDrainAfterPeerEnd(t *testing.T) {
 				t.Errorf("server: %v", err)
 			}
 			client.Close()
+		})
+	}
+}
+
+// gateConn is a testnet.TrailerConn whose trailer (the end of the layer
+// below) waits for open.
+type gateConn struct {
+	*net.TCPConn
+	open chan struct{}
+}
+
+func (c gateConn) CloseWrite() error {
+	<-c.open
+	if _, err := c.TCPConn.Write([]byte("end of the layer below")); err != nil {
+		return err
+	}
+	return c.TCPConn.CloseWrite()
+}
+
+// TestCloseBeforeEndBelow is TestDrainAfterPeerEnd with a Close that
+// comes before the end of the layer below: it stops the tail reader
+// (framed.Ends.PeerEnded) with the read deadline that wakes a Read, and
+// must still read that end before it closes the connection below.
+func TestCloseBeforeEndBelow(t *testing.T) {
+	a, b := testnet.TCPPairBuffers(t, 16<<10, 64<<10)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	open := make(chan struct{})
+	client, server := newToy(gateConn{a, open}, false), newToy(b, false)
+	defer client.Close()
+	if _, err := client.Write([]byte("question")); err != nil {
+		t.Fatal(err)
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- client.CloseWrite() }()
+	if r := <-readAll(server); r.err != nil || string(r.got) != "question" {
+		close(open)
+		t.Fatalf("server read %q, %v", r.got, r.err)
+	}
+	answer := testnet.RandomBytes(4<<20, 7)
+	done := make(chan error, 1)
+	go func() {
+		_, err := server.Write(answer)
+		if cerr := server.Close(); err == nil {
+			err = cerr
+		}
+		done <- err
+	}()
+	// The client reads all but the answer's last 100 KiB, which the
+	// buffers hold: the server's Write returns and it closes, then the end
+	// of the layer below comes.
+	head := len(answer) - 100<<10
+	got := make([]byte, head)
+	if _, err := io.ReadFull(client, got); err != nil {
+		close(open)
+		server.Abort()
+		t.Fatalf("client read: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			close(open)
+			t.Fatalf("server: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		close(open)
+		server.Abort()
+		t.Fatal("the server's Write still runs with the last 100 KiB to go")
+	}
+	close(open)
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the trailer reaches the server's socket
+	r := <-readAll(client)
+	got = append(got, r.got...)
+	if r.err != nil || !bytes.Equal(got, answer) {
+		t.Errorf("client read %d of %d bytes of the answer: %v", len(got), len(answer), r.err)
+	}
+}
+
+// goneConn stands for a layer below that learns only by reading that
+// its peer is gone, as a mux stream reads its peer's close mark after its
+// end record (filters/mux): once its Read has found its end, its writes
+// fail with EPIPE.
+type goneConn struct {
+	net.Conn
+	gone atomic.Bool
+}
+
+func (c *goneConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err == io.EOF {
+		c.gone.Store(true)
+	}
+	return n, err
+}
+
+func (c *goneConn) Write(p []byte) (int, error) {
+	if c.gone.Load() {
+		return 0, &net.OpError{Op: "write", Net: "gone", Err: syscall.EPIPE}
+	}
+	return c.Conn.Write(p)
+}
+
+// TestPeerGoneBelow: once the layer has read the peer's end marker, the
+// connection below is read on to its end, with no Read or Close of the
+// layer's and whatever read deadline its caller set then. A layer below
+// that learns only so that its peer is gone then fails its writes, and
+// the layer's Write fails with it, rather than write on into a stream
+// nobody reads: a mux stream under compression, whose peer half-closed,
+// then aborted (issue 38).
+func TestPeerGoneBelow(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Time // the read deadline set after the end marker; zero for none
+	}{
+		{"no deadline", time.Time{}},
+		{"a read deadline passed", time.Unix(1, 0)},
+		{"a read deadline to come", time.Now().Add(time.Hour)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := tcpPair(t)
+			tb := newToy(&goneConn{Conn: b}, false)
+			defer tb.Close()
+			go io.Copy(io.Discard, a) // the peer reads what tb writes
+			// The peer's request and end marker; the end of the connection
+			// below comes later.
+			if _, err := a.Write([]byte("d\x00\x07request" + "e")); err != nil {
+				t.Fatal(err)
+			}
+			if r := <-readAll(tb); r.err != nil || string(r.got) != "request" {
+				t.Fatalf("read %q, %v; want \"request\", then io.EOF", r.got, r.err)
+			}
+			if !tc.deadline.IsZero() {
+				if err := tb.SetReadDeadline(tc.deadline); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(50 * time.Millisecond) // it would stop a read below
+			}
+			wrote := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 32<<10)
+				for {
+					if _, err := tb.Write(buf); err != nil {
+						wrote <- err
+						return
+					}
+				}
+			}()
+			time.Sleep(20 * time.Millisecond) // the writes go through
+			ended := time.Now()
+			if err := a.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-wrote:
+				if !errors.Is(err, syscall.EPIPE) {
+					t.Fatalf("Write: %v, want the layer below's EPIPE", err)
+				}
+				t.Logf("Write failed %v after the end below: %v", time.Since(ended).Round(time.Millisecond), err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("Write still runs 5s after the end below: nothing read it")
+			}
 		})
 	}
 }

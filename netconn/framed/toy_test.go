@@ -170,6 +170,6 @@ func (t *toy) Abort() error      { return t.ends.Abort() }
 
 func (t *toy) LocalAddr() net.Addr                { return t.c.LocalAddr() }
 func (t *toy) RemoteAddr() net.Addr               { return t.c.RemoteAddr() }
-func (t *toy) SetDeadline(d time.Time) error      { return t.c.SetDeadline(d) }
-func (t *toy) SetReadDeadline(d time.Time) error  { return t.c.SetReadDeadline(d) }
+func (t *toy) SetDeadline(d time.Time) error      { return t.ends.SetDeadline(d) }
+func (t *toy) SetReadDeadline(d time.Time) error  { return t.ends.SetReadDeadline(d) }
 func (t *toy) SetWriteDeadline(d time.Time) error { return t.c.SetWriteDeadline(d) }
