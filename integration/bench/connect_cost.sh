@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# What a connection costs to set up through vlink, measured out of process
+# (issue 38, point 12): connlat.c's ttfb mode makes blocking connects to a
+# one-byte server on 127.0.0.1 and times each from connect(2) to the first
+# byte of the answer, then closes. Routes, all in one run:
+#
+#   direct            straight to the server (the baseline of each round)
+#   haproxy           HAProxy in TCP mode in front of the server
+#   tunnel-tcp        vlink tunnel --stack tcp (plain relay)
+#   tunnel-zstd       vlink tunnel --stack zstd --via -> vlink serve
+#   tunnel-mux        vlink tunnel --stack mux --via -> vlink serve: a new
+#                     stream on the session the warm-up connects set up
+#   proxychains       proxychains4 (preloaded) -> microsocks
+#   exec-tcp          vlink exec, a route through vlink serve with tcp
+#   exec-zstd         the same with zstd (the agent relays)
+#   exec-mux+lz4      the same with mux+lz4 (streams of one session)
+#
+# Each round runs every route once, CONNECTS connects after 20 warm-up
+# ones, the order rotating from round to round. A route's figure in a round
+# is its median minus direct's median of the same round; the report gives
+# the median over rounds and their spread, the ratios to haproxy and to
+# proxychains of the same round, and the CPU seconds of the vlink processes
+# on the path per 1,000 connections (for exec: the agent, the gateway and
+# the client's process with the shim in it, minus the client's own CPU
+# without a shim, taken from direct).
+#
+# Targets (issue 38, point 12): tunnel-tcp <= 1.0x haproxy; tunnel-zstd <=
+# 2.0x haproxy; tunnel-mux < tunnel-zstd; exec-tcp and exec-zstd <= 1.0x
+# proxychains; exec-mux+lz4 <= 0.5x proxychains.
+#
+# Needs cc, python3, haproxy, proxychains4 and microsocks (integration/deps.sh
+# installs them). Environment: CONNECTS (default 1500), ROUNDS (default 5),
+# ROUTES (a subset, in this order), VLINK (default: built from the checkout),
+# PORT_BASE (default 25700; uses PORT_BASE+1..+8).
+
+CONNECTS=${CONNECTS:-1500}
+ROUNDS=${ROUNDS:-5}
+PORT_BASE=${PORT_BASE:-25700}
+. "$(dirname "$0")/lib.sh"
+need cc python3 haproxy proxychains4 microsocks
+build_vlink
+need_ports 8
+cc -O2 -Wall -Wextra -o "$work/connlat" "$here/connlat.c" -pthread
+
+srv=$(p 1) hap=$(p 2) ttcp=$(p 3) gw=$(p 4) tzstd=$(p 5) tmux=$(p 6) socks=$(p 7)
+"$work/connlat" serve "$srv" &
+pids+=($!)
+cat >"$work/haproxy.cfg" <<CFG
+global
+  maxconn 4000
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+listen fwd
+  bind 127.0.0.1:$hap
+  server s 127.0.0.1:$srv
+CFG
+haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
+pids+=($!)
+hap_pid=$!
+"$VLINK" tunnel --listen "127.0.0.1:$ttcp" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
+pids+=($!)
+ttcp_pid=$!
+"$VLINK" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --log-level warn &
+pids+=($!)
+gw_pid=$!
+"$VLINK" tunnel --listen "127.0.0.1:$tzstd" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack zstd --log-level warn &
+pids+=($!)
+tzstd_pid=$!
+"$VLINK" tunnel --listen "127.0.0.1:$tmux" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack mux --log-level warn &
+pids+=($!)
+tmux_pid=$!
+microsocks -i 127.0.0.1 -p "$socks" >/dev/null 2>&1 &
+pids+=($!)
+socks_pid=$!
+for port in "$srv" "$hap" "$ttcp" "$gw" "$tzstd" "$tmux" "$socks"; do wait_listen "$port"; done
+printf 'strict_chain\nquiet_mode\ntcp_read_time_out 15000\ntcp_connect_time_out 8000\n[ProxyList]\nsocks5 127.0.0.1 %s\n' "$socks" >"$work/proxychains.conf"
+for s in tcp zstd mux+lz4; do
+  printf '[[route]]\nhost = "127.0.0.1"\nports = "%s"\nstack = "%s"\nvia = "127.0.0.1:%s"\n' "$srv" "$s" "$gw" >"$work/exec-$s.toml"
+done
+# The shim is built on first use; build it now, outside the timings.
+"$VLINK" exec -- true 2>/dev/null
+
+client=("$work/connlat" ttfb 127.0.0.1)
+declare -A cmd=(
+  [direct]="${client[*]} $srv"
+  [haproxy]="${client[*]} $hap"
+  [tunnel-tcp]="${client[*]} $ttcp"
+  [tunnel-zstd]="${client[*]} $tzstd"
+  [tunnel-mux]="${client[*]} $tmux"
+  [proxychains]="proxychains4 -q -f $work/proxychains.conf ${client[*]} $srv"
+  [exec-tcp]="$VLINK exec --config $work/exec-tcp.toml -- ${client[*]} $srv"
+  [exec-zstd]="$VLINK exec --config $work/exec-zstd.toml -- ${client[*]} $srv"
+  [exec-mux+lz4]="$VLINK exec --config $work/exec-mux+lz4.toml -- ${client[*]} $srv"
+)
+# The long-lived processes whose CPU counts for each route.
+declare -A procs=(
+  [haproxy]="$hap_pid" [tunnel-tcp]="$ttcp_pid" [tunnel-zstd]="$tzstd_pid $gw_pid"
+  [tunnel-mux]="$tmux_pid $gw_pid" [proxychains]="$socks_pid"
+  [exec-tcp]="$gw_pid" [exec-zstd]="$gw_pid" [exec-mux+lz4]="$gw_pid"
+)
+read -ra routes <<<"${ROUTES:-direct haproxy tunnel-tcp tunnel-zstd tunnel-mux proxychains exec-tcp exec-zstd exec-mux+lz4}"
+n=${#routes[@]}
+hz=$(getconf CLK_TCK)
+
+env_line="# $(date -u +%FT%TZ) Linux $(uname -r), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); $("$VLINK" version); $(haproxy -v | sed -n "1s/ version / /; 1s/ - .*//p")"
+echo "$env_line" >&2
+: >"$work/results"
+for round in $(seq "$ROUNDS"); do
+  for i in $(seq 0 $((n - 1))); do
+    route=${routes[$(( (i + round) % n ))]}
+    before=0 after=0
+    # shellcheck disable=SC2086 # word lists on purpose
+    [ -n "${procs[$route]:-}" ] && before=$(cpu_ticks ${procs[$route]})
+    # The subshell's `times` gives the CPU of the processes it ran: the
+    # client, and for exec the agent too.
+    # shellcheck disable=SC2086
+    out=$( (${cmd[$route]} "$CONNECTS"; times) 2>&1 ) || { echo "round $round $route failed: $out" >&2; exit 1; }
+    # shellcheck disable=SC2086
+    [ -n "${procs[$route]:-}" ] && after=$(cpu_ticks ${procs[$route]})
+    line=$(grep '^n=' <<<"$out")
+    children=$(tail -1 <<<"$out" | python3 -c 'import re, sys; print(sum(int(m) * 60 + float(s) for m, s in re.findall(r"(\d+)m([\d.]+)s", sys.stdin.read())))')
+    echo "$round $route $line children=$children procs=$(python3 -c "print(($after - $before) / $hz)")" >>"$work/results"
+    echo "round $round $route: $line" >&2
+  done
+done
+
+echo "$env_line"
+python3 - "$work/results" "$CONNECTS" "$ROUNDS" <<'PY'
+import collections, re, statistics, sys
+import targets
+path, connects, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = collections.defaultdict(dict)
+order = []
+for line in open(path):
+    rnd, route, rest = line.split(" ", 2)
+    f = dict(kv.split("=") for kv in rest.split())
+    rows[route][int(rnd)] = {k: float(v) for k, v in f.items()}
+    if route not in order:
+        order.append(route)
+rnds = sorted(rows["direct"])
+def excess(route, key="first"):
+    return [rows[route][r][key] - rows["direct"][r][key] for r in rnds]
+def fmt(xs):
+    return f"{statistics.median(xs):7.0f} ({min(xs):.0f}..{max(xs):.0f})"
+def ratio(route, base):
+    if base not in rows:
+        return None
+    return [(rows[route][r]["first"] - rows["direct"][r]["first"]) / (rows[base][r]["first"] - rows["direct"][r]["first"]) for r in rnds]
+def cpu(route):
+    # vlink's CPU per 1,000 connections: the long-lived processes on the
+    # path, plus what the client run cost beyond a plain client's (the
+    # agent of exec and the shim; for proxychains, its library).
+    out = []
+    for r in rnds:
+        x = rows[route][r]
+        out.append((x["procs"] + x["children"] - rows["direct"][r]["children"]) / (connects + 20) * 1000)
+    return statistics.median(out)
+print(f"connect to the first byte of a one-byte answer, {connects} connects per route and round, {rounds} rounds interleaved")
+print(f"direct: median {statistics.median(rows['direct'][r]['first'] for r in rnds):.1f} us (connect alone {statistics.median(rows['direct'][r]['connect'] for r in rnds):.1f})")
+print(f"  {'route':<14} {'us over direct: median (min..max)':>34} {'connect alone':>14} {'/ haproxy':>10} {'/ proxychains':>14} {'CPU s / 1k conns':>17}")
+med = {}
+for route in order:
+    if route == "direct":
+        continue
+    e = excess(route)
+    med[route] = statistics.median(e)
+    rh, rp = ratio(route, "haproxy"), ratio(route, "proxychains")
+    print(f"  {route:<14} {fmt(e):>34} {statistics.median(excess(route, 'connect')):14.0f}"
+          f" {statistics.median(rh) if rh else float('nan'):10.2f} {statistics.median(rp) if rp else float('nan'):14.2f} {cpu(route):17.3f}")
+def check(name, route, base, limit):
+    if route in rows and base in rows:
+        targets.check(name, statistics.median(ratio(route, base)), "<=", limit, "x")
+check("tunnel-tcp / haproxy", "tunnel-tcp", "haproxy", 1.0)
+check("tunnel-zstd / haproxy", "tunnel-zstd", "haproxy", 2.0)
+check("tunnel-mux / tunnel-zstd", "tunnel-mux", "tunnel-zstd", 1.0)
+check("exec-tcp / proxychains", "exec-tcp", "proxychains", 1.0)
+check("exec-zstd / proxychains", "exec-zstd", "proxychains", 1.0)
+check("exec-mux+lz4 / proxychains", "exec-mux+lz4", "proxychains", 0.5)
+PY
