@@ -43,10 +43,12 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // Relay picks the cheapest copy each direction allows:
 //   - on Linux, from a *net.TCPConn (or stream *net.UnixConn) to a
 //     destination implementing io.ReaderFrom (a *net.TCPConn, or a wrapper
-//     delegating to one): the kernel's zero-copy path (splice(2)), the
-//     bytes never enter the process. Relay waits until the source is
-//     readable and calls ReadFrom with an *io.LimitedReader of just the
-//     bytes queued, so an idle direction holds no splice(2) pipe either;
+//     delegating to one): after the first 4 KiB, copied with read(2) and
+//     write(2) (fewer system calls for a short exchange), the kernel's
+//     zero-copy path (splice(2)), the bytes never enter the process.
+//     Relay waits until the source is readable and calls ReadFrom with an
+//     *io.LimitedReader of just the bytes queued, so an idle direction
+//     holds no splice(2) pipe either;
 //   - from a source implementing io.WriterTo other than *net.TCPConn: its
 //     WriteTo, which is trusted to hold no buffer while idle (the
 //     compression filters' holds none);

@@ -8,9 +8,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// smallCopy is how many bytes of each direction a relay copies with
+// read(2) and write(2) before it turns to splice(2). A short exchange (a
+// one-byte answer, a request's headers) then costs a read and a write per
+// wake-up, where splice costs an ioctl, a peek and two splices through a
+// pipe; a bulk transfer passes the limit with its first reads. System
+// calls are dear on virtual machines: this saves about five per short
+// connection (docs/BENCHMARKS.md §3, "Connect to first byte").
+const smallCopy = 4 << 10
+
 // zeroCopy moves bytes from a kernel socket to a destination that
 // implements io.ReaderFrom: for a *net.TCPConn (or a wrapper delegating
-// to one) that is splice(2), and the bytes never enter the process.
+// to one) that is splice(2), and the bytes never enter the process
+// beyond the first smallCopy.
 //
 // A plain dst.ReadFrom(src) would take the zero-copy path too, but it
 // holds a 1 MiB pipe (two descriptors) for the whole connection, idle or
@@ -25,6 +35,10 @@ func zeroCopy(dst, src net.Conn) (n int64, err error, handled bool) {
 	rc := rawSource(src)
 	if rc == nil {
 		return 0, nil, false
+	}
+	n, err, more := pollCopyUpTo(dst, src, rc, smallCopy)
+	if !more {
+		return n, err, true
 	}
 	lr := &io.LimitedReader{R: src}
 	for {

@@ -43,6 +43,15 @@ func pollCopy(dst, src net.Conn) (n int64, err error, handled bool) {
 	if rc == nil {
 		return 0, nil, false
 	}
+	n, err, _ = pollCopyUpTo(dst, src, rc, 0)
+	return n, err, true
+}
+
+// pollCopyUpTo is pollCopy's loop, on src's socket rc. With a limit > 0
+// it returns once it copied limit bytes or more, with more set: the
+// stream goes on. Otherwise it copies to the end of src (a nil error) or
+// a failure.
+func pollCopyUpTo(dst, src net.Conn, rc syscall.RawConn, limit int64) (n int64, err error, more bool) {
 	var (
 		buf  *[relayBufSize]byte
 		nr   int
@@ -50,8 +59,12 @@ func pollCopy(dst, src net.Conn) (n int64, err error, handled bool) {
 	)
 	read := func(fd uintptr) bool {
 		buf = relayBufs.Get().(*[relayBufSize]byte)
+		p := buf[:]
+		if limit > 0 {
+			p = buf[:min(int64(len(p)), limit-n)]
+		}
 		for {
-			nr, rerr = unix.Read(int(fd), buf[:])
+			nr, rerr = unix.Read(int(fd), p)
 			if rerr != unix.EINTR {
 				break
 			}
@@ -64,24 +77,27 @@ func pollCopy(dst, src net.Conn) (n int64, err error, handled bool) {
 		return true
 	}
 	for {
+		if limit > 0 && n >= limit {
+			return n, nil, true
+		}
 		if err := rc.Read(read); err != nil {
-			return n, err, true // closed or past a deadline; buf is back
+			return n, err, false // closed or past a deadline; buf is back
 		}
 		if rerr != nil || nr <= 0 {
 			relayBufs.Put(buf)
 			if rerr != nil {
-				return n, readError(src, "read", rerr), true
+				return n, readError(src, "read", rerr), false
 			}
-			return n, nil, true // end of stream
+			return n, nil, false // end of stream
 		}
 		nw, werr := dst.Write(buf[:nr])
 		relayBufs.Put(buf)
 		n += int64(nw)
 		if werr != nil {
-			return n, werr, true
+			return n, werr, false
 		}
 		if nw != nr {
-			return n, io.ErrShortWrite, true
+			return n, io.ErrShortWrite, false
 		}
 	}
 }
