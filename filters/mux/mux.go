@@ -29,6 +29,7 @@
 package mux
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -219,7 +220,7 @@ func (l *Layer) dial(ctx context.Context, network, address string, lower layer.L
 	if err != nil {
 		return nil, err
 	}
-	sess, err := smux.Client(sessionConn{c}, l.cfg.smux())
+	sess, err := smux.Client(newSessionConn(c), l.cfg.smux())
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("mux: %w", err)
@@ -276,7 +277,7 @@ func (l *Layer) Close() error {
 // Accept serves a session on c: every stream the dialer opens goes to
 // j.Deliver.
 func (l *Layer) Accept(c net.Conn, j layer.Junction) error {
-	sess, err := smux.Server(sessionConn{c}, l.cfg.smux())
+	sess, err := smux.Server(newSessionConn(c), l.cfg.smux())
 	if err != nil {
 		return fmt.Errorf("mux: %w", err)
 	}
@@ -324,12 +325,34 @@ func serve(sess *smux.Session, j layer.Junction) {
 // error to every stream's Read; a bare io.EOF there would make each
 // stream look complete when the connection merely ended (a peer process
 // killed, say), so the end of the connection becomes an error of its own.
-type sessionConn struct{ net.Conn }
+//
+// Reads go through a small buffer: smux reads each frame's 8-byte header
+// and then its body with a read each, so a short stream's frames (its
+// open, hello, a few bytes, its end) cost two system calls apiece, where
+// the frames that arrived together now cost one read in all. A body at
+// least as large as the buffer, once the buffer is empty, goes straight
+// into smux's.
+type sessionConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// sessionReadBuf is sessionConn's buffer: one per session, not per stream.
+const sessionReadBuf = 4 << 10
+
+func newSessionConn(c net.Conn) sessionConn {
+	return sessionConn{Conn: c, r: bufio.NewReaderSize(endIsError{c}, sessionReadBuf)}
+}
 
 var errConnEOF = fmt.Errorf("connection under the session ended: %w", io.ErrUnexpectedEOF)
 
-func (c sessionConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
+func (c sessionConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// endIsError reads c, its end as errConnEOF.
+type endIsError struct{ c net.Conn }
+
+func (e endIsError) Read(p []byte) (int, error) {
+	n, err := e.c.Read(p)
 	if err == io.EOF {
 		err = errConnEOF
 	}

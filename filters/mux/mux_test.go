@@ -3,6 +3,7 @@ package mux
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -414,8 +415,8 @@ func sessionPair(t *testing.T) (client, server *smux.Session) {
 		t.Fatal(err)
 	}
 	cfg := Config{}.withDefaults().smux()
-	if client, err = smux.Client(sessionConn{c1}, cfg); err == nil {
-		server, err = smux.Server(sessionConn{c2}, cfg)
+	if client, err = smux.Client(newSessionConn(c1), cfg); err == nil {
+		server, err = smux.Server(newSessionConn(c2), cfg)
 	}
 	if err != nil {
 		c1.Close()
@@ -883,5 +884,50 @@ func halfCloseExchange(t *testing.T, request, answer []byte, old bool, side, how
 	close(aClosed)
 	if err := <-bDone; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// countingConn serves r's bytes to Read and counts the reads.
+type countingConn struct {
+	net.Conn // nil: only Read is called
+	r        io.Reader
+	reads    int
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	c.reads++
+	return c.r.Read(p)
+}
+
+// TestSessionConnReadsFramesTogether: frames that arrived together are
+// read from the connection below in one read, though smux reads each
+// header and each body apart; the connection's end is still an error.
+func TestSessionConnReadsFramesTogether(t *testing.T) {
+	const frames = 5
+	var wire []byte
+	for i := range frames {
+		hdr := [8]byte{2, 2, 3, 0, byte(i + 1)} // version, cmdPSH, length 3, stream id
+		wire = append(append(wire, hdr[:]...), 'a', 'b', byte('0'+i))
+	}
+	below := &countingConn{r: bytes.NewReader(wire)}
+	c := newSessionConn(below)
+	for i := range frames {
+		var hdr [8]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			t.Fatal(err)
+		}
+		body := make([]byte, binary.LittleEndian.Uint16(hdr[2:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			t.Fatal(err)
+		}
+		if want := []byte{'a', 'b', byte('0' + i)}; !bytes.Equal(body, want) {
+			t.Fatalf("frame %d: body %q, want %q", i, body, want)
+		}
+	}
+	if below.reads != 1 {
+		t.Errorf("%d frames took %d reads of the connection below, want 1", frames, below.reads)
+	}
+	if _, err := c.Read(make([]byte, 8)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("read at the connection's end: %v, want io.ErrUnexpectedEOF", err)
 	}
 }

@@ -44,7 +44,7 @@ func TestLastFrameRace(t *testing.T) {
 	for _, how := range []string{"Read", "WriteTo"} {
 		t.Run(how, func(t *testing.T) {
 			conn := newScriptConn()
-			sess, err := smux.Server(sessionConn{conn}, Config{}.withDefaults().smux())
+			sess, err := smux.Server(newSessionConn(conn), Config{}.withDefaults().smux())
 			if err != nil {
 				t.Fatal(err)
 			}
