@@ -28,10 +28,14 @@
 # 2.0x haproxy; tunnel-mux < tunnel-zstd; exec-tcp and exec-zstd <= 1.0x
 # proxychains; exec-mux+lz4 <= 0.5x proxychains.
 #
+# BASE=/path/to/vlink (a build of another commit) runs every vlink route
+# through that binary too, as ROUTE@base, in the same rounds, and prints
+# each route's ratio to its @base twin: before and after in one run.
+#
 # Needs cc, python3, haproxy, proxychains4 and microsocks (integration/deps.sh
 # installs them). Environment: CONNECTS (default 1500), ROUNDS (default 5),
 # ROUTES (a subset, in this order), VLINK (default: built from the checkout),
-# PORT_BASE (default 25700; uses PORT_BASE+1..+8).
+# BASE, PORT_BASE (default 25700; uses PORT_BASE+1..+7, with BASE +1..+12).
 
 CONNECTS=${CONNECTS:-1500}
 ROUNDS=${ROUNDS:-5}
@@ -39,7 +43,7 @@ PORT_BASE=${PORT_BASE:-25700}
 . "$(dirname "$0")/lib.sh"
 need cc python3 haproxy proxychains4 microsocks
 build_vlink
-need_ports 8
+if [ -n "${BASE:-}" ]; then need_ports 12; else need_ports 7; fi
 cc -O2 -Wall -Wextra -o "$work/connlat" "$here/connlat.c" -pthread
 
 srv=$(p 1) hap=$(p 2) ttcp=$(p 3) gw=$(p 4) tzstd=$(p 5) tmux=$(p 6) socks=$(p 7)
@@ -60,48 +64,60 @@ CFG
 haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
 pids+=($!)
 hap_pid=$!
-"$VLINK" tunnel --listen "127.0.0.1:$ttcp" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
-pids+=($!)
-ttcp_pid=$!
-"$VLINK" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --log-level warn &
-pids+=($!)
-gw_pid=$!
-"$VLINK" tunnel --listen "127.0.0.1:$tzstd" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack zstd --log-level warn &
-pids+=($!)
-tzstd_pid=$!
-"$VLINK" tunnel --listen "127.0.0.1:$tmux" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack mux --log-level warn &
-pids+=($!)
-tmux_pid=$!
 microsocks -i 127.0.0.1 -p "$socks" >/dev/null 2>&1 &
 pids+=($!)
 socks_pid=$!
-for port in "$srv" "$hap" "$ttcp" "$gw" "$tzstd" "$tmux" "$socks"; do wait_listen "$port"; done
 printf 'strict_chain\nquiet_mode\ntcp_read_time_out 15000\ntcp_connect_time_out 8000\n[ProxyList]\nsocks5 127.0.0.1 %s\n' "$socks" >"$work/proxychains.conf"
-for s in tcp zstd mux+lz4; do
-  printf '[[route]]\nhost = "127.0.0.1"\nports = "%s"\nstack = "%s"\nvia = "127.0.0.1:%s"\n' "$srv" "$s" "$gw" >"$work/exec-$s.toml"
-done
-# The shim is built on first use; build it now, outside the timings.
-"$VLINK" exec -- true 2>/dev/null
-
 client=("$work/connlat" ttfb 127.0.0.1)
 declare -A cmd=(
   [direct]="${client[*]} $srv"
   [haproxy]="${client[*]} $hap"
-  [tunnel-tcp]="${client[*]} $ttcp"
-  [tunnel-zstd]="${client[*]} $tzstd"
-  [tunnel-mux]="${client[*]} $tmux"
   [proxychains]="proxychains4 -q -f $work/proxychains.conf ${client[*]} $srv"
-  [exec-tcp]="$VLINK exec --config $work/exec-tcp.toml -- ${client[*]} $srv"
-  [exec-zstd]="$VLINK exec --config $work/exec-zstd.toml -- ${client[*]} $srv"
-  [exec-mux+lz4]="$VLINK exec --config $work/exec-mux+lz4.toml -- ${client[*]} $srv"
 )
 # The long-lived processes whose CPU counts for each route.
-declare -A procs=(
-  [haproxy]="$hap_pid" [tunnel-tcp]="$ttcp_pid" [tunnel-zstd]="$tzstd_pid $gw_pid"
-  [tunnel-mux]="$tmux_pid $gw_pid" [proxychains]="$socks_pid"
-  [exec-tcp]="$gw_pid" [exec-zstd]="$gw_pid" [exec-mux+lz4]="$gw_pid"
-)
-read -ra routes <<<"${ROUTES:-direct haproxy tunnel-tcp tunnel-zstd tunnel-mux proxychains exec-tcp exec-zstd exec-mux+lz4}"
+declare -A procs=([haproxy]="$hap_pid" [proxychains]="$socks_pid")
+
+# vlink_routes BINARY SUFFIX PORT... starts the vlink processes of one
+# binary on four ports (tunnel tcp, serve, tunnel zstd, tunnel mux) and
+# defines its routes, named with SUFFIX.
+vlink_routes() {
+  local bin=$1 sfx=$2 ttcp=$3 gw=$4 tzstd=$5 tmux=$6 s ttcp_pid gw_pid tzstd_pid tmux_pid
+  "$bin" tunnel --listen "127.0.0.1:$ttcp" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
+  pids+=($!)
+  ttcp_pid=$!
+  "$bin" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --log-level warn &
+  pids+=($!)
+  gw_pid=$!
+  "$bin" tunnel --listen "127.0.0.1:$tzstd" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack zstd --log-level warn &
+  pids+=($!)
+  tzstd_pid=$!
+  "$bin" tunnel --listen "127.0.0.1:$tmux" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack mux --log-level warn &
+  pids+=($!)
+  tmux_pid=$!
+  for s in tcp zstd mux+lz4; do
+    printf '[[route]]\nhost = "127.0.0.1"\nports = "%s"\nstack = "%s"\nvia = "127.0.0.1:%s"\n' "$srv" "$s" "$gw" >"$work/exec-$s$sfx.toml"
+    cmd[exec-$s$sfx]="$bin exec --config $work/exec-$s$sfx.toml -- ${client[*]} $srv"
+    procs[exec-$s$sfx]=$gw_pid
+  done
+  cmd[tunnel-tcp$sfx]="${client[*]} $ttcp"
+  cmd[tunnel-zstd$sfx]="${client[*]} $tzstd"
+  cmd[tunnel-mux$sfx]="${client[*]} $tmux"
+  procs[tunnel-tcp$sfx]=$ttcp_pid
+  procs[tunnel-zstd$sfx]="$tzstd_pid $gw_pid"
+  procs[tunnel-mux$sfx]="$tmux_pid $gw_pid"
+  for s in "$ttcp" "$gw" "$tzstd" "$tmux"; do wait_listen "$s"; done
+  # The shim is built on first use; build it now, outside the timings.
+  "$bin" exec -- true 2>/dev/null
+}
+vroutes="tunnel-tcp tunnel-zstd tunnel-mux exec-tcp exec-zstd exec-mux+lz4"
+vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux"
+all="direct haproxy $vroutes proxychains"
+if [ -n "${BASE:-}" ]; then
+  vlink_routes "$BASE" @base "$(p 9)" "$(p 10)" "$(p 11)" "$(p 12)"
+  all+=" ${vroutes// /@base }@base"
+fi
+for port in "$srv" "$hap" "$socks"; do wait_listen "$port"; done
+read -ra routes <<<"${ROUTES:-$all}"
 n=${#routes[@]}
 hz=$(getconf CLK_TCK)
 
@@ -170,6 +186,12 @@ for route in order:
     rh, rp = ratio(route, "haproxy"), ratio(route, "proxychains")
     print(f"  {route:<14} {fmt(e):>34} {statistics.median(excess(route, 'connect')):14.0f}"
           f" {statistics.median(rh) if rh else float('nan'):10.2f} {statistics.median(rp) if rp else float('nan'):14.2f} {cpu(route):17.3f}")
+twins = [r for r in order if r + "@base" in rows]
+if twins:
+    print("  before and after in the same rounds: excess over direct, this build / BASE, median of the rounds (min..max)")
+    for route in twins:
+        x = [(rows[route][r]["first"] - rows["direct"][r]["first"]) / (rows[route + "@base"][r]["first"] - rows["direct"][r]["first"]) for r in rnds]
+        print(f"    {route:<14} {statistics.median(x):.2f} ({min(x):.2f}..{max(x):.2f})")
 def check(name, route, base, limit):
     if route in rows and base in rows:
         targets.check(name, statistics.median(ratio(route, base)), "<=", limit, "x")
