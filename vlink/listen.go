@@ -87,6 +87,16 @@ type ListenConfig struct {
 	// failure (a deadline, a malformed hello). It runs on the handshake's
 	// goroutine, so it must not block: it is meant for metrics.
 	Observe func(c *Conn, took time.Duration, err error)
+	// Handle, if set, takes each connection whose handshake succeeded on
+	// the goroutine that ran the handshake, instead of handing it to
+	// Accept through another goroutine: a connection then reaches its
+	// handler with one hand-off between goroutines fewer, which is most
+	// of what a short connection costs on a loaded machine (vlink serve
+	// uses it; docs/BENCHMARKS.md §3). Handle owns the connection and
+	// may run as long as it needs: the Listener has let go of it, and
+	// Close does not wait for Handle to return. Accept then returns only
+	// the Listener's end.
+	Handle func(c *Conn)
 }
 
 // Hello is what a VLink dialer asked for, as accepted by the listener.
@@ -473,8 +483,17 @@ func (l *Listener) untrack(c net.Conn) {
 	l.mu.Unlock()
 }
 
-// serve runs one connection's handshake and hands the result to Accept.
+// serve runs one connection's handshake and hands the result to Accept,
+// or to Handle once the listener let go of it.
 func (l *Listener) serve(raw net.Conn, accepted time.Time) {
+	if c := l.serveHandshake(raw, accepted); c != nil {
+		l.cfg.Handle(c)
+	}
+}
+
+// serveHandshake is serve up to the hand-over: it returns the connection
+// for Handle, if it is set and the handshake succeeded.
+func (l *Listener) serveHandshake(raw net.Conn, accepted time.Time) *Conn {
 	defer l.wg.Done()
 	c, err := l.handshake(raw, accepted)
 	l.untrack(raw)
@@ -495,9 +514,10 @@ func (l *Listener) serve(raw net.Conn, accepted time.Time) {
 		}
 	}
 	l.observe(c, accepted, err)
-	if err == nil {
-		l.queue(c)
+	if err != nil {
+		return nil
 	}
+	return l.deliver(c)
 }
 
 // observe tells ListenConfig.Observe how a handshake begun at start
@@ -508,26 +528,47 @@ func (l *Listener) observe(c *Conn, start time.Time, err error) {
 	}
 }
 
-// queue hands a connection to Accept, or closes it if the listener closes
-// first. A nil c was taken over by a multi-link layer.
-func (l *Listener) queue(c *Conn) {
+// deliver hands a connection to Accept, or returns it for Handle; it
+// closes it if the listener closed first. A nil c was taken over by a
+// multi-link layer. It runs before the handshake's goroutine lets go of
+// the listener's wait group, so Close finds every connection either
+// handed over or closed.
+func (l *Listener) deliver(c *Conn) *Conn {
 	if c == nil {
-		return
+		return nil
 	}
-	select {
-	case l.ready <- c:
-	case <-l.done:
-		c.Close()
-		if a, ok := c.admitted.(io.Closer); ok {
-			a.Close()
+	if l.cfg.Handle != nil {
+		select {
+		case <-l.done:
+		default:
+			return c
+		}
+	} else {
+		select {
+		case l.ready <- c:
+			return nil
+		case <-l.done:
 		}
 	}
+	c.Close()
+	if a, ok := c.admitted.(io.Closer); ok {
+		a.Close()
+	}
+	return nil
 }
 
 // serveNested runs the nested hello on a connection a multi-link layer
 // built, as serve does for an accepted one. The connection must open
 // with a hello: a dialer always sends one there.
 func (l *Listener) serveNested(c net.Conn, j *junction) {
+	if conn := l.serveNestedHandshake(c, j); conn != nil {
+		l.cfg.Handle(conn)
+	}
+}
+
+// serveNestedHandshake is serveNested up to the hand-over, as
+// serveHandshake is serve's.
+func (l *Listener) serveNestedHandshake(c net.Conn, j *junction) *Conn {
 	defer l.wg.Done()
 	start := time.Now()
 	var conn *Conn
@@ -557,9 +598,10 @@ func (l *Listener) serveNested(c net.Conn, j *junction) {
 		l.logFailure(j.remote, err)
 	}
 	l.observe(conn, start, err)
-	if err == nil {
-		l.queue(conn)
+	if err != nil {
+		return nil
 	}
+	return l.deliver(conn)
 }
 
 func (l *Listener) logFailure(remote net.Addr, err error) {

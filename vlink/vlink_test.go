@@ -586,3 +586,49 @@ func TestForwardTargetMustBeNumeric(t *testing.T) {
 		}
 	}
 }
+
+// TestListenerHandle: with Handle set, each connection goes to it on the
+// goroutine of its handshake, never to Accept, and Close does not wait
+// for a Handle still running: the listener let go of the connection.
+func TestListenerHandle(t *testing.T) {
+	release := make(chan struct{})
+	handled := make(chan *vlink.Conn, 1)
+	lc := vlink.ListenConfig{Handle: func(c *vlink.Conn) {
+		handled <- c
+		io.Copy(c, c)
+		c.Close()
+		<-release
+	}}
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(release)
+	accepted := make(chan error, 1)
+	go func() { _, err := l.Accept(); accepted <- err }()
+
+	d := vlink.Dialer{Stack: vlink.MustParse("test-xor")}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.RoundTrip(t, c, 1000)
+	c.Close()
+	if hc := <-handled; hc.Hello() == nil || hc.Hello().Stack.String() != "test-xor" {
+		t.Errorf("Handle got %v, want the connection with its hello (test-xor)", hc.Hello())
+	}
+
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waits for Handle to return")
+	}
+	if err := <-accepted; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept = %v, want net.ErrClosed (connections go to Handle only)", err)
+	}
+}

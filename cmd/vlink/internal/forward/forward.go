@@ -26,8 +26,11 @@ type Tracker struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	cut   bool
-	live  map[*liveRelay]struct{} // the relays in progress
-	total totals
+	// stopping is set once shutdown waits for the handlers: Run starts
+	// none after it.
+	stopping bool
+	live     map[*liveRelay]struct{} // the relays in progress
+	total    totals
 }
 
 func NewTracker(m *metrics.Metrics) *Tracker {
@@ -79,6 +82,23 @@ func (t *Tracker) Spawn(f func()) {
 	}()
 }
 
+// Run runs a connection handler that shutdown waits for on the caller's
+// goroutine, which need not be AcceptLoop's (a vlink.Listener's Handle).
+// Once shutdown has begun it returns false at once: the caller closes
+// the connection.
+func (t *Tracker) Run(f func()) bool {
+	t.mu.Lock()
+	if t.stopping {
+		t.mu.Unlock()
+		return false
+	}
+	t.wg.Add(1) // before shutdown's Wait: it sets stopping first
+	t.mu.Unlock()
+	defer t.wg.Done()
+	f()
+	return true
+}
+
 // Add registers connections being relayed. Once the connections have been
 // cut it aborts them instead and returns false.
 func (t *Tracker) Add(cs ...net.Conn) bool {
@@ -109,6 +129,9 @@ func (t *Tracker) Remove(cs ...net.Conn) {
 // reports how many relays it cut. The caller has stopped accepting
 // already.
 func (t *Tracker) shutdown(grace time.Duration) (cut int) {
+	t.mu.Lock()
+	t.stopping = true
+	t.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		t.wg.Wait()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -285,6 +286,16 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 		Lookup:           s.lookup,
 		Logger:           e.Log,
 		Observe:          t.Metrics.Handshook,
+		// Each connection is served on its handshake's goroutine: no
+		// hand-off through Accept and a goroutine of its own.
+		Handle: func(c *vlink.Conn) {
+			if !t.Run(func() { s.handle(c) }) {
+				netconn.Abort(c) // shutting down: a reset, never a clean empty stream
+				if a, ok := c.Admitted().(io.Closer); ok {
+					a.Close()
+				}
+			}
+		},
 	}
 	var l net.Listener
 	l, err := lc.Listen(ctx, "tcp", o.listen)
