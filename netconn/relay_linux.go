@@ -14,7 +14,8 @@ import (
 // wake-up, where splice costs an ioctl, a peek and two splices through a
 // pipe; a bulk transfer passes the limit with its first reads. System
 // calls are dear on virtual machines: this saves about five per short
-// connection (docs/BENCHMARKS.md §3, "Connect to first byte").
+// connection (docs/BENCHMARKS.md §3, "Connect to first byte, out of
+// process").
 const smallCopy = 4 << 10
 
 // zeroCopy moves bytes from a kernel socket to a destination that

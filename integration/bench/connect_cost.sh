@@ -133,7 +133,7 @@ for round in $(seq "$ROUNDS"); do
     # The subshell's `times` gives the CPU of the processes it ran: the
     # client, and for exec the agent too.
     # shellcheck disable=SC2086
-    out=$( (${cmd[$route]} "$CONNECTS"; times) 2>&1 ) || { echo "round $round $route failed: $out" >&2; exit 1; }
+    out=$( (${cmd[$route]} "$CONNECTS" && times) 2>&1 ) || { echo "round $round $route failed: $out" >&2; exit 1; }
     # shellcheck disable=SC2086
     [ -n "${procs[$route]:-}" ] && after=$(cpu_ticks ${procs[$route]})
     line=$(grep '^n=' <<<"$out")
