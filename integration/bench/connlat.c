@@ -86,6 +86,8 @@ static int serve(int port)
 static int ttfb(const char *host, int port, int n, int warm)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	if (n <= 0 || warm < 0)
+		return 2;
 	if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
 		fprintf(stderr, "ttfb: %s is not an IPv4 address\n", host);
 		return 2;
