@@ -5,8 +5,9 @@
 # git, python3), the lab's tools (iproute2, nftables, iptables), the
 # readers of what vlink generates for shells and man (zsh, groff),
 # systemd's unit checker for the example unit (systemd-analyze), and pgrep,
-# which finds what a launched job left behind; and the baselines of
-# bench/connect_cost.sh (haproxy, proxychains4, microsocks).
+# which finds what a launched job left behind; the baselines of
+# bench/connect_cost.sh (haproxy, proxychains4, microsocks); and the UDP
+# peers of the datagram tests (dnsmasq, queried with dig).
 # Idempotent and quiet: installed packages are left alone, and the package
 # lists are refreshed only when something is missing. CI runs it as root;
 # elsewhere it uses sudo if it has to install anything. With --list, it
@@ -24,6 +25,7 @@ packages=(
   nginx:nginx gcc:gcc libc6-dev:
   zsh:zsh groff-base:groff systemd:systemd-analyze procps:pgrep util-linux:setsid
   haproxy:haproxy proxychains4:proxychains4 microsocks:microsocks
+  dnsmasq:dnsmasq bind9-dnsutils:dig
 )
 
 if [ "${1:-}" = --list ]; then

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
 	"github.com/vlink-dev/vlink/vlink/nodecert"
@@ -174,8 +175,11 @@ func (d *Dialer) DialReport(ctx context.Context, network, address string) (net.C
 }
 
 func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteReport) (net.Conn, error) {
+	datagrams := false
 	switch network {
 	case "tcp", "tcp4", "tcp6":
+	case "udp", "udp4", "udp6":
+		datagrams = true
 	default:
 		return (&net.Dialer{Timeout: d.Timeout}).DialContext(ctx, network, address)
 	}
@@ -189,6 +193,10 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		defer cancel()
 	}
 	if node, port, ok := SplitNodeAddr(address); ok {
+		if datagrams {
+			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
+				Err: fmt.Errorf("%w: to a node of a vlink network", ErrNoDatagrams)}
+		}
 		r, err := d.nodeRoute(address, node, port)
 		if err == nil {
 			err = d.withMember(r)
@@ -235,6 +243,9 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	if rep != nil {
 		rep.Rule = r.describe()
 	}
+	if datagrams {
+		return d.dialDatagrams(ctx, network, address, r)
+	}
 	if r.best {
 		c, err := d.race(ctx, network, address, r, rep)
 		if err != nil {
@@ -254,6 +265,41 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		}
 	}
 	return r.dial(ctx, network, address, &d.cache)
+}
+
+// dialDatagrams opens a datagram session to address along r: through
+// the route's gateway, which relays the datagrams to address as UDP, or,
+// for a route with no layer to carry them, as UDP from this host.
+func (d *Dialer) dialDatagrams(ctx context.Context, network, address string, r *route) (net.Conn, error) {
+	fail := func(err error) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
+	}
+	if r.best {
+		return fail(fmt.Errorf("%w: the route for %s is best-effort (%s), which races streams", ErrNoDatagrams, address, r.describe()))
+	}
+	_, via, err := r.vias()
+	if err != nil {
+		return fail(err)
+	}
+	if via == "" {
+		if f := r.stack.factories(); r.stack.IsPlain() && (len(f) == 0 || len(f) == 1 && f[0].Name == "tcp") {
+			return (&net.Dialer{}).DialContext(ctx, network, address) // direct
+		}
+		return fail(fmt.Errorf("%w: stack %s names no gateway to relay them to %s as UDP: give one (Dialer.Via, vlink tunnel --via)", ErrNoDatagrams, r.stack, address))
+	}
+	if !d.InsecurePlaintext {
+		if r, err = r.encrypted(address); err != nil {
+			return fail(err)
+		}
+	}
+	// The gateway's answer comes first: a refused target is the dial's
+	// error, not a session that swallows every datagram.
+	r.datagram, r.waitAccept = true, true
+	c, err := r.dial(ctx, "tcp", address, &d.cache)
+	if err != nil {
+		return nil, err
+	}
+	return dgram.NewConn(c, nil, addr{network, address}), nil
 }
 
 // withMember makes r a member's route when the Dialer has a Member.
@@ -324,6 +370,8 @@ type route struct {
 	// lookup: the top hello asks whether the target's host resolves,
 	// and no connection follows (Dialer.LookupHost).
 	lookup bool
+	// datagram: the top hello opens a datagram session (Hello.Datagram).
+	datagram bool
 	// shm: when a dial to this machine takes shared memory.
 	shm ShmMode
 }
@@ -753,12 +801,12 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 			peerKey, proven = r.peerKey, true
 		}
 		if d == nil {
-			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, peerKey: peerKey,
+			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
 				member: r.member, peerCert: r.peerCert}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
-			d = &nestedHelloDialer{next: d, peer: peer, stack: stack, target: segTarget, key: r.key, early: early, lookup: r.lookup && i == 0, peerKey: peerKey}
+			d = &nestedHelloDialer{next: d, peer: peer, stack: stack, target: segTarget, key: r.key, early: early, lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey}
 		}
 		early = false
 		if r.lookup && i == 0 {
@@ -901,6 +949,8 @@ type helloDialer struct {
 	// the listener announces.
 	peerKey PeerKeyCallback
 	lookup  bool // the hello is a lookup: see Dialer.LookupHost
+	// datagram: the hello opens a datagram session (Hello.Datagram)
+	datagram bool
 	// member, when set, replaces node and key: the hello carries its
 	// certificate, and the accept must carry one it trusts.
 	member   *Member
@@ -930,7 +980,7 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if d.hops == 0 {
 		binding = channelBinding(c) // the peer is the channel's other end
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, cert: cert}, key, binding)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, cert: cert}, key, binding)
 	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
 		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
 	}

@@ -96,11 +96,14 @@ const (
 	tagLookup fieldTag = 13 // in a hello: only say whether the target's host resolves (one byte, 1)
 	tagFamily fieldTag = 14 // in the accept of a lookup: the host's address families (Families, one byte)
 	tagCert   fieldTag = 15 // in a hello or its accept: the sender's certificate (Member, nodecert's encoding)
+	// in the hello that names the target: a datagram session to it (one
+	// byte, 1); the connection then carries netconn/dgram's frames
+	tagDatagram fieldTag = 16
 )
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
 	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert},
@@ -130,6 +133,7 @@ type message struct {
 	hop    uint8    // in a refusal, see RefusedError.Hop
 	static []byte   // in an accept: the listener's static public key
 	lookup bool     // in a hello: a lookup (Dialer.LookupHost)
+	dgram  bool     // in a hello: a datagram session (Hello.Datagram)
 	family Families // in the accept of a lookup
 	cert   []byte   // the sender's certificate, undecoded (Member checks it)
 }
@@ -175,6 +179,9 @@ func (m *message) appendFrame(b []byte) []byte {
 	}
 	if m.lookup {
 		field(tagLookup, []byte{1})
+	}
+	if m.dgram {
+		field(tagDatagram, []byte{1})
 	}
 	if m.family != 0 {
 		field(tagFamily, []byte{byte(m.family)})
@@ -259,6 +266,11 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 				err = errors.New("lookup must be the byte 1")
 			}
 			m.lookup = true
+		case tagDatagram:
+			if len(v) != 1 || v[0] != 1 {
+				err = errors.New("datagram must be the byte 1")
+			}
+			m.dgram = true
 		case tagFamily:
 			if len(v) != 1 || v[0] == 0 || Families(v[0])&^(FamilyIPv4|FamilyIPv6) != 0 {
 				err = errors.New("families must be one byte of known, non-zero bits")

@@ -163,7 +163,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		}
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
-	h := &Hello{Target: m.target, Lookup: m.lookup, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
 	if j == nil && via == nil && l.marked(c, m, helloBody) {
 		l.shed.markedRead(c) // a replayed hello could have a mark: the challenge decides
 	}
@@ -298,6 +298,12 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 	// listener's identity: its own hello's, or a nested one's when the
 	// segments below had none.
 	h.static = l.static != nil && keyed && (j == nil || j.unproven) && h.Cert == nil
+	switch {
+	case h.Datagram && h.Lookup:
+		return nil, sendRefusal(c, refuse(CodeMalformed, "a hello is a lookup or a datagram session, not both"))
+	case h.Datagram && h.Target == "":
+		return nil, sendRefusal(c, refuse(CodeMalformed, "a datagram session names its target"))
+	}
 	if h.Target != "" {
 		target := h.Target
 		if h.Lookup {
@@ -309,10 +315,20 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		if err := checkTarget(target); err != nil {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "target %q: %v", h.Target, err))
 		}
-		if l.targets == nil {
+		targets := l.targets
+		if h.Datagram {
+			targets = l.datagrams
+		}
+		switch {
+		case targets == nil && h.Datagram:
+			return nil, sendRefusal(c, refuse(CodeTarget, "this listener relays no datagrams (Policy.Datagrams, vlink serve --allow-udp)"))
+		case targets == nil:
 			return nil, sendRefusal(c, refuse(CodeTarget, "this listener does not forward"))
 		}
-		if r, err := l.targets.Match(h.Target); err != nil || r.Action == selector.Refuse {
+		if r, err := targets.Match(h.Target); err != nil || r.Action == selector.Refuse {
+			if h.Datagram {
+				return nil, sendRefusal(c, refuse(CodeTarget, "relaying datagrams to %s is not allowed here (Policy.Datagrams, vlink serve --allow-udp)", h.Target))
+			}
 			return nil, sendRefusal(c, refuse(CodeTarget, "forwarding to %s is not allowed here", h.Target))
 		}
 	}

@@ -129,6 +129,12 @@ type Hello struct {
 	// (Dialer.LookupHost): the listener answers with ListenConfig.Lookup
 	// and connects nothing.
 	Lookup bool
+	// Datagram marks a hello that opens a datagram session to Target
+	// (Dialer.Dial with network "udp"): the connection then carries
+	// datagrams, each framed whole (netconn/dgram.NewConn reads and
+	// writes them), and Policy.Datagrams, not Targets, decides which
+	// targets it may name.
+	Datagram bool
 	// Cert is the certificate the dialer presented, checked against
 	// Policy.Member's trust; nil when it presented none. Node is then
 	// its name. The encryption layer of the hello's segment proves the
@@ -196,10 +202,12 @@ type Listener struct {
 	inner   net.Listener
 	cfg     ListenConfig
 	targets *selector.Selector
-	hops    *selector.Selector // Policy.Hops; nil: forwards to no node
-	id      [trailIDSize]byte  // this listener in the trail of a route, for loops
-	static  []byte             // the public half of Policy.Identity, nil for none
-	log     *slog.Logger
+	// datagrams: Policy.Datagrams; nil forwards none
+	datagrams *selector.Selector
+	hops      *selector.Selector // Policy.Hops; nil: forwards to no node
+	id        [trailIDSize]byte  // this listener in the trail of a route, for loops
+	static    []byte             // the public half of Policy.Identity, nil for none
+	log       *slog.Logger
 
 	ready  chan *Conn
 	shed   *shedder      // bounds the accepted connections in handshake
@@ -335,6 +343,7 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 		pending: map[net.Conn]struct{}{},
 	}
 	l.targets, _ = lc.Policy.targets() // checked by Validate
+	l.datagrams, _ = lc.Policy.datagrams()
 	l.hops, _ = lc.Policy.hops()
 	if lc.Policy.Identity != nil {
 		l.static, _ = IdentityPublic(lc.Policy.Identity) // checked by Validate

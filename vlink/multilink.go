@@ -70,13 +70,14 @@ func pathOf(network, peer string, below Stack, key []byte) string {
 // inside the hellos of the connections below, which authenticated it (and
 // named the node) when the listener wants a key.
 type nestedHelloDialer struct {
-	next   layer.ContextDialer
-	peer   string // the listener, for peerKey
-	stack  string
-	target string
-	key    []byte // for the filters of the segment; the hello carries none
-	early  bool   // send the hello and go on: see layer.EarlyDataLayer
-	lookup bool   // the hello is a lookup: see Dialer.LookupHost
+	next     layer.ContextDialer
+	peer     string // the listener, for peerKey
+	stack    string
+	target   string
+	key      []byte // for the filters of the segment; the hello carries none
+	early    bool   // send the hello and go on: see layer.EarlyDataLayer
+	datagram bool   // the hello opens a datagram session (Hello.Datagram)
+	lookup   bool   // the hello is a lookup: see Dialer.LookupHost
 	// peerKey, set when this segment is the first encrypted one, checks
 	// the static key the listener announces (see helloDialer).
 	peerKey PeerKeyCallback
@@ -96,7 +97,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		if dl, ok := ctx.Deadline(); ok {
 			c.SetWriteDeadline(dl)
 		}
-		_, err = c.Write(helloBytes(&message{stack: d.stack, target: d.target}, nil))
+		_, err = c.Write(helloBytes(&message{stack: d.stack, target: d.target, dgram: d.datagram}, nil))
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			c.Close()
@@ -104,7 +105,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		}
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup}, nil, nil)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup, dgram: d.datagram}, nil, nil)
 	if err == nil && d.peerKey != nil && !d.lookup {
 		err = d.peerKey(d.peer, acc.static)
 	}

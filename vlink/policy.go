@@ -83,6 +83,11 @@ type Policy struct {
 	// decides (Refuse forbids). Nil forbids all forwarding: never an open
 	// proxy by default.
 	Targets []selector.Rule
+	// Datagrams are the targets a dialer may open a datagram session to
+	// (UDP: Hello.Datagram), as Targets are for streams and matched the
+	// same way. They are separate, so a listener that forwards streams
+	// to a host relays no datagrams to it unless told. Nil forbids all.
+	Datagrams []selector.Rule
 	// Hops are the nodes (VLink listeners, host:port) a dialer may ask
 	// the listener to carry its connection on to, through route layers
 	// (fwd), as selector rules matched against the next hop as the hello
@@ -145,7 +150,21 @@ func (p *Policy) Validate() error {
 	if _, err := p.hops(); err != nil {
 		return err
 	}
+	if _, err := p.datagrams(); err != nil {
+		return err
+	}
 	return nil
+}
+
+func (p *Policy) datagrams() (*selector.Selector, error) {
+	if p.Datagrams == nil {
+		return nil, nil
+	}
+	s, err := selector.New(p.Datagrams, selector.Rule{Action: selector.Refuse})
+	if err != nil {
+		return nil, fmt.Errorf("vlink: policy: datagrams: %w", err)
+	}
+	return s, nil
 }
 
 func (p *Policy) hops() (*selector.Selector, error) {

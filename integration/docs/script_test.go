@@ -14,14 +14,18 @@ import (
 const prologue = `set -eo pipefail
 ip link set lo up
 
-# __vlink_wait PID PORT...: until every PORT listens (TCP), while PID runs.
+# __vlink_wait PID PORT...: until every PORT listens (TCP; udp:PORT for
+# UDP), while PID runs.
 __vlink_wait() {
 	local pid=$1 i p all
 	shift
 	for i in $(seq 600); do
 		all=1
 		for p in "$@"; do
-			[ -n "$(ss -Hltn "sport = :$p")" ] || all=0
+			case $p in
+			udp:*) [ -n "$(ss -Hlun "sport = :${p#udp:}")" ] || all=0 ;;
+			*) [ -n "$(ss -Hltn "sport = :$p")" ] || all=0 ;;
+			esac
 		done
 		[ $all = 1 ] && return 0
 		if ! kill -0 "$pid" 2>/dev/null; then
@@ -51,6 +55,8 @@ var (
 	listenFlagRE = regexp.MustCompile(`--(?:listen|metrics)[= ](\S+)`)
 	httpServerRE = regexp.MustCompile(`http\.server\s+(\d+)`)
 	iperfRE      = regexp.MustCompile(`iperf3\s+-s\b.*?\s-p\s*(\d+)`)
+	socatUDPRE   = regexp.MustCompile(`socat\s.*\bUDP[46]?-(?:RECVFROM|LISTEN):(\d+)`)
+	udpFlagRE    = regexp.MustCompile(`\s--udp\b`)
 	forwardsRE   = regexp.MustCompile(`--forwards[= ](\S+)`)
 )
 
@@ -103,7 +109,7 @@ func withWaits(e example) (string, error) {
 		}
 		ports := backgroundPorts(whole)
 		if len(ports) == 0 {
-			return "", fmt.Errorf("%s:%d: %q runs in the background, but names no port to wait for (--listen, --metrics, http.server PORT, iperf3 -s -p PORT, --forwards FILE)", e.doc, e.line+1+i, whole)
+			return "", fmt.Errorf("%s:%d: %q runs in the background, but names no port to wait for (--listen, --metrics, http.server PORT, iperf3 -s -p PORT, socat UDP-RECVFROM:PORT, --forwards FILE)", e.doc, e.line+1+i, whole)
 		}
 		fmt.Fprintf(&b, "__vlink_wait $! %s\n", strings.Join(ports, " "))
 	}
@@ -114,11 +120,18 @@ func withWaits(e example) (string, error) {
 // words.
 func backgroundPorts(cmd string) []string {
 	var ports []string
+	udp := "" // vlink tunnel --udp listens on UDP
+	if udpFlagRE.MatchString(cmd) {
+		udp = "udp:"
+	}
 	for _, m := range listenFlagRE.FindAllStringSubmatch(cmd, -1) {
 		addr := strings.Trim(m[1], `'"`)
 		if i := strings.LastIndexByte(addr, ':'); i >= 0 {
-			ports = append(ports, addr[i+1:])
+			ports = append(ports, udp+addr[i+1:])
 		}
+	}
+	for _, m := range socatUDPRE.FindAllStringSubmatch(cmd, -1) {
+		ports = append(ports, "udp:"+m[1])
 	}
 	for _, re := range []*regexp.Regexp{httpServerRE, iperfRE} {
 		for _, m := range re.FindAllStringSubmatch(cmd, -1) {
@@ -176,6 +189,8 @@ listen = "127.0.0.1:8085"
 a &
 EOF
 vlink tunnel --forwards f.toml &
+socat UDP4-RECVFROM:5300,bind=127.0.0.1,fork PIPE &
+vlink tunnel --udp --listen 127.0.0.1:5301 --to x:53 &
 pid=$!
 curl x && curl y
 `}
@@ -196,6 +211,10 @@ a &
 EOF
 vlink tunnel --forwards f.toml &
 __vlink_wait $! $(__vlink_forward_ports f.toml)
+socat UDP4-RECVFROM:5300,bind=127.0.0.1,fork PIPE &
+__vlink_wait $! udp:5300
+vlink tunnel --udp --listen 127.0.0.1:5301 --to x:53 &
+__vlink_wait $! udp:5301
 pid=$!
 curl x && curl y
 `

@@ -18,12 +18,13 @@ import (
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
 var TunnelCmd = &cli.Command{
 	Name:     "tunnel",
-	Summary:  "carry local TCP connections through a stack to a VLink server",
+	Summary:  "carry local TCP connections (or UDP datagrams) through a stack to a VLink server",
 	Synopsis: "(--to HOST:PORT [--stack STACK] [--via HOST:PORT] | --forwards FILE) [flags]",
 	About: `
 Listens on a local port (plain TCP, for any program) and carries each
@@ -35,6 +36,11 @@ connection it accepts through a stack to --to:
   - with --via, the VLink gateway --via mirrors the stack and forwards the
     connection to the plain server --to (its --allow must match --to);
   - with a plain stack (--stack tcp) and no --via, --to is any TCP server.
+
+With --udp it listens on the UDP port instead, and carries each client's
+datagrams, whole, through the stack to the gateway --via, which sends
+them to --to as UDP (its --allow-udp must match --to) and returns the
+answers: one session per client address, ended when idle, as a NAT's.
 
 Without --stack, the user's configuration decides per destination: the file
 named by VLINK_CONFIG (default ~/.config/vlink/config.toml), VLINK_STACK,
@@ -64,6 +70,10 @@ docs/systemd/vlink@.service runs it under systemd.
   # Through an SSH bastion (ssh -L): the bastion connects to db.internal:
   vlink tunnel --listen 127.0.0.1:5432 --to db.internal:5432 --stack ssh:host=bastion.example
 
+  # DNS through the gateway (vlink serve --allow-udp 10.1.2.53:53):
+  # dig @127.0.0.1 -p 5353 example.org asks 10.1.2.53
+  vlink tunnel --udp --listen 127.0.0.1:5353 --via 127.0.0.1:7000 --to 10.1.2.53:53 --stack lz4
+
   # Publish the local port 8000 on the bastion's port 8080 (ssh -R):
   vlink tunnel --listen-stack ssh:host=bastion.example --listen 127.0.0.1:8080 \
       --to 127.0.0.1:8000 --stack tcp
@@ -91,6 +101,9 @@ docs/systemd/vlink@.service runs it under systemd.
 type tunnelOptions struct {
 	dialOptions
 	listen, listenStack string
+	udp                 bool
+	udpIdleTimeout      time.Duration
+	udpSessions         int
 }
 
 // dialOptions are what the commands reaching one destination through a
@@ -134,6 +147,9 @@ func (o *tunnelOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the server that we hold the pre-shared key in `FILE`; needs --stack (default: none, or the configuration's)")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching --to, handshake included, after `DURATION`")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
+	fs.BoolVar(&o.udp, "udp", false, "carry UDP instead: listen on --listen's UDP port and carry each client's datagrams whole through --stack to the gateway --via, which sends them to --to as UDP (vlink serve --allow-udp) and returns the answers; one session per client address. Without --via and with a plain stack, datagrams go straight to --to")
+	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", 2*time.Minute, "with --udp: end a client's session after `DURATION` without a datagram either way, as a NAT forgets a mapping")
+	fs.IntVar(&o.udpSessions, "udp-sessions", dgram.DefaultMaxSessions, "with --udp: carry at most `N` clients at once; datagrams from more are dropped, as is a datagram that finds its client's queue full (dgram.DefaultQueue datagrams, 8 MiB in all)")
 	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
 	base.KnownNodesVar(fs, &o.knownNodes)
 	base.NodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
@@ -209,6 +225,18 @@ func (o *tunnelOptions) prepare(e *base.Env) (forward.Forward, error) {
 			return nil, base.Usagef("--listen-stack: %v", err)
 		}
 	}
+	if o.udp {
+		switch {
+		case o.listenStack != "":
+			return nil, base.Usagef("--udp listens on this host's UDP port; --listen-stack takes streams only")
+		case o.stack != "" && d.Via == "" && !d.Stack.IsPlain():
+			return nil, base.Usagef("--udp --stack %s needs --via: a gateway (vlink serve --allow-udp) relays the datagrams to --to as UDP", secret.RedactStack(o.stack))
+		case o.udpSessions <= 0:
+			return nil, base.Usagef("--udp-sessions %d: want at least 1", o.udpSessions)
+		case o.udpIdleTimeout <= 0:
+			return nil, base.Usagef("--udp-idle-timeout %v: want a positive duration", o.udpIdleTimeout)
+		}
+	}
 	base.WarnPassword(e, "--stack", o.stack)
 	base.WarnPassword(e, "--listen-stack", o.listenStack)
 	d.PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
@@ -219,7 +247,12 @@ func (o *tunnelOptions) prepare(e *base.Env) (forward.Forward, error) {
 	return &tunnelForward{o: o, d: d, label: label}, nil
 }
 
-func (f *tunnelForward) ListenAddr() string { return f.o.listen }
+func (f *tunnelForward) ListenAddr() string {
+	if f.o.udp {
+		return "udp " + f.o.listen // beside a TCP forward on the same port
+	}
+	return f.o.listen
+}
 
 func (f *tunnelForward) Secrets() [][]byte { return [][]byte{f.d.Key, f.o.node.KeyFileContent()} }
 
@@ -238,6 +271,15 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			d.Close()
 			node.Close()
 		}
+	}
+	if o.udp {
+		l, err := o.listenUDP(ctx)
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		e.Log.Info("listening", "addr", l.Addr().String(), "udp", true, "to", o.to, "via", o.via, "stack", secret.RedactStack(o.stack))
+		return l, func(c net.Conn) { o.handleUDP(e, t, d, f.label, c) }, closeAll, nil
 	}
 	l, err := listenOn(ctx, o.listenStack, o.listen)
 	if err != nil {
@@ -300,6 +342,39 @@ func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer,
 		e.Log.Debug("connected", attrs...)
 	}
 	t.Relay(e.Log, stack, c, rc, attrs...)
+}
+
+// listenUDP listens on --listen's UDP port, one session per client.
+func (o *tunnelOptions) listenUDP(ctx context.Context) (net.Listener, error) {
+	var lc net.ListenConfig
+	pc, err := lc.ListenPacket(ctx, "udp", o.listen)
+	if err != nil {
+		return nil, err
+	}
+	return dgram.ListenConfig{MaxSessions: o.udpSessions}.Listen(pc.(*net.UDPConn))
+}
+
+// handleUDP carries one client's datagrams to --to through d.
+func (o *tunnelOptions) handleUDP(e *base.Env, t *forward.Tracker, d *vlink.Dialer, stack string, c net.Conn) {
+	attrs := []any{"remote", c.RemoteAddr().String(), "to", o.to, "udp", true}
+	e.Log.Debug("datagram session", attrs...)
+	start := time.Now()
+	rc, err := d.DialContext(t.Ctx, "udp", o.to)
+	t.Metrics.Dialed(stack, time.Since(start), err)
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			e.Log.Info("cannot reach destination", append(attrs, "err", err)...)
+		}
+		// The client's datagrams are dropped for a second, so that a
+		// refusing gateway is not asked again for each one.
+		select {
+		case <-time.After(time.Second):
+		case <-t.Ctx.Done():
+		}
+		c.Close()
+		return
+	}
+	t.RelayDatagrams(e.Log, o.udpIdleTimeout, stack, c, rc, attrs...)
 }
 
 // listenOn listens on addr, on this host or, given a stack, through its

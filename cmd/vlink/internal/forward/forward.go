@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/dgram"
 )
 
 // A Tracker follows the connections a server relays, so that shutdown can
@@ -216,5 +218,52 @@ func (t *Tracker) RelayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	default:
 		t.Metrics.RelayEnded(stack, metrics.OutcomeOK, up, down)
 		log.Debug("connection closed", attrs...)
+	}
+}
+
+// RelayDatagrams joins a and b, each carrying whole datagrams (a UDP
+// socket, a dgram.Conn, a dgram.Session), until one ends or fails, or no
+// datagram crossed either way for idle (0: never), then closes both and
+// logs the outcome as Relay does. A failure resets both, so a stream
+// below either end reports it.
+func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, stack string, a, b net.Conn, attrs ...any) {
+	if !t.Add(a, b) {
+		return
+	}
+	t.Metrics.RelayStarted(stack)
+	start := time.Now()
+	up, down, err := dgram.Relay(a, b, idle)
+	idled := errors.Is(err, dgram.ErrIdle)
+	t.mu.Lock()
+	delete(t.conns, a)
+	delete(t.conns, b)
+	cut := t.cut
+	t.mu.Unlock()
+	if err != nil && !idled || cut {
+		netconn.Abort(a)
+		netconn.Abort(b)
+	} else {
+		a.Close()
+		b.Close()
+	}
+	attrs = append(attrs, "datagrams_up", up.Datagrams, "bytes_up", up.Bytes, "datagrams_down", down.Datagrams, "bytes_down", down.Bytes,
+		"took", time.Since(start).Round(time.Millisecond))
+	if n := up.Errors + down.Errors; n > 0 {
+		attrs = append(attrs, "socket_errors", n)
+	}
+	switch {
+	case cut:
+		t.Metrics.RelayEnded(stack, metrics.OutcomeCut, up.Bytes, down.Bytes)
+		log.Debug("datagram session cut at shutdown", attrs...)
+	case idled:
+		// A NAT's mapping ends so: nothing went wrong.
+		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle, up.Bytes, down.Bytes)
+		log.Debug("datagram session ended: idle", append(attrs, "idle_timeout", idle)...)
+	case err != nil:
+		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed, up.Bytes, down.Bytes)
+		log.Info("datagram session failed", append(attrs, "err", err)...)
+	default:
+		t.Metrics.RelayEnded(stack, metrics.OutcomeOK, up.Bytes, down.Bytes)
+		log.Debug("datagram session closed", attrs...)
 	}
 }

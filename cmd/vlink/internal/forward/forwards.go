@@ -226,6 +226,9 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 		}
 		listen := fs.Lookup("listen").Value.String()
 		if _, port, _ := net.SplitHostPort(listen); port != "0" {
+			if udp := fs.Lookup("udp"); udp != nil && udp.Value.String() == "true" {
+				listen = "udp " + listen // beside a TCP forward on the same port
+			}
 			if j, dup := listens[listen]; dup {
 				return nil, fmt.Errorf("%s: forward %d listens on %s already", where, j, listen)
 			}

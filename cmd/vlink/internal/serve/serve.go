@@ -13,6 +13,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/vlink-dev/vlink/internal/proxyproto"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/knownnodes"
@@ -40,6 +42,10 @@ the vlink library) and plain TCP connections on one port, and forwards each:
   - a VLink connection gets the stack its dialer asks for mirrored (within
     --layers and --limit), then goes to the target it names if an --allow
     pattern matches it, or to --target if it names none;
+  - a VLink datagram session (vlink tunnel --udp) has each datagram it
+    carries sent on as UDP to the target it names, if an --allow-udp
+    pattern matches it, and the answers returned, until it falls idle
+    (--udp-idle-timeout);
   - a plain connection (one that sends no hello) goes to --target;
   - a VLink connection that goes through this node to other nodes (the
     fwd layer, or vlink tunnel --via A,B,C) is carried on to the next node
@@ -49,8 +55,9 @@ the vlink library) and plain TCP connections on one port, and forwards each:
     prove the key to each other and vouch for the connection's origin,
     which each node logs and the last can pass on (--proxy-protocol).
 
-serve is never an open proxy: it needs --target, --allow or --hop, and a
-target or next node a dialer names is refused unless a pattern matches it.
+serve is never an open proxy: it needs --target, --allow, --allow-udp or
+--hop, and a target or next node a dialer names is refused unless a
+pattern matches it; --allow lets streams through, --allow-udp datagrams.
 Patterns match the target as the dialer wrote it, without resolving names,
 so an IP pattern only matches targets given as IP addresses.
 
@@ -118,8 +125,10 @@ type serveOptions struct {
 	quic                                   bool
 	quicCert                               string
 	allow, limits, hops, proxyProtocol     base.ListFlag
+	allowUDP                               base.ListFlag
 	handshakeTimeout, dialTimeout          time.Duration
-	idleTimeout                            time.Duration
+	idleTimeout, udpIdleTimeout            time.Duration
+	udpSessions                            int
 	insecurePlaintext                      bool
 	node                                   base.NodeOptions
 }
@@ -147,6 +156,9 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:7000", "accept connections on `ADDR` (host:port); a non-loopback address serves other hosts")
 	fs.StringVar(&o.target, "target", "", "forward plain connections, and VLink connections that name no target, to `HOST:PORT` (default: none)")
 	fs.Var(&o.allow, "allow", "let VLink dialers name targets matching `PATTERN`, written HOST:PORTS: HOST is a name glob (*.corp.example), an IP or a CIDR prefix (10.0.0.0/8, [fd00::1]); PORTS is a port, a range, a comma list or * (repeatable; default: none)")
+	fs.Var(&o.allowUDP, "allow-udp", "let VLink dialers open datagram sessions (vlink tunnel --udp, Dialer.Dial(\"udp\", ...)) to targets matching `PATTERN` (HOST:PORTS, as --allow) and relay their datagrams there as UDP; separate from --allow, so a target that takes streams takes no datagrams unless named here too (repeatable; default: none)")
+	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", defaultUDPIdleTimeout, "end a datagram session that carried no datagram either way for `DURATION`, as a NAT forgets a mapping; the next datagram starts a new one")
+	fs.IntVar(&o.udpSessions, "udp-sessions", defaultUDPSessions, "relay at most `N` datagram sessions at once (each holds a UDP socket); dialers beyond are refused as busy")
 	fs.Var(&o.hops, "hop", "let VLink dialers route through this node to a next node matching `PATTERN` (HOST:PORTS, as --allow): the next node must be a VLink listener, vlink serve (repeatable; default: none)")
 	fs.StringVar(&o.hopStack, "hop-stack", "tcp", "reach next nodes through the factories of `STACK` (ssh:host=bastion, socks5:addr=proxy:1080, ...)")
 	fs.Var(&o.proxyProtocol, "proxy-protocol", "send targets matching `PATTERN` (HOST:PORTS, as --allow) a PROXY protocol v2 header with the connection's origin, as nginx (listen ... proxy_protocol) and haproxy (accept-proxy) take it; only for targets that expect it (repeatable; default: none)")
@@ -167,8 +179,13 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	base.RulesFlag(fs, &o.node)
 }
 
-// defaultIdleTimeout is --idle-timeout's default.
-const defaultIdleTimeout = time.Hour
+// Defaults of the flags.
+const (
+	defaultIdleTimeout = time.Hour
+	// As a NAT's UDP mappings: RFC 4787 asks at least 2 minutes.
+	defaultUDPIdleTimeout = 2 * time.Minute
+	defaultUDPSessions    = 1024
+)
 
 // server is a running "vlink serve".
 type server struct {
@@ -177,6 +194,8 @@ type server struct {
 	proxy       *selector.Selector // targets that get a PROXY v2 header
 	dialTimeout time.Duration
 	idleTimeout time.Duration // plain relays only
+	udpIdle     time.Duration
+	udpSlots    chan struct{} // one per datagram session relayed
 	log         *slog.Logger
 	t           *forward.Tracker
 }
@@ -191,9 +210,12 @@ type serveForward struct {
 }
 
 func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
-	if o.target == "" && len(o.allow) == 0 && len(o.hops) == 0 {
+	if o.target == "" && len(o.allow) == 0 && len(o.hops) == 0 && len(o.allowUDP) == 0 {
 		return nil, base.Usagef("nothing to forward to: add --target HOST:PORT (where connections go), " +
-			"--allow PATTERN (the targets VLink dialers may name) or --hop PATTERN (the nodes they may route through); serve never runs as an open proxy")
+			"--allow PATTERN (the targets VLink dialers may name), --allow-udp PATTERN (where they may send datagrams) or --hop PATTERN (the nodes they may route through); serve never runs as an open proxy")
+	}
+	if o.udpSessions <= 0 {
+		return nil, base.Usagef("--udp-sessions %d: want at least 1", o.udpSessions)
 	}
 	policy, err := o.policy()
 	if err != nil {
@@ -202,7 +224,7 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"idle-timeout", o.idleTimeout}} {
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"idle-timeout", o.idleTimeout}, {"udp-idle-timeout", o.udpIdleTimeout}} {
 		if d.v < 0 || (d.v == 0 && d.name != "idle-timeout") {
 			return nil, base.Usagef("--%s %v: want a positive duration", d.name, d.v)
 		}
@@ -221,7 +243,8 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 		}
 	}
 	f := &serveForward{o: o, policy: policy,
-		s: server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout}}
+		s: server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout,
+			udpIdle: o.udpIdleTimeout, udpSlots: make(chan struct{}, o.udpSessions)}}
 	if len(o.hops) > 0 {
 		hs, err := vlink.Parse(o.hopStack)
 		if err != nil {
@@ -314,7 +337,7 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 		pub, _ := vlink.IdentityPublic(policy.Identity)
 		identity = knownnodes.Fingerprint(pub)
 	}
-	e.Log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "),
+	e.Log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "), "allow_udp", strings.Join(o.allowUDP, " "),
 		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity)
 	// The listener retries its own temporary accept failures, and
 	// accepts only *vlink.Conn.
@@ -366,6 +389,13 @@ func (o *serveOptions) policy() (vlink.Policy, error) {
 			return p, err
 		}
 		p.Targets = append(p.Targets, r)
+	}
+	for _, a := range o.allowUDP {
+		r, err := parseAllow(a)
+		if err != nil {
+			return p, base.Usagef("--allow-udp: %v", err)
+		}
+		p.Datagrams = append(p.Datagrams, r)
 	}
 	for _, a := range o.hops {
 		r, err := parseAllow(a)
@@ -479,6 +509,9 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 	if len(h.Hops) > 0 {
 		return s.admitHop(ctx, h)
 	}
+	if h.Datagram {
+		return s.admitDatagrams(ctx, h)
+	}
 	to := h.Target
 	if to == "" {
 		if s.target == "" {
@@ -497,6 +530,34 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 		return nil, &vlink.RefusedError{Code: vlink.CodeUnreachable, Reason: "sending the PROXY header: " + err.Error()}
 	}
 	return s.track(c)
+}
+
+// admitDatagrams takes a slot for a datagram session and opens its UDP
+// socket, connected to the target, so that ICMP errors come back to it.
+func (s *server) admitDatagrams(ctx context.Context, h *vlink.Hello) (any, error) {
+	select {
+	case s.udpSlots <- struct{}{}:
+	default:
+		return nil, &vlink.RefusedError{Code: vlink.CodeBusy, Reason: fmt.Sprintf("relaying %d datagram sessions already (vlink serve --udp-sessions)", cap(s.udpSlots))}
+	}
+	to := h.Target
+	if host, port, err := net.SplitHostPort(to); err == nil && isLocalhost(host) {
+		to = net.JoinHostPort("127.0.0.1", port)
+	}
+	u, err := (&net.Dialer{Timeout: s.dialTimeout}).DialContext(ctx, "udp", to)
+	if err != nil {
+		<-s.udpSlots
+		s.log.Warn("datagram target unreachable", "remote", h.RemoteAddr.String(), "target", h.Target, "err", err)
+		return nil, vlink.TargetRefusal(err)
+	}
+	netconn.SetUDPBuffers(u.(*net.UDPConn), dgram.SocketBuffer/4) // one client's, not a listener's
+	a, err := s.track(u)
+	if err != nil {
+		<-s.udpSlots
+		return nil, err
+	}
+	a.(*admitted).slot = s.udpSlots
+	return a, nil
 }
 
 // lookup answers a dialer that asks whether a target it may reach
@@ -564,12 +625,24 @@ func (s *server) sendProxyHeader(c net.Conn, target string, origin net.Addr) err
 // if the handshake fails after all; that also forgets it.
 type admitted struct {
 	net.Conn
-	t *forward.Tracker
+	t    *forward.Tracker
+	slot chan struct{} // a datagram session's, given back once
+	once sync.Once
 }
 
 func (a *admitted) Close() error {
+	a.release()
 	a.t.Remove(a.Conn)
 	return a.Conn.Close()
+}
+
+// release gives back the datagram session's slot.
+func (a *admitted) release() {
+	a.once.Do(func() {
+		if a.slot != nil {
+			<-a.slot
+		}
+	})
 }
 
 // handle forwards one accepted connection.
@@ -622,6 +695,13 @@ func (s *server) handle(c *vlink.Conn) {
 		return
 	}
 	tc := a.Conn // unwrapped, so that relaying TCP to TCP takes the zero-copy path
+	if h.Datagram {
+		defer a.release()
+		attrs = append(attrs, "udp", true)
+		s.log.Debug("relaying datagrams", attrs...)
+		s.t.RelayDatagrams(s.log, s.udpIdle, stack, dgram.NewConn(c, nil, nil), tc, attrs...)
+		return
+	}
 	s.log.Debug("forwarding", attrs...)
 	s.t.Relay(s.log, stack, c, tc, attrs...)
 }

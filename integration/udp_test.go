@@ -1,0 +1,219 @@
+//go:build linux
+
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
+)
+
+// freeUDPPort returns a loopback port free for TCP and UDP both, for a
+// program that takes one number for both (iperf3).
+func freeUDPPort(t *testing.T) int {
+	t.Helper()
+	for range 20 {
+		port := realserver.FreePort(t)
+		if pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no port free for both TCP and UDP")
+	return 0
+}
+
+// startDnsmasq runs dnsmasq on loopback, answering every name under
+// example.test with 192.0.2.7 and refusing the rest.
+func startDnsmasq(t *testing.T) string {
+	t.Helper()
+	port := freeUDPPort(t)
+	p := startProc(t, "dnsmasq", "--keep-in-foreground", "--log-facility=-", "--conf-file=/dev/null", "--pid-file",
+		"--port", strconv.Itoa(port), "--listen-address", "127.0.0.1", "--bind-interfaces",
+		"--no-resolv", "--no-hosts", "--address=/example.test/192.0.2.7")
+	p.WaitFor(t, regexp.MustCompile(`started, version`), startTimeout)
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// startUDPEcho runs socat returning every datagram to its sender, whole
+// (PIPE: one datagram written, the same read back).
+func startUDPEcho(t *testing.T) string {
+	t.Helper()
+	port := freeUDPPort(t)
+	startProc(t, "socat", "-b65536", fmt.Sprintf("UDP4-RECVFROM:%d,bind=127.0.0.1,fork", port), "PIPE")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	// socat logs nothing when ready: ask until it answers.
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for end := time.Now().Add(startTimeout); ; {
+		c.Write([]byte("ping"))
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 8)); err == nil {
+			return addr
+		}
+		if time.Now().After(end) {
+			t.Fatalf("socat's UDP echo on %s does not answer", addr)
+		}
+	}
+}
+
+// udpClient is a Python program that sends datagrams of the sizes given
+// on a connected UDP socket and prints, for each, the size of the
+// answer and whether its SHA-256 matches what was sent.
+const udpClient = `
+import hashlib, os, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect((host, port))
+s.settimeout(5)
+for n in map(int, sys.argv[3:]):
+    msg = os.urandom(n)
+    s.send(msg)
+    got = s.recv(65536)
+    print(n, len(got), hashlib.sha256(got).digest() == hashlib.sha256(msg).digest())
+`
+
+// TestUDPTunnel carries datagrams from unmodified UDP programs (dig,
+// Python's socket module) through vlink tunnel --udp and a gateway,
+// vlink serve --allow-udp, to real UDP servers (dnsmasq, socat), over
+// several stacks.
+func TestUDPTunnel(t *testing.T) {
+	testenv.Programs(t, "dnsmasq", "dig", "socat", "python3")
+	dns, echo := startDnsmasq(t), startUDPEcho(t)
+	dir := t.TempDir()
+	key := filepath.Join(dir, "vlink.key")
+	writeFile(t, key, "udp-test-key-0123456789abcdef\n")
+	_, gw := startVLink(t, "serve", "--key-file", key, "--allow-udp", dns, "--allow-udp", echo, "--log-level", "debug")
+	for _, stack := range []string{"zstd", "mux+lz4", "tcp"} {
+		t.Run(stack, func(t *testing.T) {
+			_, tdns := startVLink(t, "tunnel", "--udp", "--via", gw, "--to", dns, "--stack", stack, "--key-file", key)
+			_, techo := startVLink(t, "tunnel", "--udp", "--via", gw, "--to", echo, "--stack", stack, "--key-file", key)
+
+			host, port, _ := net.SplitHostPort(tdns)
+			out, stderr, err := run(time.Minute, nil, "dig", "+short", "+time=5", "+tries=1", "@"+host, "-p", port, "www.example.test")
+			if err != nil || strings.TrimSpace(string(out)) != "192.0.2.7" {
+				t.Fatalf("dig through the tunnel: %q, %v, %s; want 192.0.2.7", out, err, stderr)
+			}
+			out, _, _ = run(time.Minute, nil, "dig", "+time=5", "+tries=1", "@"+host, "-p", port, "elsewhere.test")
+			if !strings.Contains(string(out), "status: REFUSED") {
+				t.Fatalf("dig of a name dnsmasq does not serve: want its REFUSED answer, got:\n%s", out)
+			}
+
+			host, port, _ = net.SplitHostPort(techo)
+			sizes := []string{"1", "512", "1472", "9000", "60000", "65507"}
+			out, stderr, err = run(time.Minute, nil, "python3", append([]string{"-c", udpClient, host, port}, sizes...)...)
+			if err != nil {
+				t.Fatalf("python3 through the tunnel: %v\n%s%s", err, out, stderr)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if len(lines) != len(sizes) {
+				t.Fatalf("python3 printed %q, want one line per datagram", out)
+			}
+			for i, l := range lines {
+				if want := sizes[i] + " " + sizes[i] + " True"; l != want {
+					t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
+				}
+			}
+		})
+	}
+}
+
+// TestUDPNotAllowed: a gateway that forwards streams to a target relays
+// no datagrams to it unless --allow-udp says so, and the tunnel says why.
+func TestUDPNotAllowed(t *testing.T) {
+	testenv.Programs(t, "dnsmasq", "dig")
+	dns := startDnsmasq(t)
+	_, gw := startVLink(t, "serve", "--allow", dns)
+	tun, tdns := startVLink(t, "tunnel", "--udp", "--via", gw, "--to", dns, "--stack", "zstd")
+	host, port, _ := net.SplitHostPort(tdns)
+	if out, _, err := run(time.Minute, nil, "dig", "+short", "+time=2", "+tries=1", "@"+host, "-p", port, "www.example.test"); err == nil {
+		t.Fatalf("dig got an answer through a gateway that relays no datagrams: %s", out)
+	}
+	tun.WaitFor(t, regexp.MustCompile(`msg="cannot reach destination"[^\n]*this listener relays no datagrams \(Policy.Datagrams, vlink serve --allow-udp\)`), startTimeout)
+}
+
+// iperfUDP is the part of iperf3's UDP report the tests read.
+type iperfUDP struct {
+	Error string `json:"error"`
+	End   struct {
+		Streams []struct {
+			UDP struct {
+				Packets    int64   `json:"packets"`
+				Lost       int64   `json:"lost_packets"`
+				OutOfOrder int64   `json:"out_of_order"`
+				LostPct    float64 `json:"lost_percent"`
+			} `json:"udp"`
+		} `json:"streams"`
+		SumReceived iperfSum `json:"sum_received"`
+	} `json:"end"`
+}
+
+// TestUDPIperf3 runs iperf3 -u through one tunnel process that carries
+// the control connection (TCP) and the datagrams (UDP) on one port, from
+// a --forwards file: every datagram over a stream stack arrives, in
+// order, or is dropped before it (never reordered).
+func TestUDPIperf3(t *testing.T) {
+	testenv.Programs(t, "iperf3")
+	port := freeUDPPort(t)
+	srv := fmt.Sprintf("127.0.0.1:%d", port)
+	startProc(t, "iperf3", "-s", "-B", "127.0.0.1", "-p", strconv.Itoa(port)).WaitListening(t, port)
+	_, gw := startVLink(t, "serve", "--allow", srv, "--allow-udp", srv)
+	local := freeUDPPort(t)
+	file := filepath.Join(t.TempDir(), "tunnels.toml")
+	writeFile(t, file, fmt.Sprintf(`
+[[forward]]
+name = "iperf3 control"
+listen = "127.0.0.1:%[1]d"
+via = %[2]q
+to = %[3]q
+stack = "zstd"
+
+[[forward]]
+name = "iperf3 data"
+udp = true
+listen = "127.0.0.1:%[1]d"
+via = %[2]q
+to = %[3]q
+stack = "zstd"
+`, local, gw, srv))
+	tun := startProc(t, vlinkBin, "tunnel", "--forwards", file, "--grace", "1s")
+	tun.CleanExit = true
+	tun.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{{"upload", nil}, {"download", []string{"-R"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-c", "127.0.0.1", "-p", strconv.Itoa(local), "--json", "-u", "-b", "50M", "-l", "1400", "-t", "2"}, tc.args...)
+			out, stderr, err := run(time.Minute, nil, "iperf3", args...)
+			var r iperfUDP
+			if jerr := json.Unmarshal(out, &r); jerr != nil || err != nil || r.Error != "" || len(r.End.Streams) != 1 {
+				t.Fatalf("iperf3 %v: %v, %v, %q: %s%s", args, err, jerr, r.Error, out, stderr)
+			}
+			u := r.End.Streams[0].UDP
+			t.Logf("%d datagrams, %d lost (%.2f%%), %d out of order, %.0f Mbit/s received",
+				u.Packets, u.Lost, u.LostPct, u.OutOfOrder, r.End.SumReceived.BitsPerSecond/1e6)
+			if r.End.SumReceived.Bytes == 0 || u.Packets == 0 {
+				t.Fatal("no datagram arrived")
+			}
+			if u.OutOfOrder != 0 {
+				t.Errorf("%d datagrams out of order: a stream stack delivers them in order", u.OutOfOrder)
+			}
+			if u.LostPct > 20 {
+				t.Errorf("%.1f%% of the datagrams lost at 50 Mbit/s on loopback", u.LostPct)
+			}
+		})
+	}
+}

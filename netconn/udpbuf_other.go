@@ -1,0 +1,7 @@
+//go:build !linux
+
+package netconn
+
+import "net"
+
+func forceUDPBuffers(*net.UDPConn, int) {}
