@@ -7,7 +7,8 @@
 # systemd's unit checker for the example unit (systemd-analyze), and pgrep,
 # which finds what a launched job left behind; the baselines of
 # bench/connect_cost.sh (haproxy, proxychains4, microsocks); and the UDP
-# peers of the datagram tests (dnsmasq, queried with dig).
+# peers of the datagram tests (dnsmasq, queried with dig, and Dante's
+# SOCKS client library, socksify, which speaks SOCKS5 UDP ASSOCIATE).
 # Idempotent and quiet: installed packages are left alone, and the package
 # lists are refreshed only when something is missing. CI runs it as root;
 # elsewhere it uses sudo if it has to install anything. With --list, it
@@ -25,7 +26,7 @@ packages=(
   nginx:nginx gcc:gcc libc6-dev:
   zsh:zsh groff-base:groff systemd:systemd-analyze procps:pgrep util-linux:setsid
   haproxy:haproxy proxychains4:proxychains4 microsocks:microsocks
-  dnsmasq:dnsmasq bind9-dnsutils:dig
+  dnsmasq:dnsmasq bind9-dnsutils:dig dante-client:socksify
 )
 
 if [ "${1:-}" = --list ]; then

@@ -130,6 +130,78 @@ func TestUDPTunnel(t *testing.T) {
 	}
 }
 
+// dnsQuery is a Python program that asks a DNS server for a name's A
+// record with a plain sendto and recvfrom, as resolver libraries do, and
+// prints the number of answers and the first address.
+const dnsQuery = `
+import socket, struct, sys
+server, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.sendto(q, (server, port))
+r, _ = s.recvfrom(4096)
+n = struct.unpack(">H", r[6:8])[0]
+print("answers", n, "ip", ".".join(str(b) for b in r[-4:]) if n else "-")
+`
+
+// TestSOCKSUDP: unmodified UDP programs under Dante's SOCKS client
+// library (socksify), which sends their datagrams through SOCKS5 UDP
+// ASSOCIATE to vlink socks, which carries them through a gateway
+// (vlink serve --allow-udp) to dnsmasq and a socat echo server.
+func TestSOCKSUDP(t *testing.T) {
+	testenv.Programs(t, "dnsmasq", "socat", "python3", "socksify")
+	dns, echo := startDnsmasq(t), startUDPEcho(t)
+	dir := t.TempDir()
+	key := filepath.Join(dir, "vlink.key")
+	writeFile(t, key, "socks-udp-test-key-0123456789abcdef\n")
+	_, gw := startVLink(t, "serve", "--key-file", key, "--allow-udp", dns, "--allow-udp", echo)
+	socksProc, socksAddr := startVLink(t, "socks", "--stack", "zstd", "--via", gw, "--key-file", key, "--log-level", "debug")
+	host, port, _ := net.SplitHostPort(socksAddr)
+	conf := filepath.Join(dir, "dante.conf")
+	writeFile(t, conf, fmt.Sprintf(`route {
+  from: 0.0.0.0/0 to: 0.0.0.0/0 via: %s port = %s
+  proxyprotocol: socks_v5
+  protocol: tcp udp
+  method: none
+}
+`, host, port))
+	socksify := func(args ...string) ([]byte, string, error) {
+		// Dante sends LAN destinations direct unless told not to.
+		return run(time.Minute, nil, "env", append([]string{"SOCKS_CONF=" + conf, "SOCKS_AUTOADD_LANROUTES=no", "socksify"}, args...)...)
+	}
+
+	dhost, dport, _ := net.SplitHostPort(dns)
+	out, stderr, err := socksify("python3", "-c", dnsQuery, dhost, dport, "www.example.test")
+	if err != nil || strings.TrimSpace(string(out)) != "answers 1 ip 192.0.2.7" {
+		t.Fatalf("DNS query through SOCKS5 UDP: %q, %v, %s", out, err, stderr)
+	}
+	ehost, eport, _ := net.SplitHostPort(echo)
+	sizes := []string{"1", "512", "1472", "9000", "60000"}
+	out, stderr, err = socksify(append([]string{"python3", "-c", udpClient, ehost, eport}, sizes...)...)
+	if err != nil {
+		t.Fatalf("python3 through SOCKS5 UDP: %v\n%s%s", err, out, stderr)
+	}
+	for i, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if want := sizes[i] + " " + sizes[i] + " True"; l != want {
+			t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
+		}
+	}
+	if n := strings.Count(socksProc.Output(), `msg="UDP association"`); n < 2 {
+		t.Errorf("vlink socks logged %d UDP associations, want one per program (2): the datagrams went around it?", n)
+	}
+
+	// A destination the gateway does not allow: no answer, and the log
+	// says why.
+	other := startUDPEcho(t)
+	ohost, oport, _ := net.SplitHostPort(other)
+	if out, _, err := socksify("python3", "-c", udpClient, ohost, oport, "10"); err == nil {
+		t.Fatalf("an echo the gateway does not allow answered: %s", out)
+	}
+	socksProc.WaitFor(t, regexp.MustCompile(`msg="UDP association: cannot reach destination"[^\n]*relaying datagrams to \S+ is not allowed here`), startTimeout)
+}
+
 // TestUDPNotAllowed: a gateway that forwards streams to a target relays
 // no datagrams to it unless --allow-udp says so, and the tunnel says why.
 func TestUDPNotAllowed(t *testing.T) {
@@ -215,5 +287,46 @@ stack = "zstd"
 				t.Errorf("%.1f%% of the datagrams lost at 50 Mbit/s on loopback", u.LostPct)
 			}
 		})
+	}
+}
+
+// TestNodeUDP: a node serves a UDP service by name (vlink serve --node
+// --allow-udp localhost:PORT), and another node reaches it through the
+// relay and through a spliced path, as its TCP services are reached.
+func TestNodeUDP(t *testing.T) {
+	testenv.Programs(t, "dnsmasq", "dig")
+	dir := t.TempDir()
+	networkKey, dbKey, laptopKey := networkKeys(t, dir)
+	_, relayAddr := startVLink(t, "relay", "--key-file", networkKey)
+	dns := startDnsmasq(t)
+	_, dnsPort, _ := net.SplitHostPort(dns)
+	serve := startProc(t, vlinkBin, "serve", "--listen", "127.0.0.1:0", "--grace", "1s", "--log-level", "debug",
+		"--node", "db", "--relay", relayAddr, "--node-key-file", dbKey, "--allow-udp", "localhost:"+dnsPort)
+	serve.Name, serve.CleanExit = "vlink serve", true
+	serve.WaitFor(t, regexp.MustCompile(`msg="serving as a node" node=db`), startTimeout)
+	for _, tc := range []struct{ name, stack, path string }{
+		{"relay", "zstd+relay", "relay"},
+		{"splice", "zstd", "splice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tun, addr := startVLink(t, "tunnel", "--udp", "--to", "db.vlink.alt:"+dnsPort, "--stack", tc.stack,
+				"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+			host, port, _ := net.SplitHostPort(addr)
+			out, stderr, err := run(time.Minute, nil, "dig", "+short", "+time=5", "+tries=1", "@"+host, "-p", port, "www.example.test")
+			if err != nil || strings.TrimSpace(string(out)) != "192.0.2.7" {
+				t.Fatalf("dig through node db: %q, %v, %s\ntunnel:\n%s", out, err, stderr, realserver.Tail(tun.Output(), 2000))
+			}
+			serve.WaitFor(t, regexp.MustCompile(`msg="control: connection from a node" from=laptop port=`+dnsPort+` path=`+tc.path), startTimeout)
+			// Two holders of the name laptop would push each other off
+			// the relay: one at a time.
+			tun.Stop(t)
+		})
+	}
+	// A port the node relays no datagrams to is refused at the relay.
+	_, other := startVLink(t, "tunnel", "--udp", "--to", "db.vlink.alt:9", "--stack", "zstd",
+		"--node", "laptop", "--relay", relayAddr, "--node-key-file", laptopKey)
+	host, port, _ := net.SplitHostPort(other)
+	if out, _, err := run(time.Minute, nil, "dig", "+short", "+time=2", "+tries=1", "@"+host, "-p", port, "www.example.test"); err == nil {
+		t.Fatalf("a port db does not allow answered: %s", out)
 	}
 }

@@ -10,31 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 )
-
-// udpEcho answers every datagram with itself.
-func udpEcho(t *testing.T) string {
-	t.Helper()
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, dgram.MaxDatagram)
-		for {
-			n, from, err := pc.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
-	return pc.LocalAddr().String()
-}
 
 // datagramGateway is a gateway that relays datagram sessions to the
 // targets its policy allows, as vlink serve --allow-udp does.
@@ -75,7 +55,7 @@ func datagramGateway(t *testing.T, p vlink.Policy) string {
 var loopbackDatagrams = []selector.Rule{{Host: "127.0.0.1", Ports: "*", Action: selector.Direct}}
 
 func TestDatagrams(t *testing.T) {
-	echo := udpEcho(t)
+	echo := testnet.UDPEcho(t).String()
 	for _, tc := range []struct {
 		stack string
 		key   []byte
@@ -140,7 +120,7 @@ func TestDatagramRefusedPort(t *testing.T) {
 }
 
 func TestDatagramsNotAllowed(t *testing.T) {
-	echo := udpEcho(t)
+	echo := testnet.UDPEcho(t).String()
 	for _, tc := range []struct {
 		name   string
 		policy vlink.Policy
@@ -170,7 +150,6 @@ func TestNoDatagrams(t *testing.T) {
 	}{
 		{"stack without a gateway", &vlink.Dialer{Stack: vlink.MustParse("zstd")}, "127.0.0.1:53"},
 		{"proxy factory", &vlink.Dialer{Stack: vlink.MustParse("socks5:addr=127.0.0.1:1")}, "127.0.0.1:53"},
-		{"node", &vlink.Dialer{}, "laptop" + vlink.NodeSuffix + ":53"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.d.Dial("udp", tc.address)
@@ -187,5 +166,31 @@ func TestNoDatagrams(t *testing.T) {
 	defer c.Close()
 	if _, ok := c.(*net.UDPConn); !ok {
 		t.Fatalf("a plain route gave a %T, want the kernel's *net.UDPConn", c)
+	}
+}
+
+func TestAllowsDatagrams(t *testing.T) {
+	both := vlink.Policy{Targets: loopbackDatagrams}
+	udp := vlink.Policy{Datagrams: loopbackDatagrams}
+	for _, tc := range []struct {
+		name            string
+		p               vlink.Policy
+		streams, dgrams bool
+	}{
+		{"streams only", both, true, false},
+		{"datagrams only", udp, false, true},
+		{"none", vlink.Policy{}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.p.AllowsTarget("127.0.0.1:53"); (err == nil) != tc.streams {
+				t.Errorf("AllowsTarget: %v, want allowed %v", err, tc.streams)
+			}
+			if err := tc.p.AllowsDatagrams("127.0.0.1:53"); (err == nil) != tc.dgrams {
+				t.Errorf("AllowsDatagrams: %v, want allowed %v", err, tc.dgrams)
+			}
+			if err := tc.p.AllowsDatagrams("10.0.0.1:53"); err == nil {
+				t.Error("AllowsDatagrams of a target no rule names: allowed")
+			}
+		})
 	}
 }

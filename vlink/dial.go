@@ -193,10 +193,6 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		defer cancel()
 	}
 	if node, port, ok := SplitNodeAddr(address); ok {
-		if datagrams {
-			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
-				Err: fmt.Errorf("%w: to a node of a vlink network", ErrNoDatagrams)}
-		}
 		r, err := d.nodeRoute(address, node, port)
 		if err == nil {
 			err = d.withMember(r)
@@ -205,9 +201,17 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 			return nil, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: err}
 		}
 		r.waitAccept = d.WaitAccept
-		c, err := r.dial(ctx, network, address, &d.cache)
+		stream := network
+		if datagrams {
+			// As through a gateway: the node relays them to its own port.
+			r.datagram, r.waitAccept, stream = true, true, "tcp"
+		}
+		c, err := r.dial(ctx, stream, address, &d.cache)
 		if err != nil {
 			return nil, err
+		}
+		if datagrams {
+			c = dgram.NewConn(c, nil, addr{network, address})
 		}
 		var path string
 		if p := r.transport.(*nodeTransport).path.Load(); p != nil {

@@ -42,8 +42,8 @@ var (
 	ErrLoop = errors.New("forwarding loop")
 
 	// ErrNoDatagrams is matched by the error of a datagram dial (network
-	// "udp") whose route cannot carry datagrams: a best-effort route, a
-	// node, or a stack without a gateway to relay them.
+	// "udp") whose route cannot carry datagrams: a best-effort route, or
+	// a stack without a gateway (or node) to relay them.
 	ErrNoDatagrams = errors.New("this route carries no datagrams")
 	// ErrKeyRequired is matched when a stack holds a layer that needs the
 	// pre-shared key (an encryption layer such as noise) and no key is

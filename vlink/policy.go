@@ -183,18 +183,31 @@ func (p *Policy) hops() (*selector.Selector, error) {
 // decide from a hello. A node asks it before it takes a connection
 // through its network, so a refusal comes back at once, with its reason.
 func (p *Policy) AllowsTarget(target string) error {
+	s, err := p.targets()
+	return allows(s, err, target, "this listener does not forward", "forwarding to %s is not allowed here")
+}
+
+// AllowsDatagrams is AllowsTarget for datagram sessions: whether a dialer
+// may open one to target (Datagrams).
+func (p *Policy) AllowsDatagrams(target string) error {
+	s, err := p.datagrams()
+	return allows(s, err, target, "this listener relays no datagrams", "relaying datagrams to %s is not allowed here")
+}
+
+// allows matches target against s, the targets of one kind (nil: none),
+// whose building failed with err.
+func allows(s *selector.Selector, err error, target, none, refused string) error {
 	if err := checkTarget(target); err != nil {
 		return fmt.Errorf("target %q: %w", target, err)
 	}
-	s, err := p.targets()
 	if err != nil {
 		return err
 	}
 	if s == nil {
-		return errors.New("this listener does not forward")
+		return errors.New(none)
 	}
 	if r, err := s.Match(target); err != nil || r.Action == selector.Refuse {
-		return fmt.Errorf("forwarding to %s is not allowed here", target)
+		return fmt.Errorf(refused, target)
 	}
 	return nil
 }

@@ -119,3 +119,42 @@ func (c *fakeConn) Write(p []byte) (int, error)      { return len(p), nil }
 func (c *fakeConn) SetDeadline(time.Time) error      { return nil }
 func (c *fakeConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *fakeConn) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzAssociationDatagram feeds an association's reader whatever a client
+// could send: nothing panics, and at most MaxDests sessions start.
+func FuzzAssociationDatagram(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 1, 127, 0, 0, 1, 0, 53, 'q'})
+	f.Add([]byte{0, 0, 0, 3, 4, 'h', 'o', 's', 't', 0, 53, 'q'})
+	f.Add([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 53, 'q'})
+	f.Add([]byte{0, 0, 1, 1, 127, 0, 0, 1, 0, 53, 'q'})
+	f.Add([]byte{0, 0, 0, 3, 0, 0, 53})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a := fuzzAssociation(2)
+		client := netip.AddrPortFrom(a.client, 4000)
+		for i := 0; i < 3 && len(b) > 0; i++ { // the same bytes, and a few shorter
+			a.receive(client, b)
+			b = b[:len(b)/2]
+		}
+		a.mu.Lock()
+		n := len(a.dests)
+		a.mu.Unlock()
+		if n > 2 {
+			t.Fatalf("%d sessions started, MaxDests is 2", n)
+		}
+		a.cancel()
+		a.wg.Wait()
+	})
+}
+
+// fuzzAssociation is an association whose dials fail at once and whose
+// sessions end as soon as they start, for feeding its reader.
+func fuzzAssociation(maxDests int) *Association {
+	a := &Association{client: netip.MustParseAddr("127.0.0.1"), cfg: UDPConfig{MaxDests: maxDests, Idle: time.Second},
+		dests: map[string]*assocDest{},
+		dial: func(context.Context, string, string) (net.Conn, error) {
+			return nil, errors.New("no dialing while fuzzing")
+		}}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.cancel() // a failed session waits for nothing
+	return a
+}

@@ -22,8 +22,9 @@ import (
 // A Server is the SOCKS front end of vlink socks: it takes SOCKS4, SOCKS4a
 // and SOCKS5 CONNECT requests from clients and dials their destinations
 // with Dialer, names unresolved, so a stack that reaches them through an
-// SSH server or a proxy also resolves them there. BIND and UDP ASSOCIATE
-// are answered "command not supported".
+// SSH server or a proxy also resolves them there. With UDP set it serves
+// SOCKS5 UDP ASSOCIATE too (see Association); BIND, and UDP ASSOCIATE
+// without UDP, are answered "command not supported".
 //
 // SOCKS5 decoding uses github.com/txthinking/socks5's message decoders;
 // its Server is not used (it listens by itself, dials directly, and after
@@ -37,6 +38,10 @@ type Server struct {
 	// with SOCKS5 username/password authentication (RFC 1929); SOCKS4
 	// clients, which cannot authenticate, are then refused.
 	User, Password string
+	// UDP, if set, serves SOCKS5 UDP ASSOCIATE: the datagrams go to their
+	// destinations through Dialer, dialed with network "udp" (a
+	// vlink.Dialer carries them through its route's gateway).
+	UDP *UDPConfig
 }
 
 // A Request is what a client asked for.
@@ -47,6 +52,10 @@ type Request struct {
 	Dest string
 	// User is the SOCKS5 user name or SOCKS4 user id, if any.
 	User string
+	// Association is set for a UDP ASSOCIATE that was granted: Handshake
+	// returns no connection, and the caller runs Association.Serve with
+	// the client's connection.
+	Association *Association
 }
 
 // Errors matched by a failed Handshake.
@@ -153,8 +162,24 @@ func (s *Server) serve5(ctx context.Context, c net.Conn, req *Request) (net.Conn
 		ip, _ := netip.AddrFromSlice(r.DstAddr)
 		req.Dest = netip.AddrPortFrom(ip.Unmap(), port).String()
 	}
+	if r.Cmd == socks5.CmdUDP && s.UDP != nil {
+		a, err := s.associate(c, port)
+		if err != nil {
+			reply5(c, rep5GeneralFailure, nil)
+			return nil, err
+		}
+		if err := reply5(c, socks5.RepSuccess, a.Addr()); err != nil {
+			a.pc.Close()
+			return nil, err
+		}
+		req.Association = a
+		return nil, nil
+	}
 	if r.Cmd != socks5.CmdConnect {
 		reply5(c, rep5CmdNotSupported, nil)
+		if r.Cmd == socks5.CmdUDP {
+			return nil, fmt.Errorf("%w: UDP ASSOCIATE is not served here", ErrBadRequest)
+		}
 		return nil, fmt.Errorf("%w: command %d (only CONNECT is served)", ErrBadRequest, r.Cmd)
 	}
 	out, err := s.Dialer.DialContext(ctx, "tcp", req.Dest)
@@ -171,8 +196,12 @@ func (s *Server) serve5(ctx context.Context, c net.Conn, req *Request) (net.Conn
 // reply5 answers a SOCKS5 request, with the bound address if it is an IP.
 func reply5(c net.Conn, code byte, bound net.Addr) error {
 	ip, port := netip.IPv4Unspecified(), uint16(0)
-	if ta, ok := bound.(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
+	switch a := bound.(type) {
+	case *net.TCPAddr:
+		ap := a.AddrPort()
+		ip, port = ap.Addr().Unmap(), ap.Port()
+	case *net.UDPAddr:
+		ap := a.AddrPort()
 		ip, port = ap.Addr().Unmap(), ap.Port()
 	}
 	atyp, addr := socks5.ATYPIPv4, ip.AsSlice()

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -104,6 +105,28 @@ func Echoed(c net.Conn, size int) error {
 		return fmt.Errorf("echo of %d bytes came back as %d different bytes", size, len(got))
 	}
 	return nil
+}
+
+// UDPEcho starts a UDP server on loopback that answers every datagram
+// with itself, until the test ends, and returns its address.
+func UDPEcho(tb testing.TB) netip.AddrPort {
+	tb.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1<<16)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
 // A Buffer collects a process's or a logger's output, written from any

@@ -8,28 +8,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// udpEcho answers every datagram with itself, until the test ends.
-func udpEcho(t *testing.T) *net.UDPConn {
-	t.Helper()
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, MaxDatagram)
-		for {
-			n, from, err := pc.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
-	return pc
-}
+	"github.com/vlink-dev/vlink/internal/testnet"
+)
 
 // through returns the client end of a relay from a stream to a UDP
 // socket connected to target, and the relay's result.
@@ -51,8 +32,8 @@ func through(t *testing.T, target net.Addr, idle time.Duration) (*Conn, chan err
 }
 
 func TestRelayEcho(t *testing.T) {
-	echo := udpEcho(t)
-	c, done := through(t, echo.LocalAddr(), 0)
+	echo := net.UDPAddrFromAddrPort(testnet.UDPEcho(t))
+	c, done := through(t, echo, 0)
 	buf := make([]byte, MaxDatagram)
 	for i, n := range []int{1, 100, 1472, 8192, 60000} {
 		msg := make([]byte, n)
@@ -96,8 +77,8 @@ func TestRelayRefused(t *testing.T) {
 }
 
 func TestRelayIdle(t *testing.T) {
-	echo := udpEcho(t)
-	c, done := through(t, echo.LocalAddr(), 100*time.Millisecond)
+	echo := net.UDPAddrFromAddrPort(testnet.UDPEcho(t))
+	c, done := through(t, echo, 100*time.Millisecond)
 	for i := range 4 { // traffic keeps it alive past the timeout
 		c.Write([]byte(fmt.Sprint(i)))
 		c.Read(make([]byte, 8))

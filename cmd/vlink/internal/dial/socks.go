@@ -33,8 +33,17 @@ VLINK_STACK, VLINK_VIA); with none of them, directly.
 
 Names are not resolved here: a name the client sends (SOCKS5 with a host
 name, SOCKS4a) goes through the stack as it is, so with an ssh or socks5
-stack the far side resolves it and internal names work. UDP ASSOCIATE and
-BIND are answered "command not supported".
+stack the far side resolves it and internal names work. BIND is answered
+"command not supported".
+
+SOCKS5 UDP ASSOCIATE (RFC 1928) is served: the client's datagrams go to
+the destinations their headers name, each destination a datagram session
+of the route (through a --via gateway, whose vlink serve --allow-udp must
+match it; a plain route sends them from this host; an ssh or proxy stack
+carries no UDP), and the answers come back to that client only, from the
+address the association was granted on. Fragmented datagrams (FRAG other
+than 0) are dropped, as the RFC allows; the association ends with the
+client's TCP connection.
 
 It listens on loopback unless --listen says otherwise, and even then it
 serves only loopback clients and those --allow-from names: it is never an
@@ -49,6 +58,9 @@ authenticate (RFC 1929), and SOCKS4 clients, which cannot, are refused.
   # Through a corporate SOCKS5 proxy that wants a password:
   vlink socks --stack socks5:addr=proxy.example:1080,user=alice,password-file=$HOME/.proxy-pw
 
+  # DNS over SOCKS5 UDP, through a gateway (vlink serve --allow-udp '*:53'):
+  vlink socks --stack zstd --via gw.example:7000 --key-file vlink.key
+
   # Serve the LAN's 10.1.0.0/16 too, with a password of its own:
   vlink socks --listen 0.0.0.0:1080 --allow-from 10.1.0.0/16 \
       --user team --password-file socks.pw --stack ssh:host=bastion.example
@@ -61,7 +73,8 @@ type socksOptions struct {
 	knownNodes                                              string
 	allowFrom                                               base.ListFlag
 	handshakeTimeout, dialTimeout, grace, stats             time.Duration
-	insecurePlaintext                                       bool
+	insecurePlaintext, udp                                  bool
+	udpIdleTimeout                                          time.Duration
 	node                                                    base.NodeOptions
 	metrics                                                 string
 	label                                                   string // the metrics' stack label, set by run
@@ -83,6 +96,8 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.passwordFile, "password-file", "", "the password clients must give, read from `FILE` (mode 600)")
 	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a client whose SOCKS handshake, destination dial included, takes longer than `DURATION`")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up reaching a destination after `DURATION`")
+	fs.BoolVar(&o.udp, "udp", true, "serve SOCKS5 UDP ASSOCIATE: each client's datagrams go to the destinations they name as the routes say (through a --via gateway, vlink serve --allow-udp; a route with no gateway sends them from this host), and only that client gets the answers; --udp=false answers it \"command not supported\"")
+	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", 2*time.Minute, "end a UDP association's session with a destination after `DURATION` without a datagram either way")
 	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
 	base.KnownNodesVar(fs, &o.knownNodes)
 	base.NodeFlags(fs, &o.node, "so that clients reach other nodes' ports as NODE.vlink.alt:PORT (socks5h or socks4a: the name goes to vlink) through the relay")
@@ -101,8 +116,8 @@ func socksFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 // setup builds the dialer, the SOCKS server and the client filter the
 // flags describe.
 func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
-	if o.handshakeTimeout <= 0 || o.dialTimeout <= 0 || o.grace < 0 || o.stats < 0 {
-		return nil, nil, "", base.Usagef("--handshake-timeout and --dial-timeout want positive durations, --grace and --stats 0 or more")
+	if o.handshakeTimeout <= 0 || o.dialTimeout <= 0 || o.udp && o.udpIdleTimeout <= 0 || o.grace < 0 || o.stats < 0 {
+		return nil, nil, "", base.Usagef("--handshake-timeout, --dial-timeout and --udp-idle-timeout want positive durations, --grace and --stats 0 or more")
 	}
 	var allow []netip.Prefix
 	for _, a := range o.allowFrom {
@@ -168,6 +183,9 @@ func (o *socksOptions) setup() (*socks.Server, []netip.Prefix, string, error) {
 		}
 	}
 	srv := &socks.Server{Dialer: d}
+	if o.udp {
+		srv.UDP = &socks.UDPConfig{Idle: o.udpIdleTimeout}
+	}
 	switch {
 	case o.user != "" && o.passwordFile == "":
 		return nil, nil, "", base.Usagef("--user needs --password-file")
@@ -189,6 +207,9 @@ func (o *socksOptions) run(ctx context.Context, e *base.Env) error {
 		return err
 	}
 	base.WarnPassword(e, "--stack", o.stack)
+	if srv.UDP != nil {
+		srv.UDP.Logger = e.Log
+	}
 	srv.Dialer.(*vlink.Dialer).PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
 	if o.node.Given() {
 		d := srv.Dialer.(*vlink.Dialer)
@@ -300,6 +321,20 @@ func (o *socksOptions) handle(e *base.Env, t *forward.Tracker, srv *socks.Server
 		return
 	}
 	t.Metrics.HandshakeDone(time.Since(start))
+	if a := req.Association; a != nil {
+		// The association lives as long as the client's connection;
+		// shutdown cuts that, and so ends it.
+		attrs = append(attrs[:4], "udp", a.Addr().String())
+		if !t.Add(c) {
+			return
+		}
+		e.Log.Debug("UDP association", attrs...)
+		a.Serve(t.Ctx, c)
+		t.Remove(c)
+		c.Close()
+		e.Log.Debug("UDP association ended", attrs...)
+		return
+	}
 	if way := vlink.PathOf(out); way != "" {
 		attrs = append(attrs, "way", way)
 	}

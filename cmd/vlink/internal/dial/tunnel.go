@@ -229,7 +229,7 @@ func (o *tunnelOptions) prepare(e *base.Env) (forward.Forward, error) {
 		switch {
 		case o.listenStack != "":
 			return nil, base.Usagef("--udp listens on this host's UDP port; --listen-stack takes streams only")
-		case o.stack != "" && d.Via == "" && !d.Stack.IsPlain():
+		case o.stack != "" && d.Via == "" && !d.Stack.IsPlain() && !isNode(o.to):
 			return nil, base.Usagef("--udp --stack %s needs --via: a gateway (vlink serve --allow-udp) relays the datagrams to --to as UDP", secret.RedactStack(o.stack))
 		case o.udpSessions <= 0:
 			return nil, base.Usagef("--udp-sessions %d: want at least 1", o.udpSessions)
@@ -342,6 +342,13 @@ func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer,
 		e.Log.Debug("connected", attrs...)
 	}
 	t.Relay(e.Log, stack, c, rc, attrs...)
+}
+
+// isNode reports whether address names a node of a vlink network, which
+// relays datagrams to its own ports as a gateway does.
+func isNode(address string) bool {
+	_, _, ok := vlink.SplitNodeAddr(address)
+	return ok
 }
 
 // listenUDP listens on --listen's UDP port, one session per client.

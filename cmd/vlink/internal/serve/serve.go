@@ -354,7 +354,14 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 		return nil, nil, nil, err
 	}
 	nl, err := node.Listen(func(from string, port uint16) error {
-		return policy.AllowsTarget(net.JoinHostPort("localhost", strconv.Itoa(int(port))))
+		// Streams or datagrams: the hello says which, and the listener
+		// checks it against the right list.
+		target := net.JoinHostPort("localhost", strconv.Itoa(int(port)))
+		err := policy.AllowsTarget(target)
+		if err != nil && policy.AllowsDatagrams(target) == nil {
+			return nil
+		}
+		return err
 	})
 	if m := o.node.Member(); m != nil {
 		// Other members prove their certificates end to end; the key
