@@ -330,3 +330,114 @@ func TestNodeUDP(t *testing.T) {
 		t.Fatalf("a port db does not allow answered: %s", out)
 	}
 }
+
+// pingServer is a Python UDP server that answers "ping..." datagrams
+// and nothing else, so a flood of other datagrams is one-way.
+const pingServer = `
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+print("port", s.getsockname()[1], flush=True)
+while True:
+    b, a = s.recvfrom(65536)
+    if b.startswith(b"ping"):
+        s.sendto(b"pong" + b[4:], a)
+`
+
+// pingClient pings addr from one socket, every 100 ms for the seconds
+// given, and prints how many answers came back.
+const pingClient = `
+import socket, sys, time
+host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect((host, port))
+s.settimeout(0.5)
+got = sent = 0
+end = time.time() + secs
+while time.time() < end:
+    s.send(b"ping%d" % sent)
+    sent += 1
+    try:
+        while s.recv(100) != b"pong%d" % (sent - 1):
+            pass
+        got += 1
+    except socket.timeout:
+        pass
+    time.sleep(0.1)
+print("sent", sent, "answered", got)
+`
+
+// TestUDPBounds: the bounds hold under floods, and the clients that talk
+// both ways keep being served. A tunnel whose session table is full of
+// one-way sources gives their places to new clients, never a two-way
+// session's; a gateway gives one client no more than its share.
+func TestUDPBounds(t *testing.T) {
+	testenv.Programs(t, "python3")
+	srv := startProc(t, "python3", "-u", "-c", pingServer)
+	target := "127.0.0.1:" + srv.WaitFor(t, regexp.MustCompile(`port (\d+)`), startTimeout)[1]
+	_, gw := startVLink(t, "serve", "--allow-udp", target)
+	_, addr := startVLink(t, "tunnel", "--udp", "--udp-sessions", "4", "--via", gw, "--to", target, "--stack", "zstd")
+	host, port, _ := net.SplitHostPort(addr)
+
+	// A client pings for 4 s while 300 one-way sources flood the tunnel.
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, _, err := run(time.Minute, nil, "python3", "-c", pingClient, host, port, "4")
+		done <- result{out, err}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	for i := range 300 {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(fmt.Appendf(nil, "junk %d", i))
+		c.Close()
+		if i%50 == 49 {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	r := <-done
+	var sent, answered int
+	if _, err := fmt.Sscanf(string(r.out), "sent %d answered %d", &sent, &answered); err != nil || r.err != nil {
+		t.Fatalf("ping client: %q, %v", r.out, r.err)
+	}
+	if sent < 20 || answered < sent-2 {
+		t.Errorf("the two-way client got %d answers of %d pings through the flood, want all but one or two", answered, sent)
+	}
+	// A new client still gets in: a one-way session gives way.
+	out, _, err := run(time.Minute, nil, "python3", "-c", pingClient, host, port, "1")
+	if err != nil || !regexp.MustCompile(`answered [1-9]`).Match(out) {
+		t.Errorf("a new client after the flood: %q, %v", out, err)
+	}
+	// The gateway's share per client: the sessions of a tunnel all come
+	// from one address, so the seventh at once is refused.
+	_, gw6 := startVLink(t, "serve", "--allow-udp", target, "--udp-sessions-per-client", "6")
+	wide, waddr := startVLink(t, "tunnel", "--udp", "--via", gw6, "--to", target, "--stack", "zstd")
+	whost, wport, _ := net.SplitHostPort(waddr)
+	results := make(chan result, 7)
+	for range 7 {
+		go func() {
+			out, _, err := run(time.Minute, nil, "python3", "-c", pingClient, whost, wport, "2")
+			results <- result{out, err}
+		}()
+	}
+	starved := 0
+	for range 7 {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("ping client: %q, %v", r.out, r.err)
+		}
+		if strings.Contains(string(r.out), "answered 0") {
+			starved++
+		}
+	}
+	if starved != 1 {
+		t.Errorf("%d of 7 clients got no answer, want 1: the gateway lets one client hold 6 sessions at once", starved)
+	}
+	wide.WaitFor(t, regexp.MustCompile(`relaying 6 datagram sessions for 127\.0\.0\.1 already \(vlink serve --udp-sessions-per-client\)`), startTimeout)
+}

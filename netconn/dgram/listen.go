@@ -25,9 +25,12 @@ const (
 // ListenConfig bounds what a Listener keeps for its clients. The zero
 // value holds the defaults.
 type ListenConfig struct {
-	// MaxSessions bounds the clients served at once: a datagram from a
-	// new source beyond it is dropped (Listener.Dropped counts it) until
-	// a session ends. Zero means DefaultMaxSessions.
+	// MaxSessions bounds the clients served at once. A datagram from a
+	// new source beyond it takes the place of the oldest session that
+	// never got an answer, as conntrack's early drop does, so a flood of
+	// one-way sources cannot lock out new clients; when every session
+	// has had one, it is dropped (Listener.Dropped counts it) until a
+	// session ends. Zero means DefaultMaxSessions.
 	MaxSessions int
 	// Queue bounds the datagrams waiting for a session's reader: one that
 	// arrives to a full queue is dropped, as a congested router drops.
@@ -60,6 +63,7 @@ type Listener struct {
 
 	mu       sync.Mutex
 	sessions map[netip.AddrPort]*Session
+	born     uint64 // sessions started, for their age
 	closed   bool
 	err      error // why reading stopped
 
@@ -67,7 +71,7 @@ type Listener struct {
 
 	done    chan struct{}
 	once    sync.Once
-	dropped struct{ sessions, datagrams atomic.Int64 }
+	dropped struct{ sessions, datagrams, evicted atomic.Int64 }
 }
 
 var _ net.Listener = (*Listener)(nil)
@@ -142,11 +146,12 @@ func (l *Listener) session(from netip.AddrPort) *Session {
 	if s := l.sessions[from]; s != nil {
 		return s
 	}
-	if l.closed || len(l.sessions) >= l.cfg.MaxSessions {
+	if l.closed || len(l.sessions) >= l.cfg.MaxSessions && !l.evictLocked() {
 		l.dropped.sessions.Add(1)
 		return nil
 	}
-	s := &Session{l: l, addr: from, raddr: net.UDPAddrFromAddrPort(from), q: make(chan []byte, l.cfg.Queue), done: make(chan struct{})}
+	l.born++
+	s := &Session{l: l, addr: from, raddr: net.UDPAddrFromAddrPort(from), born: l.born, q: make(chan []byte, l.cfg.Queue), done: make(chan struct{})}
 	select {
 	case l.accept <- s:
 	default: // nobody accepts: as full as the table
@@ -155,6 +160,23 @@ func (l *Listener) session(from netip.AddrPort) *Session {
 	}
 	l.sessions[from] = s
 	return s
+}
+
+// evictLocked ends the oldest session that never got an answer, and
+// reports whether there was one. l.mu is held.
+func (l *Listener) evictLocked() bool {
+	var victim *Session
+	for _, s := range l.sessions {
+		if !s.answered.Load() && (victim == nil || s.born < victim.born) {
+			victim = s
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	victim.closeLocked()
+	l.dropped.evicted.Add(1)
+	return true
 }
 
 func (l *Listener) fail(err error) {
@@ -205,10 +227,15 @@ func (l *Listener) Close() error {
 func (l *Listener) Addr() net.Addr { return l.pc.LocalAddr() }
 
 // Dropped returns the datagrams dropped for want of a session (the
-// table was full) and for want of room in a session's queue.
+// table was full of answered ones) and for want of room in a session's
+// queue.
 func (l *Listener) Dropped() (sessions, queued int64) {
 	return l.dropped.sessions.Load(), l.dropped.datagrams.Load()
 }
+
+// Evicted returns how many sessions gave their place to a new client
+// (see ListenConfig.MaxSessions).
+func (l *Listener) Evicted() int64 { return l.dropped.evicted.Load() }
 
 // A Session is one client of a Listener: Read returns the datagrams it
 // sent, one per call, and Write sends it one. Writes do not block (a UDP
@@ -218,8 +245,12 @@ type Session struct {
 	l     *Listener
 	addr  netip.AddrPort
 	raddr *net.UDPAddr
+	born  uint64 // its place in the order sessions started
 	q     chan []byte
 	rd    netconn.Deadline
+	// answered is set once the session wrote its client a datagram: a
+	// two-way session is never evicted.
+	answered atomic.Bool
 
 	done chan struct{}
 	once sync.Once
@@ -293,16 +324,26 @@ func (s *Session) Write(b []byte) (int, error) {
 		return 0, s.opError("write", net.ErrClosed)
 	default:
 	}
-	return s.l.pc.WriteToUDPAddrPort(b, s.addr)
+	n, err := s.l.pc.WriteToUDPAddrPort(b, s.addr)
+	if err == nil && !s.answered.Load() {
+		s.answered.Store(true)
+	}
+	return n, err
 }
 
 // Close ends the session: a later datagram from its client starts a new
 // one.
 func (s *Session) Close() error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	s.closeLocked()
+	return nil
+}
+
+// closeLocked is Close with s.l.mu held.
+func (s *Session) closeLocked() {
 	s.once.Do(func() {
 		close(s.done)
-		s.l.mu.Lock()
-		defer s.l.mu.Unlock()
 		if s.l.sessions[s.addr] == s {
 			delete(s.l.sessions, s.addr)
 		}
@@ -316,7 +357,6 @@ func (s *Session) Close() error {
 			break
 		}
 	})
-	return nil
 }
 
 func (s *Session) opError(op string, err error) error {

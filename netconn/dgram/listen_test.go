@@ -95,12 +95,30 @@ func TestBounds(t *testing.T) {
 			client(t, l).Write([]byte("x"))
 			ss = append(ss, accept(t, l))
 		}
-		third := client(t, l)
-		third.Write([]byte("x"))
+		// The table is full of sessions that never got an answer: a new
+		// client takes the oldest one's place.
+		client(t, l).Write([]byte("x"))
+		third := accept(t, l)
+		if _, err := ss[0].Read(make([]byte, 8)); err == nil {
+			t.Fatal("the evicted session still reads")
+		}
+		if l.Evicted() != 1 {
+			t.Fatalf("Evicted() = %d, want 1", l.Evicted())
+		}
+		// Two-way sessions keep their place: the next client waits.
+		ss[1].Read(make([]byte, 8))
+		ss[1].Write([]byte("answer"))
+		third.Read(make([]byte, 8))
+		third.Write([]byte("answer"))
+		fourth := client(t, l)
+		fourth.Write([]byte("x"))
 		waitDropped(t, l, 1, 0)
-		ss[0].Close()
-		third.Write([]byte("x"))
+		third.Close()
+		fourth.Write([]byte("x"))
 		accept(t, l)
+		if l.Evicted() != 1 {
+			t.Fatalf("Evicted() = %d, want still 1", l.Evicted())
+		}
 	})
 	t.Run("buffered bytes", func(t *testing.T) {
 		l := listen(t, ListenConfig{MaxBuffered: 3000})

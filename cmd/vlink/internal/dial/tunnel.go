@@ -149,7 +149,7 @@ func (o *tunnelOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.BoolVar(&o.udp, "udp", false, "carry UDP instead: listen on --listen's UDP port and carry each client's datagrams whole through --stack to the gateway --via, which sends them to --to as UDP (vlink serve --allow-udp) and returns the answers; one session per client address. Without --via and with a plain stack, datagrams go straight to --to")
 	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", 2*time.Minute, "with --udp: end a client's session after `DURATION` without a datagram either way, as a NAT forgets a mapping")
-	fs.IntVar(&o.udpSessions, "udp-sessions", dgram.DefaultMaxSessions, "with --udp: carry at most `N` clients at once; datagrams from more are dropped, as is a datagram that finds its client's queue full (dgram.DefaultQueue datagrams, 8 MiB in all)")
+	fs.IntVar(&o.udpSessions, "udp-sessions", dgram.DefaultMaxSessions, "with --udp: carry at most `N` clients at once; a new one takes the place of the oldest that never got an answer, else its datagrams are dropped, as is a datagram that finds its client's queue full (256 datagrams, 8 MiB in all)")
 	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
 	base.KnownNodesVar(fs, &o.knownNodes)
 	base.NodeFlags(fs, &o.node, "to reach --to NODE.vlink.alt:PORT, another node's port, through the relay")
@@ -279,7 +279,13 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			return nil, nil, nil, err
 		}
 		e.Log.Info("listening", "addr", l.Addr().String(), "udp", true, "to", o.to, "via", o.via, "stack", secret.RedactStack(o.stack))
-		return l, func(c net.Conn) { o.handleUDP(e, t, d, f.label, c) }, closeAll, nil
+		release := func() {
+			if s, q := l.Dropped(); s+q+l.Evicted() > 0 {
+				e.Log.Info("datagrams dropped while listening", "addr", l.Addr().String(), "no_session", s, "queue_full", q, "sessions_evicted", l.Evicted())
+			}
+			closeAll()
+		}
+		return l, func(c net.Conn) { o.handleUDP(e, t, d, f.label, c) }, release, nil
 	}
 	l, err := listenOn(ctx, o.listenStack, o.listen)
 	if err != nil {
@@ -352,7 +358,7 @@ func isNode(address string) bool {
 }
 
 // listenUDP listens on --listen's UDP port, one session per client.
-func (o *tunnelOptions) listenUDP(ctx context.Context) (net.Listener, error) {
+func (o *tunnelOptions) listenUDP(ctx context.Context) (*dgram.Listener, error) {
 	var lc net.ListenConfig
 	pc, err := lc.ListenPacket(ctx, "udp", o.listen)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,7 +129,7 @@ type serveOptions struct {
 	allowUDP                               base.ListFlag
 	handshakeTimeout, dialTimeout          time.Duration
 	idleTimeout, udpIdleTimeout            time.Duration
-	udpSessions                            int
+	udpSessions, udpPerClient              int
 	insecurePlaintext                      bool
 	node                                   base.NodeOptions
 }
@@ -159,6 +160,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.Var(&o.allowUDP, "allow-udp", "let VLink dialers open datagram sessions (vlink tunnel --udp, Dialer.Dial(\"udp\", ...)) to targets matching `PATTERN` (HOST:PORTS, as --allow) and relay their datagrams there as UDP; separate from --allow, so a target that takes streams takes no datagrams unless named here too (repeatable; default: none)")
 	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", defaultUDPIdleTimeout, "end a datagram session that carried no datagram either way for `DURATION`, as a NAT forgets a mapping; the next datagram starts a new one")
 	fs.IntVar(&o.udpSessions, "udp-sessions", defaultUDPSessions, "relay at most `N` datagram sessions at once (each holds a UDP socket); dialers beyond are refused as busy")
+	fs.IntVar(&o.udpPerClient, "udp-sessions-per-client", defaultUDPSessions/4, "of those, at most `N` for one client address (the dialer's origin), so one client cannot take them all")
 	fs.Var(&o.hops, "hop", "let VLink dialers route through this node to a next node matching `PATTERN` (HOST:PORTS, as --allow): the next node must be a VLink listener, vlink serve (repeatable; default: none)")
 	fs.StringVar(&o.hopStack, "hop-stack", "tcp", "reach next nodes through the factories of `STACK` (ssh:host=bastion, socks5:addr=proxy:1080, ...)")
 	fs.Var(&o.proxyProtocol, "proxy-protocol", "send targets matching `PATTERN` (HOST:PORTS, as --allow) a PROXY protocol v2 header with the connection's origin, as nginx (listen ... proxy_protocol) and haproxy (accept-proxy) take it; only for targets that expect it (repeatable; default: none)")
@@ -196,6 +198,7 @@ type server struct {
 	idleTimeout time.Duration // plain relays only
 	udpIdle     time.Duration
 	udpSlots    chan struct{} // one per datagram session relayed
+	udpClients  clientCount   // the sessions of each client address
 	log         *slog.Logger
 	t           *forward.Tracker
 }
@@ -214,8 +217,8 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 		return nil, base.Usagef("nothing to forward to: add --target HOST:PORT (where connections go), " +
 			"--allow PATTERN (the targets VLink dialers may name), --allow-udp PATTERN (where they may send datagrams) or --hop PATTERN (the nodes they may route through); serve never runs as an open proxy")
 	}
-	if o.udpSessions <= 0 {
-		return nil, base.Usagef("--udp-sessions %d: want at least 1", o.udpSessions)
+	if o.udpSessions <= 0 || o.udpPerClient <= 0 {
+		return nil, base.Usagef("--udp-sessions %d, --udp-sessions-per-client %d: want at least 1", o.udpSessions, o.udpPerClient)
 	}
 	policy, err := o.policy()
 	if err != nil {
@@ -244,7 +247,8 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 	}
 	f := &serveForward{o: o, policy: policy,
 		s: server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout,
-			udpIdle: o.udpIdleTimeout, udpSlots: make(chan struct{}, o.udpSessions)}}
+			udpIdle: o.udpIdleTimeout, udpSlots: make(chan struct{}, o.udpSessions),
+			udpClients: clientCount{max: o.udpPerClient, n: map[string]int{}}}}
 	if len(o.hops) > 0 {
 		hs, err := vlink.Parse(o.hopStack)
 		if err != nil {
@@ -542,10 +546,19 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 // admitDatagrams takes a slot for a datagram session and opens its UDP
 // socket, connected to the target, so that ICMP errors come back to it.
 func (s *server) admitDatagrams(ctx context.Context, h *vlink.Hello) (any, error) {
+	client := clientOf(h)
+	if !s.udpClients.add(client) {
+		return nil, &vlink.RefusedError{Code: vlink.CodeBusy, Reason: fmt.Sprintf("relaying %d datagram sessions for %s already (vlink serve --udp-sessions-per-client)", s.udpClients.max, client)}
+	}
 	select {
 	case s.udpSlots <- struct{}{}:
 	default:
+		s.udpClients.remove(client)
 		return nil, &vlink.RefusedError{Code: vlink.CodeBusy, Reason: fmt.Sprintf("relaying %d datagram sessions already (vlink serve --udp-sessions)", cap(s.udpSlots))}
+	}
+	release := func() {
+		<-s.udpSlots
+		s.udpClients.remove(client)
 	}
 	to := h.Target
 	if host, port, err := net.SplitHostPort(to); err == nil && isLocalhost(host) {
@@ -553,18 +566,55 @@ func (s *server) admitDatagrams(ctx context.Context, h *vlink.Hello) (any, error
 	}
 	u, err := (&net.Dialer{Timeout: s.dialTimeout}).DialContext(ctx, "udp", to)
 	if err != nil {
-		<-s.udpSlots
+		release()
 		s.log.Warn("datagram target unreachable", "remote", h.RemoteAddr.String(), "target", h.Target, "err", err)
 		return nil, vlink.TargetRefusal(err)
 	}
 	netconn.SetUDPBuffers(u.(*net.UDPConn), dgram.SocketBuffer/4) // one client's, not a listener's
 	a, err := s.track(u)
 	if err != nil {
-		<-s.udpSlots
+		release()
 		return nil, err
 	}
-	a.(*admitted).slot = s.udpSlots
+	a.(*admitted).slot = release
 	return a, nil
+}
+
+// clientOf names the client a datagram session counts against: the node
+// that proved its name, or the origin's IP address.
+func clientOf(h *vlink.Hello) string {
+	if h.Node != "" {
+		return "node " + h.Node
+	}
+	if ap, err := netip.ParseAddrPort(h.RemoteAddr.String()); err == nil {
+		return ap.Addr().Unmap().String()
+	}
+	return h.RemoteAddr.String()
+}
+
+// clientCount counts what each client holds, up to max.
+type clientCount struct {
+	max int
+	mu  sync.Mutex
+	n   map[string]int
+}
+
+func (c *clientCount) add(a string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[a] >= c.max {
+		return false
+	}
+	c.n[a]++
+	return true
+}
+
+func (c *clientCount) remove(a string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[a]--; c.n[a] <= 0 {
+		delete(c.n, a)
+	}
 }
 
 // lookup answers a dialer that asks whether a target it may reach
@@ -633,7 +683,7 @@ func (s *server) sendProxyHeader(c net.Conn, target string, origin net.Addr) err
 type admitted struct {
 	net.Conn
 	t    *forward.Tracker
-	slot chan struct{} // a datagram session's, given back once
+	slot func() // gives back a datagram session's place, once
 	once sync.Once
 }
 
@@ -647,7 +697,7 @@ func (a *admitted) Close() error {
 func (a *admitted) release() {
 	a.once.Do(func() {
 		if a.slot != nil {
-			<-a.slot
+			a.slot()
 		}
 	})
 }
