@@ -300,6 +300,11 @@ func (d *Dialer) dialDatagrams(ctx context.Context, network, address string, r *
 	// error, not a session that swallows every datagram.
 	r.datagram, r.waitAccept = true, true
 	c, err := r.dial(ctx, "tcp", address, &d.cache)
+	if re := (*RefusedError)(nil); errors.As(err, &re) && re.Code == CodeMalformed {
+		// A listener from before datagram sessions refuses their hello
+		// so; say what to do about it.
+		return nil, fmt.Errorf("%w (a gateway older than datagram sessions refuses them so: upgrade it)", err)
+	}
 	if err != nil {
 		return nil, err
 	}
