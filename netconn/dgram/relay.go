@@ -21,8 +21,8 @@ type Counts struct {
 
 // Relay copies datagrams between a and b, each one read from one side
 // written whole to the other, until a side ends or fails, or, with idle
-// above zero, until no datagram has crossed either way for idle, as a
-// NAT forgets a mapping. It closes neither; it interrupts a side's
+// above zero, until no datagram has crossed either way for idle (noticed
+// within twice that), as a NAT forgets a mapping. It closes neither; it interrupts a side's
 // pending Read through its read deadline to stop, so both must honour
 // one.
 //
@@ -38,7 +38,6 @@ type Counts struct {
 // from a to b, ba the other way.
 func Relay(a, b net.Conn, idle time.Duration) (ab, ba Counts, err error) {
 	r := &relay{a: a, b: b}
-	r.last.Store(time.Now().UnixNano())
 	if idle > 0 {
 		r.timer = time.AfterFunc(idle, func() { r.checkIdle(idle) })
 	}
@@ -57,13 +56,23 @@ func Relay(a, b net.Conn, idle time.Duration) (ab, ba Counts, err error) {
 }
 
 type relay struct {
-	a, b  net.Conn
-	last  atomic.Int64 // when a datagram last crossed, UnixNano
-	timer *time.Timer
+	a, b net.Conn
+	// crossed is set by each datagram, and cleared by each idle check:
+	// no clock read per datagram, at the price of noticing idleness
+	// between idle and twice idle.
+	crossed atomic.Bool
+	timer   *time.Timer
 
 	mu      sync.Mutex
 	stopped bool
 	err     error
+}
+
+// touch records that a datagram crossed.
+func (r *relay) touch() {
+	if !r.crossed.Load() { // a read, not a write, on the hot path
+		r.crossed.Store(true)
+	}
 }
 
 // stop records why the relay ends, once, and interrupts both sides.
@@ -80,12 +89,11 @@ func (r *relay) stop(err error) {
 }
 
 func (r *relay) checkIdle(idle time.Duration) {
-	since := time.Since(time.Unix(0, r.last.Load()))
-	if since >= idle {
+	if !r.crossed.Swap(false) {
 		r.stop(ErrIdle)
 		return
 	}
-	r.timer.Reset(idle - since)
+	r.timer.Reset(idle)
 }
 
 // batchBytes bounds the datagrams a relay writes to a stream at once.
@@ -103,7 +111,7 @@ func (r *relay) copy(dst, src net.Conn, n *Counts) {
 	for {
 		m, err := src.Read(buf)
 		if err == nil {
-			r.last.Store(time.Now().UnixNano())
+			r.touch()
 			_, err = dst.Write(buf[:m])
 			if err == nil {
 				n.Datagrams++
@@ -160,7 +168,7 @@ func (r *relay) copyBatches(dst *Conn, src *Session, n *Counts) {
 			}
 			return
 		}
-		r.last.Store(time.Now().UnixNano())
+		r.touch()
 		if err := dst.writeBatch(batch); err != nil {
 			r.stop(err)
 			return
