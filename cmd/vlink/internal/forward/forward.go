@@ -231,6 +231,11 @@ func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, stack str
 		return
 	}
 	t.Metrics.RelayStarted(stack)
+	// In --stats as a relay in progress; its bytes count when it ends
+	// (no socket of its own counts them as they cross).
+	live := newLiveRelay(stack, a, b, attrs)
+	live.app, live.wire = nil, nil
+	t.liveStart(live)
 	start := time.Now()
 	up, down, err := dgram.Relay(a, b, idle)
 	idled := errors.Is(err, dgram.ErrIdle)
@@ -239,6 +244,7 @@ func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, stack str
 	delete(t.conns, b)
 	cut := t.cut
 	t.mu.Unlock()
+	t.liveEnd(live, up.Bytes, down.Bytes, cut || err != nil && !idled)
 	if err != nil && !idled || cut {
 		netconn.Abort(a)
 		netconn.Abort(b)
