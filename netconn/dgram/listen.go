@@ -146,18 +146,14 @@ func (l *Listener) session(from netip.AddrPort) *Session {
 	if s := l.sessions[from]; s != nil {
 		return s
 	}
-	if l.closed || len(l.sessions) >= l.cfg.MaxSessions && !l.evictLocked() {
+	// Nobody accepting is as full as the table: nothing to evict for.
+	if l.closed || len(l.accept) == cap(l.accept) || len(l.sessions) >= l.cfg.MaxSessions && !l.evictLocked() {
 		l.dropped.sessions.Add(1)
 		return nil
 	}
 	l.born++
 	s := &Session{l: l, addr: from, raddr: net.UDPAddrFromAddrPort(from), born: l.born, q: make(chan []byte, l.cfg.Queue), done: make(chan struct{})}
-	select {
-	case l.accept <- s:
-	default: // nobody accepts: as full as the table
-		l.dropped.sessions.Add(1)
-		return nil
-	}
+	l.accept <- s // room checked above, under l.mu, which every send holds
 	l.sessions[from] = s
 	return s
 }
