@@ -26,11 +26,11 @@ import (
 type UDPConfig struct {
 	// MaxDests bounds the destinations one association sends to at once,
 	// each a datagram session of the Dialer's: a datagram to one more is
-	// dropped until another falls idle. Zero means 64.
+	// dropped until another falls idle. Zero (or less) means 64.
 	MaxDests int
 	// Idle ends a destination's session after no datagram crossed it
-	// either way for this long, as a NAT forgets a mapping. Zero means
-	// two minutes.
+	// either way for this long, as a NAT forgets a mapping. Zero (or
+	// less) means two minutes.
 	Idle time.Duration
 	// Logger, if set, gets one line per destination session that could
 	// not start, and a summary of what was dropped when an association
@@ -82,10 +82,10 @@ func (s *Server) associate(c net.Conn, clientPort uint16) (*Association, error) 
 	}
 	netconn.SetUDPBuffers(pc, dgram.SocketBuffer/4)
 	cfg := *s.UDP
-	if cfg.MaxDests == 0 {
+	if cfg.MaxDests <= 0 {
 		cfg.MaxDests = defaultMaxDests
 	}
-	if cfg.Idle == 0 {
+	if cfg.Idle <= 0 {
 		cfg.Idle = defaultUDPIdle
 	}
 	a := &Association{pc: pc, client: remote.AddrPort().Addr().Unmap(), dial: s.Dialer.DialContext, cfg: cfg,

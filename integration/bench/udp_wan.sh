@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Datagrams on the WAN lab: iperf3 -u (1400-byte datagrams, RATE offered)
+# from the lab's client to its server,
+#
+#   direct       straight over the lab link, as UDP
+#   tcp          iperf3 -> vlink tunnel --udp -> vlink serve --allow-udp
+#                -> iperf3: the datagrams ride one TCP flow per session
+#   parallel-8   the same with --stack parallel:streams=8
+#
+# on each lab profile, REPS rounds, the paths shuffled each round. Prints
+# the median delivered Mbit/s and loss (min..max) per path. The point: a
+# stream stack delivers every datagram it takes, in order, at the rate a
+# TCP flow gets on the path; on a lossy long path that is far below the
+# offered rate, and the rest is dropped at the tunnel's queue. QUIC
+# datagrams (not built yet) would carry them at the path's rate.
+#
+# Needs root (network namespaces). Environment: PROFILES (default "wan50
+# wan50-clean"), RATE (default 100M), DURATION (default 10), REPS
+# (default 3), VLINK and VLINK_LAB (default: built from this checkout).
+PROFILES=${PROFILES:-"wan50 wan50-clean"}
+RATE=${RATE:-100M}
+DURATION=${DURATION:-10}
+REPS=${REPS:-3}
+. "$(dirname "$0")/lib.sh"
+need_root "network namespaces"
+need iperf3 python3
+build_vlink
+build_vlink_lab
+
+results=$work/results.txt
+: >"$results"
+for profile in $PROFILES; do
+  out=$("$VLINK_LAB" up --detach "$profile")
+  lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
+  server=10.77.0.2
+  lab server iperf3 -s -D -p 5201
+  serve=$(lab_start server "$VLINK" serve --listen "$server:7000" --allow "127.0.0.1:5201" --allow-udp "127.0.0.1:5201" --log-level warn)
+  lab_wait_port server 7000
+  declare -A port=([tcp]=8101 [parallel-8]=8108)
+  declare -A stack=([tcp]=tcp [parallel-8]=parallel:streams=8)
+  tunnels=()
+  for path in tcp parallel-8; do
+    f=$work/$path.toml
+    for udp in false true; do
+      printf '[[forward]]\nudp = %s\nlisten = "127.0.0.1:%s"\nvia = "%s:7000"\nto = "127.0.0.1:5201"\nstack = "%s"\n\n' \
+        "$udp" "${port[$path]}" "$server" "${stack[$path]}" >>"$f"
+    done
+    tunnels+=("$(lab_start client "$VLINK" tunnel --forwards "$f" --log-level warn)")
+    lab_wait_port client "${port[$path]}"
+  done
+  echo "== $profile: $REPS rounds of ${DURATION}s at $RATE offered" >&2
+  for rep in $(seq "$REPS"); do
+    for path in $(printf '%s\n' direct tcp parallel-8 | shuf); do
+      case $path in
+        direct) args=(-c "$server" -p 5201) ;;
+        *) args=(-c 127.0.0.1 -p "${port[$path]}") ;;
+      esac
+      lab client iperf3 -J -u -b "$RATE" -l 1400 -t "$DURATION" "${args[@]}" >"$work/run.json" || true
+      python3 - "$profile" "$path" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
+import json, sys
+r = json.load(open(sys.argv[3]))
+print(sys.argv[1], sys.argv[2], r["end"]["sum_received"]["bits_per_second"] / 1e6, r["end"]["sum"]["lost_percent"])
+PY
+      printf '  %-12s %s\n' "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s, %.2f%% lost", $3, $4}')" >&2
+    done
+  done
+  lab server pkill iperf3 || true
+  kill "$serve" "${tunnels[@]}" 2>/dev/null || true
+  "$VLINK_LAB" down "$lab_id" >/dev/null
+  lab_id=
+  unset port stack
+done
+
+echo "# $(date -u +%FT%TZ) Linux $(uname -r), $(nproc) CPUs; $("$VLINK" version | head -1); iperf3 -u -b $RATE -l 1400 -t $DURATION, $REPS rounds"
+python3 - "$results" <<'PY'
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    profile, path, mbit, lost = line.split()
+    rows[(profile, path)].append((float(mbit), float(lost)))
+print(f"{'profile':<12} {'path':<11} {'Mbit/s':>7}  {'min..max':>13}  {'lost %':>6}  {'min..max':>13}")
+for (profile, path), v in rows.items():
+    m, l = [x[0] for x in v], [x[1] for x in v]
+    print(f"{profile:<12} {path:<11} {statistics.median(m):7.1f}  {min(m):6.1f}..{max(m):6.1f}  {statistics.median(l):6.2f}  {min(l):6.2f}..{max(l):6.2f}")
+PY
