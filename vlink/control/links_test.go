@@ -278,7 +278,13 @@ func TestRelaysListEachOther(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r2.Serve(l2) }()
 	defer func() { r2.Close(); <-done }()
-	waitUntil(t, "the relays link", func() bool { return len(r1.Peers()) == 1 && len(r2.Peers()) == 1 })
+	// Each dials the other; both keep the link relay-1 dialed. If
+	// relay-2's dial lands first, relay-1's replaces it once, a moment
+	// later: settled is when relay-1's own dial is the link.
+	waitUntil(t, "the relays link", func() bool {
+		return len(r1.Peers()) == 1 && len(r2.Peers()) == 1 &&
+			strings.Contains(logs[0].String(), `msg="control: relay: linked with another relay" relay=relay-2 dialed=true`)
+	})
 
 	links := func() (n [2]int) {
 		for i := range logs {
