@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -13,10 +14,17 @@ import (
 )
 
 // udpRelay forwards datagrams between one client and target until drop
-// is set, then swallows them all: a path gone black.
+// is set, then swallows them all: a path gone black. Before, it loses
+// loss datagrams in a thousand, each way.
 type udpRelay struct {
 	pc   net.PacketConn
 	drop atomic.Bool
+	loss atomic.Int32 // per mille
+}
+
+// lost reports whether to lose a datagram.
+func (r *udpRelay) lost() bool {
+	return r.drop.Load() || rand.Int32N(1000) < r.loss.Load()
 }
 
 func newUDPRelay(t *testing.T, target string) *udpRelay {
@@ -40,7 +48,7 @@ func newUDPRelay(t *testing.T, target string) *udpRelay {
 				return
 			}
 			client.Store(&from)
-			if !r.drop.Load() {
+			if !r.lost() {
 				up.Write(buf[:n])
 			}
 		}
@@ -52,7 +60,7 @@ func newUDPRelay(t *testing.T, target string) *udpRelay {
 			if err != nil {
 				return
 			}
-			if c := client.Load(); c != nil && !r.drop.Load() {
+			if c := client.Load(); c != nil && !r.lost() {
 				pc.WriteTo(buf[:n], *c)
 			}
 		}

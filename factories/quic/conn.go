@@ -34,6 +34,9 @@ type conn struct {
 	wmu     sync.Mutex
 	wclosed bool // under wmu
 	closed  atomic.Bool
+	// receipted: the peer was sent the receipt of this stream's data
+	// (vlink/2), or needs none.
+	receipted atomic.Bool
 }
 
 var (
@@ -42,14 +45,42 @@ var (
 	_ layer.ChannelBinder = (*conn)(nil)
 )
 
-func newConn(s *quic.Stream, p *path) *conn { return &conn{s: s, p: p} }
+func newConn(s *quic.Stream, p *path) *conn {
+	p.rc.track(s.StreamID())
+	return &conn{s: s, p: p}
+}
 
 func (c *conn) Read(b []byte) (int, error) {
 	n, err := c.s.Read(b)
-	if err != nil && err != io.EOF {
+	if err == io.EOF {
+		c.receipt()
+	} else if err != nil {
 		err = c.opError("read", err)
 	}
 	return n, err
+}
+
+// receipt tells the peer, once, that this side is done reading the
+// stream: read to its end, or closed.
+func (c *conn) receipt() {
+	if !c.receipted.Swap(true) {
+		c.p.rc.send(c.s.StreamID())
+	}
+}
+
+// finWrite sends the stream's FIN, under wmu: the peer's receipt of it
+// is awaited at exit.
+func (c *conn) finWrite() error {
+	c.wclosed = true
+	err := c.s.Close()
+	c.p.rc.finished(c.s.StreamID())
+	return err
+}
+
+// resetWrite resets the stream's sending side: nothing is awaited.
+func (c *conn) resetWrite(code quic.StreamErrorCode) {
+	c.s.CancelWrite(code)
+	c.p.rc.dropped(c.s.StreamID())
 }
 
 func (c *conn) Write(b []byte) (int, error) {
@@ -78,40 +109,41 @@ func (c *conn) CloseWrite() error {
 	if c.wclosed {
 		return nil
 	}
-	c.wclosed = true
-	return c.s.Close()
+	return c.finWrite()
 }
 
 // Close ends the stream: the FIN after what was written, and the read
 // side stopped (the peer's further writes fail). A Close while a Write
 // is blocked resets the stream instead, so the peer never takes the cut
-// stream for a whole one.
+// stream for a whole one. Close does not wait for the peer; CloseAll
+// does (see the package comment).
 func (c *conn) Close() error {
 	if c.closed.Swap(true) {
 		return c.opError("close", net.ErrClosed)
 	}
 	if c.wmu.TryLock() {
 		if !c.wclosed {
-			c.wclosed = true
-			c.s.Close()
+			c.finWrite()
 		}
 		c.wmu.Unlock()
 	} else {
-		c.s.CancelWrite(codeClosed)
+		c.resetWrite(codeClosed)
 	}
 	c.s.CancelRead(codeClosed)
+	c.receipt()
 	c.once.Do(c.p.release)
 	return nil
 }
 
 // Abort resets the stream both ways: the peer's reads fail with
-// ErrReset rather than end.
+// ErrReset rather than end, and nothing waits for the peer.
 func (c *conn) Abort() error {
 	if c.closed.Swap(true) {
 		return c.opError("close", net.ErrClosed)
 	}
-	c.s.CancelWrite(codeAbort)
+	c.resetWrite(codeAbort)
 	c.s.CancelRead(codeAbort)
+	c.receipt()
 	c.once.Do(c.p.release)
 	return nil
 }

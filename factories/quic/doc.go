@@ -18,12 +18,23 @@
 // listener's TCP port (vlink.ListenConfig.Quic, vlink serve --quic).
 //
 // QUIC runs in this process, not in the kernel: what a stream sent is
-// retransmitted by this process until the peer acknowledges it. A
-// program that closes a stream and exits at once may take unacknowledged
-// bytes with it, where TCP's kernel would still deliver them; the peer
-// then sees the path fail (an error, never a clean end). A program that
-// must not lose them reads the peer's end first, as a protocol's answer
-// or the peer's own Close brings it.
+// retransmitted by this process until the peer acknowledges it, and
+// closing the QUIC connection drops what is still unacknowledged. So
+// each end tells the other which streams it is done reading (read to
+// their end, closed or aborted) on a unidirectional stream of its own:
+// read receipts, the TLS application protocol vlink/2. Close and
+// CloseWrite return at once, as TCP's do. CloseAll, which programs call
+// at exit, first waits, at most ExitWait (3 s) in all, until every
+// stream this process ended with Close or CloseWrite has its receipt or
+// its connection ended; a closed listener closes an accepted connection
+// a second after its last stream ended, and not before its receipts came
+// (at most ExitWait). Abort, and a Close that cuts a blocked Write
+// short, reset the stream: nothing waits for them. Past ExitWait (a dead
+// peer, or one that does not read), with a peer that speaks only vlink/1
+// (no receipts; still accepted both ways), or in a program that exits
+// without CloseAll, unacknowledged bytes go with the process, where
+// TCP's kernel would still deliver them; the peer then sees the path
+// fail (an error, never a clean end).
 //
 // # Trust
 //

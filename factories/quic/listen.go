@@ -20,7 +20,7 @@ const (
 	// its first byte.
 	openTimeout = 10 * time.Second
 	// drainTime, plus a few round trips, is how long a closed
-	// listener's path outlives its last stream.
+	// listener's path outlives its last stream at least.
 	drainTime = time.Second
 	// MaxListenerPaths bounds the QUIC connections one listener keeps
 	// (each costs memory before any stream is authenticated), and
@@ -65,7 +65,7 @@ func (f *Factory) Listen(_ context.Context, network, address string, _ layer.Con
 	tr := &quic.Transport{Conn: udp}
 	ql, err := tr.Listen(&tls.Config{
 		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{alpn},
+		NextProtos:   f.protos,
 		Certificates: []tls.Certificate{cert},
 	}, f.config())
 	if err != nil {
@@ -199,6 +199,9 @@ func (l *listener) acceptPaths() {
 			continue
 		}
 		p := &path{ready: closedChan, qc: qc, binding: binding, unused: l.unused}
+		if qc.ConnectionState().TLS.NegotiatedProtocol == alpnV2 {
+			p.rc = newReceipts(qc)
+		}
 		src, _ := netconn.AddrPort(qc.RemoteAddr())
 		l.mu.Lock()
 		if l.closed || len(l.paths) >= MaxListenerPaths || l.sources[src.Addr()] >= MaxPathsPerSource {
@@ -217,9 +220,9 @@ func (l *listener) acceptPaths() {
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // unused is a listener path's unused hook: once the listener is closed, a
-// path without streams closes, after a drain time for what its last
-// streams sent to reach the peer (closing the QUIC connection would
-// drop it: this process, not the kernel, retransmits it).
+// path without streams closes, once what its last streams sent reached
+// the peer (closing the QUIC connection would drop it: this process,
+// not the kernel, retransmits it; see drain).
 func (l *listener) unused(p *path) {
 	l.mu.Lock()
 	closed := l.closed
@@ -278,6 +281,7 @@ func (l *listener) open(s *quic.Stream, p *path) {
 		s.CancelRead(codeBad)
 		s.CancelWrite(codeBad)
 		c.closed.Store(true)
+		p.rc.dropped(s.StreamID())
 		c.once.Do(p.release)
 		return
 	}
@@ -291,16 +295,35 @@ func (l *listener) open(s *quic.Stream, p *path) {
 
 func (l *listener) String() string { return fmt.Sprintf("quic listener %s (%s)", l.Addr(), l.pin) }
 
-// drain closes p once it has had no stream for drainTime and a few
-// round trips.
+// drain closes p, which has no stream left, after drainTime and a few
+// round trips, for its last frames (a reset has no receipt) to reach
+// the peer, and with a vlink/2 peer not before every receipt it awaits
+// came, or ExitWait passed: then the peer has read what its last
+// streams sent.
 func (p *path) drain() {
-	st := p.qc.ConnectionStats()
-	time.AfterFunc(drainTime+4*st.SmoothedRTT, func() {
+	shut := func() {
 		p.mu.Lock()
 		unused := p.refs == 0
 		p.mu.Unlock()
 		if unused {
 			p.shut(codeGone, "listener closed")
 		}
-	})
+	}
+	st := p.qc.ConnectionStats()
+	wait := drainTime + 4*st.SmoothedRTT
+	if p.rc == nil {
+		time.AfterFunc(wait, shut)
+		return
+	}
+	go func() {
+		start := time.Now()
+		p.settle(start.Add(max(ExitWait, wait)))
+		t := time.NewTimer(time.Until(start.Add(wait)))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			shut()
+		case <-p.qc.Context().Done():
+		}
+	}()
 }

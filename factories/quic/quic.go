@@ -41,7 +41,11 @@ const (
 )
 
 const (
-	alpn = "vlink/1" // the TLS application protocol: no other QUIC service takes our streams
+	// The TLS application protocols, so that no other QUIC service takes
+	// our streams: vlink/2 sends read receipts (receipts.go), vlink/1
+	// does not. Both ends offer vlink/2 first and take vlink/1 still.
+	alpnV1 = "vlink/1"
+	alpnV2 = "vlink/2"
 	// streamOpen opens a stream: the dialer sends it, and the listener
 	// sends it back when it takes the stream. QUIC tells a listener of
 	// a stream only when it carries a frame (a program whose server
@@ -59,6 +63,7 @@ const (
 	codeIdle       quic.ApplicationErrorCode = 0x0   // a path closed with no stream left
 	codeGone       quic.ApplicationErrorCode = 0x1   // the listener or the program went away
 	codeBusy       quic.ApplicationErrorCode = 0x2   // the listener has too many connections
+	codeBadReceipt quic.ApplicationErrorCode = 0x3   // the peer's receipt stream broke the protocol
 )
 
 func init() {
@@ -125,7 +130,8 @@ func (o *Options) Validate() error {
 
 // A Factory dials and listens on QUIC.
 type Factory struct {
-	o Options
+	o      Options
+	protos []string // the ALPN protocols offered, preferred first; a test offers vlink/1 alone
 }
 
 var _ layer.ListenFactory = (*Factory)(nil)
@@ -138,7 +144,7 @@ func New(o Options) (*Factory, error) {
 	o.IdleTimeout = cmp.Or(o.IdleTimeout, DefaultIdleTimeout)
 	o.Window = cmp.Or(o.Window, DefaultWindow)
 	o.Linger = cmp.Or(o.Linger, DefaultLinger)
-	return &Factory{o: o}, nil
+	return &Factory{o: o, protos: []string{alpnV2, alpnV1}}, nil
 }
 
 func (f *Factory) String() string { return "quic" }
@@ -150,7 +156,7 @@ func (f *Factory) config() *quic.Config {
 		MaxStreamReceiveWindow:         uint64(f.o.Window),
 		MaxConnectionReceiveWindow:     2 * uint64(f.o.Window),
 		MaxIncomingStreams:             MaxStreams,
-		MaxIncomingUniStreams:          -1,
+		MaxIncomingUniStreams:          1, // the peer's receipt stream
 		InitialStreamReceiveWindow:     512 << 10,
 		InitialConnectionReceiveWindow: 512 << 10,
 	}
@@ -244,12 +250,17 @@ var pool = struct {
 // that each peer learns now that the path ended, not at its idle
 // timeout. Programs call it at exit (vlink's commands do); tests call it
 // to leave no goroutine behind.
+//
+// First it waits, at most ExitWait in all, until the peer has read
+// (and receipted) every stream this process closed or ended with
+// CloseWrite, or that stream's connection ended: QUIC's retransmissions
+// live in this process, and closing the connections would drop what is
+// still unacknowledged. Streams reset (Abort) and connections to a
+// vlink/1 peer, which sends no receipts, are not waited for.
 func CloseAll() {
-	for _, p := range listening.paths() {
-		p.shut(codeGone, "closed")
-	}
+	deadline := time.Now().Add(ExitWait)
+	all := listening.paths()
 	pool.mu.Lock()
-	all := make([]*path, 0, len(pool.live))
 	for p := range pool.live {
 		all = append(all, p)
 	}
@@ -257,6 +268,9 @@ func CloseAll() {
 	pool.mu.Unlock()
 	for _, p := range all {
 		<-p.ready
+		p.settle(deadline)
+	}
+	for _, p := range all {
 		p.shut(codeGone, "closed")
 	}
 }
@@ -277,7 +291,7 @@ func (f *Factory) path(ctx context.Context, network, address string, stale *path
 	if f.o.Pin != nil {
 		pin = f.o.Pin.String()
 	}
-	key := fmt.Sprintf("%s %s pin=%s idle=%v window=%d linger=%v", network, address, pin, f.o.IdleTimeout, f.o.Window, f.o.Linger)
+	key := fmt.Sprintf("%s %s pin=%s idle=%v window=%d linger=%v alpn=%v", network, address, pin, f.o.IdleTimeout, f.o.Window, f.o.Linger, f.protos)
 	pool.mu.Lock()
 	p := pool.paths[key]
 	if p != nil && (p.broken() || p == stale) {
@@ -307,8 +321,12 @@ func (f *Factory) path(ctx context.Context, network, address string, stale *path
 		if err == nil {
 			binding, err = exporter(qc)
 		}
+		var rc *receipts
+		if err == nil && qc.ConnectionState().TLS.NegotiatedProtocol == alpnV2 {
+			rc = newReceipts(qc)
+		}
 		p.mu.Lock()
-		p.qc, p.binding, p.err = qc, binding, err
+		p.qc, p.binding, p.rc, p.err = qc, binding, rc, err
 		p.mu.Unlock()
 		close(p.ready)
 		if err == nil {
@@ -416,7 +434,7 @@ func (f *Factory) connectTo(ctx context.Context, network string, raddr *net.UDPA
 	tr := &quic.Transport{Conn: udp}
 	tc := &tls.Config{
 		MinVersion: tls.VersionTLS13,
-		NextProtos: []string{alpn},
+		NextProtos: f.protos,
 		ServerName: "vlink",
 		// Neither names nor a chain are what identifies a listener:
 		// the pin does (VerifyConnection), or else the hello's key,
@@ -527,6 +545,7 @@ type path struct {
 	ready   chan struct{} // closed once qc and binding, or err, are set
 	qc      *quic.Conn
 	binding []byte
+	rc      *receipts // vlink/2's read receipts; nil with a vlink/1 peer
 	err     error
 	linger  time.Duration
 	onIdle  func()      // a dialer's: takes the path out of the pool

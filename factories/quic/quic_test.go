@@ -481,7 +481,7 @@ func TestSilentStreamsBound(t *testing.T) {
 	l := listen(t, newFactory(t, Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	qc, err := quic.DialAddr(ctx, l.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}},
+	qc, err := quic.DialAddr(ctx, l.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnV1}},
 		&quic.Config{MaxIdleTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -546,7 +546,7 @@ func TestCloseAllListenerPaths(t *testing.T) {
 	l := listen(t, newFactory(t, Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	qc, err := quic.DialAddr(ctx, l.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}},
+	qc, err := quic.DialAddr(ctx, l.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnV1}},
 		&quic.Config{MaxIdleTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
