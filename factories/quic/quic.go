@@ -34,7 +34,8 @@ const (
 	// with room for loss recovery.
 	DefaultWindow = 16 << 20
 	// DefaultLinger is how long a dialer keeps a path's QUIC connection
-	// once its last stream closed, for the next dial to reuse.
+	// once its last stream closed, for the next dial to reuse; longer
+	// while the peer has not read all that stream sent (vlink/2).
 	DefaultLinger = 30 * time.Second
 	// MaxStreams bounds the streams a peer may have open on one path.
 	MaxStreams = 1024
@@ -595,6 +596,15 @@ func (p *path) idle() {
 	p.timer = nil
 	p.mu.Unlock()
 	if !unused {
+		return
+	}
+	select {
+	case <-p.rc.done():
+	default:
+		// A stream closed here is unread there yet, and closing the
+		// connection would drop it: linger again, as TCP's kernel
+		// keeps a closed socket's data until it is read.
+		p.lingerOn()
 		return
 	}
 	p.shut(codeIdle, "")

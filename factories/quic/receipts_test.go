@@ -469,6 +469,30 @@ func TestBadReceipts(t *testing.T) {
 	}
 }
 
+// TestLingerWaitsForReceipts: a dialer's path outlives its linger while
+// the peer has not read a stream closed on it.
+func TestLingerWaitsForReceipts(t *testing.T) {
+	const linger = 200 * time.Millisecond
+	f := newFactory(t, Options{Linger: linger})
+	a, b := mustPair(t, f, listen(t, f))
+	data := make([]byte, 256<<10)
+	if _, err := a.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	time.Sleep(3 * linger)
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := io.Copy(io.Discard, b); err != nil || n != int64(len(data)) {
+		t.Fatalf("read %d of %d bytes %v after the dialer closed, then %v", n, len(data), 3*linger, err)
+	}
+	p := a.(*conn).p
+	select {
+	case <-p.qc.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the path is still up 5 s after its stream was read")
+	}
+}
+
 // TestListenerCloseWaitsForReceipts: a closed listener keeps a
 // connection whose last stream was closed until the peer read it: here
 // for longer than the drain time, within ExitWait.
