@@ -28,10 +28,11 @@
 // stream this process ended with Close or CloseWrite has its receipt or
 // its connection ended; a closed listener closes an accepted connection
 // a second after its last stream ended, and not before its receipts came
-// (at most ExitWait). Abort, and a Close that cuts a blocked Write
-// short, reset the stream: nothing waits for them. Past ExitWait (a dead
-// peer, or one that does not read), with a peer that speaks only vlink/1
-// (no receipts; still accepted both ways), or in a program that exits
+// (at most ExitWait); a dialer's idle path lingers on while a receipt is
+// awaited. Abort, and a Close that cuts a blocked Write short, reset the
+// stream: nothing waits for them. Past ExitWait (a dead peer, or one
+// that does not read), with a peer that speaks only vlink/1 (no
+// receipts; still accepted both ways), or in a program that exits
 // without CloseAll, unacknowledged bytes go with the process, where
 // TCP's kernel would still deliver them; the peer then sees the path
 // fail (an error, never a clean end).

@@ -21,7 +21,8 @@ import (
 // bidirectional stream it is done reading: read to its FIN, or closed or
 // aborted by this end (then it wants no more of it). CloseAll, and a
 // closed listener, wait for the receipts of the streams this process
-// ended with a FIN, bounded by ExitWait, before closing the connection.
+// ended with a FIN, bounded by ExitWait, before closing the connection;
+// a dialer's idle path lingers on while one is awaited.
 
 // ExitWait bounds how long CloseAll, and a closed listener's path, waits
 // for the peer's receipts of the streams this process closed: a dead
