@@ -15,6 +15,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -523,10 +524,7 @@ func resolve(ctx context.Context, network, address string) ([]*net.UDPAddr, erro
 // quic-go wants them (7 MiB); as root past the system's limits. Where
 // neither works, quic-go says so once on the log.
 func setBuffers(udp *net.UDPConn) {
-	const want = 7 << 20
-	udp.SetReadBuffer(want)
-	udp.SetWriteBuffer(want)
-	forceBuffers(udp, want)
+	netconn.SetUDPBuffers(udp, 7<<20)
 }
 
 // exporter returns the channel binding of a QUIC connection: the same on

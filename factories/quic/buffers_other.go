@@ -1,7 +1,0 @@
-//go:build !linux
-
-package quic
-
-import "net"
-
-func forceBuffers(*net.UDPConn, int) {}
