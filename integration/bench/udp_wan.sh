@@ -41,6 +41,7 @@ for profile in $PROFILES; do
   tunnels=()
   for path in tcp parallel-8; do
     f=$work/$path.toml
+    : >"$f"
     for udp in false true; do
       printf '[[forward]]\nudp = %s\nlisten = "127.0.0.1:%s"\nvia = "%s:7000"\nto = "127.0.0.1:5201"\nstack = "%s"\n\n' \
         "$udp" "${port[$path]}" "$server" "${stack[$path]}" >>"$f"
@@ -59,6 +60,8 @@ for profile in $PROFILES; do
       python3 - "$profile" "$path" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
 import json, sys
 r = json.load(open(sys.argv[3]))
+if "error" in r:
+    sys.exit(r["error"])
 print(sys.argv[1], sys.argv[2], r["end"]["sum_received"]["bits_per_second"] / 1e6, r["end"]["sum"]["lost_percent"])
 PY
       printf '  %-12s %s\n' "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s, %.2f%% lost", $3, $4}')" >&2
