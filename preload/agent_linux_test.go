@@ -599,7 +599,7 @@ func TestUDP(t *testing.T) {
 		t.Errorf("a datagram to a far-side name: got:\n%s", out)
 	}
 	// And says why, once, where the program would only print ENETUNREACH.
-	if n := strings.Count(out, "a datagram (UDP) to a name the far side resolves is not carried: vlink carries TCP only"); n != 1 {
+	if n := strings.Count(out, "a datagram (UDP) to a name the far side resolves is not carried: vlink exec carries TCP only (vlink tunnel --udp and vlink socks carry UDP)"); n != 1 {
 		t.Errorf("a datagram to a far-side name: the reason said %d times, want once:\n%s", n, out)
 	}
 	out = lb.mustRun(t, "udp", "127.0.0.1", "9")

@@ -2111,14 +2111,14 @@ static int fake_dest(const struct sockaddr *sa, socklen_t len)
 
 /* no_datagrams fails a datagram to a stand-in address (a name the far
  * side resolves) with ENETUNREACH, as before, and says why on stderr,
- * once per process: vlink carries TCP only, and the program alone would
+ * once per process: vlink exec carries TCP only, and the program alone would
  * not say more than "Network is unreachable". */
 static int no_datagrams(void)
 {
 	static int noted;
 	if (!__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
-		note("a datagram (UDP) to a name the far side resolves is not carried: vlink carries TCP only; "
-		     "the program gets ENETUNREACH");
+		note("a datagram (UDP) to a name the far side resolves is not carried: vlink exec carries TCP only "
+		     "(vlink tunnel --udp and vlink socks carry UDP); the program gets ENETUNREACH");
 	errno = ENETUNREACH;
 	return -1;
 }
