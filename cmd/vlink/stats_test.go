@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 )
 
@@ -75,4 +76,29 @@ func TestStats(t *testing.T) {
 	if !regexp.MustCompile(`\{"time":"[^"]+","level":"INFO","msg":"stats","over":"[^"]+","open":\d+,"new":\d+,"closed":\d+,"failed":0,"up":"[^"]+","down":"[^"]+","bytes_up":\d+,"bytes_down":\d+`).MatchString(srv.stderr.String()) {
 		t.Errorf("serve --log-format json wrote no stats object:\n%s", srv.stderr.String())
 	}
+}
+
+// TestStatsUDP: a datagram session counts in --stats as a relay in
+// progress, and its bytes when it ends (here, idle).
+func TestStatsUDP(t *testing.T) {
+	echo := testnet.UDPEcho(t).String()
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--allow-udp", echo, "--log-format", "json")
+	gw := srv.stderr.waitFor(t, `"msg":"serving","addr":"([^"]+)"`)
+	tun := start(t, "tunnel", "--udp", "--listen", "127.0.0.1:0", "--via", gw, "--to", echo, "--stack", "zstd",
+		"--udp-idle-timeout", "300ms", "--stats", "50ms")
+	c, err := net.Dial("udp", tun.addr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2048)
+	for range 5 {
+		c.Write(make([]byte, 1000))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tun.stderr.waitFor(t, `msg=stats over=\S+ open=1 `)
+	tun.stderr.waitFor(t, `msg=stats over=\S+ open=0 new=\d closed=1 failed=0 .*bytes_up=5000 bytes_down=5000`)
 }
