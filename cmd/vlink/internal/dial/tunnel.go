@@ -364,7 +364,11 @@ func (o *tunnelOptions) listenUDP(ctx context.Context) (*dgram.Listener, error) 
 	if err != nil {
 		return nil, err
 	}
-	return dgram.ListenConfig{MaxSessions: o.udpSessions}.Listen(pc.(*net.UDPConn))
+	l, err := dgram.ListenConfig{MaxSessions: o.udpSessions}.Listen(pc.(*net.UDPConn))
+	if err != nil {
+		pc.Close()
+	}
+	return l, err
 }
 
 // handleUDP carries one client's datagrams to --to through d.
