@@ -20,7 +20,13 @@ import (
 // targets its policy allows, as vlink serve --allow-udp does.
 func datagramGateway(t *testing.T, p vlink.Policy) string {
 	t.Helper()
-	lc := vlink.ListenConfig{Policy: p}
+	return datagramGatewayOn(t, vlink.ListenConfig{Policy: p}, nil)
+}
+
+// datagramGatewayOn is datagramGateway listening as lc says; hellos, if
+// not nil, gets the hello of each session.
+func datagramGatewayOn(t *testing.T, lc vlink.ListenConfig, hellos chan<- *vlink.Hello) string {
+	t.Helper()
 	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -39,13 +45,16 @@ func datagramGateway(t *testing.T, p vlink.Policy) string {
 					t.Errorf("the gateway got a stream: %+v", h)
 					return
 				}
+				if hellos != nil {
+					hellos <- h
+				}
 				u, err := net.Dial("udp", h.Target)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				defer u.Close()
-				dgram.Relay(dgram.NewConn(c, nil, nil), u, 0)
+				dgram.Relay(vlink.DatagramConn(c, nil), u, 0)
 			}()
 		}
 	}()

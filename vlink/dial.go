@@ -211,7 +211,7 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 			return nil, err
 		}
 		if datagrams {
-			c = dgram.NewConn(c, nil, addr{network, address})
+			c = datagramConn(c, r.carrier, addr{network, address})
 		}
 		var path string
 		if p := r.transport.(*nodeTransport).path.Load(); p != nil {
@@ -308,7 +308,16 @@ func (d *Dialer) dialDatagrams(ctx context.Context, network, address string, r *
 	if err != nil {
 		return nil, err
 	}
-	return dgram.NewConn(c, nil, addr{network, address}), nil
+	return datagramConn(c, r.carrier, addr{network, address}), nil
+}
+
+// datagramConn returns the datagram session on c, over QUIC datagrams
+// too when its hello asked for them (carrier non-nil).
+func datagramConn(c net.Conn, carrier layer.DatagramCarrier, remote net.Addr) *dgram.Conn {
+	if carrier != nil {
+		return dgram.NewConnOver(c, carrier, nil, remote)
+	}
+	return dgram.NewConn(c, nil, remote)
 }
 
 // withMember makes r a member's route when the Dialer has a Member.
@@ -381,6 +390,9 @@ type route struct {
 	lookup bool
 	// datagram: the top hello opens a datagram session (Hello.Datagram).
 	datagram bool
+	// carrier: set by the dial when its hello asked for QUIC datagrams
+	// (Hello.QUICDatagrams), the quic stream that carries them.
+	carrier layer.DatagramCarrier
 	// shm: when a dial to this machine takes shared memory.
 	shm ShmMode
 }
@@ -811,7 +823,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
-				member: r.member, peerCert: r.peerCert}
+				member: r.member, peerCert: r.peerCert, carrier: &r.carrier}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -960,6 +972,9 @@ type helloDialer struct {
 	lookup  bool // the hello is a lookup: see Dialer.LookupHost
 	// datagram: the hello opens a datagram session (Hello.Datagram)
 	datagram bool
+	// carrier, when set, is where the hello of a datagram session that
+	// asked for QUIC datagrams leaves their carrier for the dialer.
+	carrier *layer.DatagramCarrier
 	// member, when set, replaces node and key: the hello carries its
 	// certificate, and the accept must carry one it trusts.
 	member   *Member
@@ -986,10 +1001,19 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 		node, key, cert = "", nil, d.member.Cert.Marshal() // the certificate names the node
 	}
 	var binding []byte
+	var carrier layer.DatagramCarrier
 	if d.hops == 0 {
 		binding = channelBinding(c) // the peer is the channel's other end
+		if d.datagram && vouched == nil && d.carrier != nil {
+			// A quic stream straight to the listener: the datagrams
+			// that fit ride QUIC's (Hello.QUICDatagrams).
+			carrier = layer.DatagramCarrierOf(c)
+		}
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, cert: cert}, key, binding)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert}, key, binding)
+	if err == nil && carrier != nil {
+		*d.carrier = carrier
+	}
 	if re := (*RefusedError)(nil); d.hops > 0 && errors.As(err, &re) {
 		err = &RefusedError{Code: re.Code, Reason: re.Reason, Hop: d.hops + 1, HopAddr: d.peer}
 	}

@@ -97,8 +97,16 @@ const (
 	tagFamily fieldTag = 14 // in the accept of a lookup: the host's address families (Families, one byte)
 	tagCert   fieldTag = 15 // in a hello or its accept: the sender's certificate (Member, nodecert's encoding)
 	// in the hello that names the target: a datagram session to it (one
-	// byte, 1); the connection then carries netconn/dgram's frames
+	// byte): 1, the connection then carries netconn/dgram's frames; 2,
+	// and the datagrams that fit ride QUIC DATAGRAM frames beside the
+	// stream at the bottom (Hello.QUICDatagrams)
 	tagDatagram fieldTag = 16
+)
+
+// The values of tagDatagram.
+const (
+	datagramStream byte = 1 // every datagram framed on the stream
+	datagramQUIC   byte = 2 // those that fit in QUIC DATAGRAM frames
 )
 
 // allowed lists the fields each message may carry.
@@ -134,6 +142,7 @@ type message struct {
 	static []byte   // in an accept: the listener's static public key
 	lookup bool     // in a hello: a lookup (Dialer.LookupHost)
 	dgram  bool     // in a hello: a datagram session (Hello.Datagram)
+	qdgram bool     // and its datagrams ride QUIC's (Hello.QUICDatagrams)
 	family Families // in the accept of a lookup
 	cert   []byte   // the sender's certificate, undecoded (Member checks it)
 }
@@ -180,8 +189,11 @@ func (m *message) appendFrame(b []byte) []byte {
 	if m.lookup {
 		field(tagLookup, []byte{1})
 	}
-	if m.dgram {
-		field(tagDatagram, []byte{1})
+	switch {
+	case m.qdgram:
+		field(tagDatagram, []byte{datagramQUIC})
+	case m.dgram:
+		field(tagDatagram, []byte{datagramStream})
 	}
 	if m.family != 0 {
 		field(tagFamily, []byte{byte(m.family)})
@@ -267,10 +279,10 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			}
 			m.lookup = true
 		case tagDatagram:
-			if len(v) != 1 || v[0] != 1 {
-				err = errors.New("datagram must be the byte 1")
+			if len(v) != 1 || v[0] != datagramStream && v[0] != datagramQUIC {
+				err = errors.New("datagram must be the byte 1 or 2")
 			}
-			m.dgram = true
+			m.dgram, m.qdgram = true, len(v) == 1 && v[0] == datagramQUIC
 		case tagFamily:
 			if len(v) != 1 || v[0] == 0 || Families(v[0])&^(FamilyIPv4|FamilyIPv6) != 0 {
 				err = errors.New("families must be one byte of known, non-zero bits")

@@ -163,7 +163,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		}
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
-	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, QUICDatagrams: m.qdgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
 	if j == nil && via == nil && l.marked(c, m, helloBody) {
 		l.shed.markedRead(c) // a replayed hello could have a mark: the challenge decides
 	}
@@ -303,6 +303,15 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		return nil, sendRefusal(c, refuse(CodeMalformed, "a hello is a lookup or a datagram session, not both"))
 	case h.Datagram && h.Target == "":
 		return nil, sendRefusal(c, refuse(CodeMalformed, "a datagram session names its target"))
+	case h.QUICDatagrams:
+		// The dialer asks only on a quic stream straight to here: on
+		// any other, its datagrams would go nowhere.
+		if j == nil && via == nil && vouched == nil && len(m.hops) == 0 && len(m.trail) == 0 && m.origin == "" {
+			h.carrier = layer.DatagramCarrierOf(c)
+		}
+		if h.carrier == nil {
+			return nil, sendRefusal(c, refuse(CodeLayer, "QUIC datagrams asked for on a connection that does not carry them here"))
+		}
 	}
 	if h.Target != "" {
 		target := h.Target

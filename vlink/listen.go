@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
 	"github.com/vlink-dev/vlink/vlink/nodecert"
@@ -135,6 +136,14 @@ type Hello struct {
 	// writes them), and Policy.Datagrams, not Targets, decides which
 	// targets it may name.
 	Datagram bool
+	// QUICDatagrams marks a datagram session whose datagrams, those that
+	// fit a packet, ride QUIC DATAGRAM frames (RFC 9221) beside the
+	// connection's QUIC stream, unreliably, and the rest the stream:
+	// read and write them with DatagramConn, which NewConn would not.
+	// The dialer asks for it when its stack's bottom is a quic stream
+	// straight to this listener whose path carries datagrams, and the
+	// listener accepts it only then (the datagram field's value 2).
+	QUICDatagrams bool
 	// Cert is the certificate the dialer presented, checked against
 	// Policy.Member's trust; nil when it presented none. Node is then
 	// its name. The encryption layer of the hello's segment proves the
@@ -142,7 +151,8 @@ type Hello struct {
 	// which runs before, sees the name as claimed.
 	Cert *nodecert.Certificate
 
-	key         []byte // the key proven: Policy.Key, or Node's key derived from it
+	carrier     layer.DatagramCarrier // QUICDatagrams': the stream's
+	key         []byte                // the key proven: Policy.Key, or Node's key derived from it
 	listener    *Listener
 	route       bool   // the hello goes on to Hops, or ends a route here
 	trail       []byte // the forwarding listeners crossed (trailIDSize each)
@@ -173,6 +183,18 @@ var (
 
 	_ netconn.Unwrapper = (*Conn)(nil)
 )
+
+// DatagramConn returns the datagram session of c, whose hello is a
+// Datagram one: over QUIC datagrams and c when the hello asked for
+// them (Hello.QUICDatagrams, see dgram.NewConnOver), else over c alone
+// (dgram.NewConn). remote is what its RemoteAddr reports; nil reports
+// c's.
+func DatagramConn(c *Conn, remote net.Addr) *dgram.Conn {
+	if h := c.hello; h != nil && h.QUICDatagrams && h.carrier != nil {
+		return dgram.NewConnOver(c, h.carrier, nil, remote)
+	}
+	return dgram.NewConn(c, nil, remote)
+}
 
 // Hello returns what the dialer asked for, or nil for a plain connection.
 func (c *Conn) Hello() *Hello { return c.hello }

@@ -37,6 +37,12 @@ type conn struct {
 	// receipted: the peer was sent the receipt of this stream's data
 	// (vlink/2), or needs none.
 	receipted atomic.Bool
+
+	// dq is the stream's queue of QUIC datagrams (datagram.go); nil when
+	// the path carries none. dmu guards dbuf, the frame being sent.
+	dq   *dqueue
+	dmu  sync.Mutex
+	dbuf []byte
 }
 
 var (
@@ -47,7 +53,11 @@ var (
 
 func newConn(s *quic.Stream, p *path) *conn {
 	p.rc.track(s.StreamID())
-	return &conn{s: s, p: p}
+	c := &conn{s: s, p: p}
+	if p.dm != nil {
+		c.dq = p.dm.register(s.StreamID())
+	}
+	return c
 }
 
 func (c *conn) Read(b []byte) (int, error) {
@@ -131,6 +141,7 @@ func (c *conn) Close() error {
 	}
 	c.s.CancelRead(codeClosed)
 	c.receipt()
+	c.dropDatagrams()
 	c.once.Do(c.p.release)
 	return nil
 }
@@ -144,8 +155,17 @@ func (c *conn) Abort() error {
 	c.resetWrite(codeAbort)
 	c.s.CancelRead(codeAbort)
 	c.receipt()
+	c.dropDatagrams()
 	c.once.Do(c.p.release)
 	return nil
+}
+
+// dropDatagrams ends the stream's datagram queue: later datagrams for
+// it are dropped, a ReceiveDatagram returns.
+func (c *conn) dropDatagrams() {
+	if c.dq != nil {
+		c.p.dm.unregister(c.s.StreamID())
+	}
 }
 
 // ChannelBinding returns the TLS exporter of the stream's QUIC

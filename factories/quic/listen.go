@@ -198,7 +198,7 @@ func (l *listener) acceptPaths() {
 		if err != nil {
 			continue
 		}
-		p := &path{ready: closedChan, qc: qc, binding: binding, unused: l.unused}
+		p := &path{ready: closedChan, qc: qc, binding: binding, unused: l.unused, dm: newDemux(qc)}
 		if qc.ConnectionState().TLS.NegotiatedProtocol == alpnV2 {
 			p.rc = newReceipts(qc)
 		}
@@ -282,6 +282,7 @@ func (l *listener) open(s *quic.Stream, p *path) {
 		s.CancelWrite(codeBad)
 		c.closed.Store(true)
 		p.rc.dropped(s.StreamID())
+		c.dropDatagrams()
 		c.once.Do(p.release)
 		return
 	}

@@ -161,6 +161,7 @@ func (f *Factory) config() *quic.Config {
 		MaxIncomingUniStreams:          1, // the peer's receipt stream
 		InitialStreamReceiveWindow:     512 << 10,
 		InitialConnectionReceiveWindow: 512 << 10,
+		EnableDatagrams:                true, // datagram.go
 	}
 }
 
@@ -324,11 +325,15 @@ func (f *Factory) path(ctx context.Context, network, address string, stale *path
 			binding, err = exporter(qc)
 		}
 		var rc *receipts
+		var dm *demux
 		if err == nil && qc.ConnectionState().TLS.NegotiatedProtocol == alpnV2 {
 			rc = newReceipts(qc)
 		}
+		if err == nil {
+			dm = newDemux(qc)
+		}
 		p.mu.Lock()
-		p.qc, p.binding, p.rc, p.err = qc, binding, rc, err
+		p.qc, p.binding, p.rc, p.dm, p.err = qc, binding, rc, dm, err
 		p.mu.Unlock()
 		close(p.ready)
 		if err == nil {
@@ -545,6 +550,7 @@ type path struct {
 	qc      *quic.Conn
 	binding []byte
 	rc      *receipts // vlink/2's read receipts; nil with a vlink/1 peer
+	dm      *demux    // the streams' QUIC datagrams; nil if an end takes none
 	err     error
 	linger  time.Duration
 	onIdle  func()      // a dialer's: takes the path out of the pool

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vlink-dev/vlink/netconn"
 )
 
 // A Conn carries datagrams over a stream, one frame each: a Write sends
@@ -25,6 +27,7 @@ import (
 type Conn struct {
 	stream        net.Conn
 	local, remote net.Addr
+	over          *over // the carrier beside the stream; nil for none
 
 	rmu  sync.Mutex
 	r    *bufio.Reader // made at the first Read: a frame fits whole
@@ -60,34 +63,54 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if c.rerr != nil {
 		return 0, c.rerr
 	}
+	if c.over != nil {
+		return c.over.read(c, b)
+	}
+	body, errno, err := c.frame()
+	switch {
+	case errno != nil:
+		return 0, errno
+	case errors.Is(err, ErrMalformed):
+		c.rerr = err
+		return 0, err
+	case err != nil:
+		return 0, err
+	}
+	n := copy(b, body)
+	c.r.Discard(HeaderSize + len(body))
+	return n, nil
+}
+
+// frame reads the stream's next frame: a datagram's body, in the
+// reader's buffer until the caller discards it and its header; or the
+// errno an error frame carries, discarded; or the error that kept a
+// frame from being read (a malformed one matches ErrMalformed). The
+// caller holds rmu, or is the stream's only reader.
+func (c *Conn) frame() (body []byte, errno, err error) {
 	if c.r == nil {
 		c.r = bufio.NewReaderSize(c.stream, HeaderSize+MaxDatagram)
 	}
 	p, err := c.r.Peek(HeaderSize)
 	if err != nil {
-		return 0, c.readErr(p, err)
+		return nil, nil, c.readErr(p, err)
 	}
 	h := header(p)
 	if err := checkHeader(h); err != nil {
-		c.rerr = c.opError("read", err)
-		return 0, c.rerr
+		return nil, nil, c.opError("read", err)
 	}
 	if p, err = c.r.Peek(HeaderSize + h.Len()); err != nil {
-		return 0, c.readErr(p, err) // a timeout keeps the frame for the next Read
+		return nil, nil, c.readErr(p, err) // a timeout keeps the frame for the next Read
 	}
-	body := p[HeaderSize:]
+	body = p[HeaderSize:]
 	if h.Type() == frameError {
-		errno, ok := errorCode(body[0]).errno()
+		code, ok := errorCode(body[0]).errno()
 		c.r.Discard(len(p))
 		if !ok {
-			c.rerr = c.opError("read", fmt.Errorf("%w: error code %d", ErrMalformed, body[0]))
-			return 0, c.rerr
+			return nil, nil, c.opError("read", fmt.Errorf("%w: error code %d", ErrMalformed, body[0]))
 		}
-		return 0, c.opError("read", errno)
+		return nil, c.opError("read", code), nil
 	}
-	n := copy(b, body)
-	c.r.Discard(len(p))
-	return n, nil
+	return body, nil, nil
 }
 
 // readErr is the error of a Read whose frame, of which p came, could not
@@ -104,6 +127,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if len(b) > MaxDatagram {
 		return 0, c.opError("write", syscall.EMSGSIZE)
 	}
+	if c.over != nil && c.over.send(b) {
+		return len(b), nil
+	}
 	h := makeHeader(frameData, len(b))
 	if err := c.write(h, b); err != nil {
 		return 0, err
@@ -114,6 +140,14 @@ func (c *Conn) Write(b []byte) (int, error) {
 // writeBatch sends each of batch as one datagram, in one write to the
 // stream: a burst costs the stream one call.
 func (c *Conn) writeBatch(batch [][]byte) error {
+	if c.over != nil {
+		for _, d := range batch {
+			if _, err := c.Write(d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.werr != nil {
@@ -181,13 +215,44 @@ func (c *Conn) opError(op string, err error) error {
 }
 
 // Close closes the stream: the far side's Read returns io.EOF.
-func (c *Conn) Close() error { return c.stream.Close() }
+func (c *Conn) Close() error {
+	if c.over != nil {
+		c.over.close()
+	}
+	return c.stream.Close()
+}
 
-// UnwrapConn returns the stream, so netconn.Abort resets it.
+// Abort resets the stream (netconn.Abort): the far side's Read fails.
+func (c *Conn) Abort() error {
+	if c.over != nil {
+		c.over.close()
+	}
+	return netconn.Abort(c.stream)
+}
+
+// UnwrapConn returns the stream.
 func (c *Conn) UnwrapConn() net.Conn { return c.stream }
 
 func (c *Conn) LocalAddr() net.Addr                { return c.local }
 func (c *Conn) RemoteAddr() net.Addr               { return c.remote }
-func (c *Conn) SetDeadline(t time.Time) error      { return c.stream.SetDeadline(t) }
-func (c *Conn) SetReadDeadline(t time.Time) error  { return c.stream.SetReadDeadline(t) }
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.stream.SetWriteDeadline(t) }
+
+func (c *Conn) SetDeadline(t time.Time) error {
+	if c.over != nil {
+		if err := c.over.setReadDeadline(t); err != nil {
+			return c.opError("set deadline", err)
+		}
+		return c.stream.SetWriteDeadline(t)
+	}
+	return c.stream.SetDeadline(t)
+}
+
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.over != nil {
+		if err := c.over.setReadDeadline(t); err != nil {
+			return c.opError("set deadline", err)
+		}
+		return nil
+	}
+	return c.stream.SetReadDeadline(t)
+}

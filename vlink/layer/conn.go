@@ -1,6 +1,8 @@
 package layer
 
 import (
+	"context"
+	"errors"
 	"net"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -37,4 +39,56 @@ type (
 // writing the connection it returns would corrupt the stream.
 type NetConner interface {
 	NetConn() net.Conn
+}
+
+// A DatagramCarrier is a stream whose transport also carries unreliable
+// datagrams for it, outside the stream's bytes: QUIC DATAGRAM frames (RFC
+// 9221) on the stream's QUIC connection. A datagram sent so arrives
+// whole, once or not at all, in any order, and only at the other end of
+// the same stream; a lost one is lost alone. The transport's own
+// encryption and authentication protect them; the layers above the
+// stream (filters) do not apply to them.
+//
+// It is found by type assertion, through the Unwrapper and NetConner
+// chain (DatagramCarrierOf); a stream whose connection does not carry
+// datagrams (the peer did not offer them) reports MaxDatagram 0.
+type DatagramCarrier interface {
+	// SendDatagram sends b as one datagram to the other end of the
+	// stream. It may block while the transport's send queue is full;
+	// larger than MaxDatagram it may fail with ErrDatagramTooLarge.
+	SendDatagram(b []byte) error
+	// ReceiveDatagram returns the next datagram that arrived for the
+	// stream, waiting for one until ctx ends or the stream is closed
+	// (net.ErrClosed).
+	ReceiveDatagram(ctx context.Context) ([]byte, error)
+	// MaxDatagram is the largest datagram SendDatagram takes now (the
+	// path's packet size less the frames' overhead: it may grow as the
+	// path's MTU is discovered); 0 when the transport carries none.
+	MaxDatagram() int
+}
+
+// ErrDatagramTooLarge is matched by a DatagramCarrier's error for a
+// datagram that does not fit a packet: the caller sends it another way.
+var ErrDatagramTooLarge = errors.New("datagram too large for the transport")
+
+// DatagramCarrierOf returns the DatagramCarrier at or below c, found
+// through Unwrapper and NetConner, if it carries datagrams; else nil.
+func DatagramCarrierOf(c net.Conn) DatagramCarrier {
+	for i := 0; c != nil && i < 64; i++ {
+		if dc, ok := c.(DatagramCarrier); ok {
+			if dc.MaxDatagram() > 0 {
+				return dc
+			}
+			return nil
+		}
+		switch w := c.(type) {
+		case Unwrapper:
+			c = w.UnwrapConn()
+		case NetConner:
+			c = w.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
 }

@@ -754,9 +754,9 @@ func (s *server) handle(c *vlink.Conn) {
 	tc := a.Conn // unwrapped, so that relaying TCP to TCP takes the zero-copy path
 	if h.Datagram {
 		defer a.release()
-		attrs = append(attrs, "udp", true)
+		attrs = append(attrs, "udp", true, "quic_datagrams", h.QUICDatagrams)
 		s.log.Debug("relaying datagrams", attrs...)
-		s.t.RelayDatagrams(s.log, s.udpIdle, stack, dgram.NewConn(c, nil, nil), tc, attrs...)
+		s.t.RelayDatagrams(s.log, s.udpIdle, stack, vlink.DatagramConn(c, nil), tc, attrs...)
 		return
 	}
 	s.log.Debug("forwarding", attrs...)
