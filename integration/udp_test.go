@@ -130,6 +130,36 @@ func TestUDPTunnel(t *testing.T) {
 	}
 }
 
+// TestUDPTunnelQUIC: over a quic stack, vlink tunnel --udp and vlink
+// serve --quic --allow-udp carry the datagrams that fit a packet in QUIC
+// DATAGRAM frames (RFC 9221), as serve logs (quic_datagrams=true), and
+// the larger ones on the stream: every one comes back whole.
+func TestUDPTunnelQUIC(t *testing.T) {
+	testenv.Programs(t, "socat", "python3")
+	echo := startUDPEcho(t)
+	dir := t.TempDir()
+	key := filepath.Join(dir, "vlink.key")
+	writeFile(t, key, "udp-test-key-0123456789abcdef\n")
+	serve, gw := startVLink(t, "serve", "--quic", "--key-file", key, "--allow-udp", echo, "--log-level", "debug")
+	_, techo := startVLink(t, "tunnel", "--udp", "--via", gw, "--to", echo, "--stack", "quic", "--key-file", key)
+	host, port, _ := net.SplitHostPort(techo)
+	sizes := []string{"1", "512", "1100", "1472", "9000", "60000", "65507", "64"}
+	out, stderr, err := run(time.Minute, nil, "python3", append([]string{"-c", udpClient, host, port}, sizes...)...)
+	if err != nil {
+		t.Fatalf("python3 through the tunnel: %v\n%s%s", err, out, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(sizes) {
+		t.Fatalf("python3 printed %q, want one line per datagram", out)
+	}
+	for i, l := range lines {
+		if want := sizes[i] + " " + sizes[i] + " True"; l != want {
+			t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
+		}
+	}
+	serve.WaitFor(t, regexp.MustCompile(`msg="relaying datagrams" .*udp=true quic_datagrams=true`), startTimeout)
+}
+
 // dnsQuery is a Python program that asks a DNS server for a name's A
 // record with a plain sendto and recvfrom, as resolver libraries do, and
 // prints the number of answers and the first address.
