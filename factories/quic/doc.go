@@ -37,6 +37,20 @@
 // TCP's kernel would still deliver them; the peer then sees the path
 // fail (an error, never a clean end).
 //
+// # Datagrams
+//
+// Both ends enable QUIC datagrams (RFC 9221). Where the peer did too,
+// each stream is a layer.DatagramCarrier: SendDatagram and
+// ReceiveDatagram carry unreliable datagrams of the stream's own beside
+// its bytes, each DATAGRAM frame naming its stream by ID (a QUIC
+// varint) before the datagram. One goroutine per connection queues
+// them on their streams, bounded (1024 datagrams a stream, 8 MiB a
+// connection); what has no open stream, finds its queue full or is
+// malformed is dropped and counted (DatagramsDropped). vlink's datagram
+// sessions (netconn/dgram.NewConnOver) use them for the datagrams that
+// fit a packet (MaxDatagram). QUIC's TLS encrypts and authenticates
+// them; the filters stacked on the stream do not apply to them.
+//
 // # Trust
 //
 // QUIC always runs TLS 1.3. Authentication stays the stack's: the

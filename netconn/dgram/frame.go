@@ -9,6 +9,9 @@
 // datagram is lost only where a queue in front of the stream is full (a
 // Listener's, see ListenConfig.Queue), never in the middle, and a slow
 // stream delays the datagrams behind it rather than losing them.
+// NewConnOver adds an unreliable carrier beside the stream (QUIC
+// datagrams): the datagrams that fit it may then be lost, alone, and
+// delay no other.
 package dgram
 
 import (
