@@ -5,7 +5,8 @@
 #   direct   iperf3 client -> iperf3 server
 #   STACK    client -> vlink tunnel (--udp for the datagrams, and a TCP
 #            forward on the same port for iperf3's control connection)
-#            -> vlink serve --allow-udp -> server
+#            -> vlink serve --quic --allow-udp -> server (a quic stack:
+#            the datagrams that fit a packet ride QUIC datagrams)
 #
 # for each STACK of STACKS (default: tcp zstd), REPS rounds, the paths
 # interleaved and rotated each round. Prints, per rate, the median
@@ -72,7 +73,7 @@ declare -A port tunnel serve
 k=4
 for s in "${stacks[@]}"; do
   gw=$(p $k) local=$(p $((k + 1))) echo_local=$(p $((k + 2)))
-  "$VLINK" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$iperf_port,$tcp_echo" \
+  "$VLINK" serve --listen "127.0.0.1:$gw" --quic --allow "127.0.0.1:$iperf_port,$tcp_echo" \
     --allow-udp "127.0.0.1:$iperf_port,$udp_echo" --log-level warn 2>>"$work/serve.log" &
   pids+=($!)
   serve[$s]=$!

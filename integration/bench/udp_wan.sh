@@ -6,13 +6,16 @@
 #   tcp          iperf3 -> vlink tunnel --udp -> vlink serve --allow-udp
 #                -> iperf3: the datagrams ride one TCP flow per session
 #   parallel-8   the same with --stack parallel:streams=8
+#   quic         the same with --stack quic (serve --quic): the datagrams
+#                that fit a packet ride QUIC datagrams (RFC 9221)
 #
 # on each lab profile, REPS rounds, the paths shuffled each round. Prints
 # the median delivered Mbit/s and loss (min..max) per path. The point: a
 # stream stack delivers every datagram it takes, in order, at the rate a
 # TCP flow gets on the path; on a lossy long path that is far below the
 # offered rate, and the rest is dropped at the tunnel's queue. QUIC
-# datagrams (not built yet) would carry them at the path's rate.
+# datagrams carry them at the rate QUIC's congestion control allows,
+# losing what the path loses, alone.
 #
 # Needs root (network namespaces). Environment: PROFILES (default "wan50
 # wan50-clean"), RATE (default 100M), DURATION (default 10), REPS
@@ -33,13 +36,13 @@ for profile in $PROFILES; do
   out=$("$VLINK_LAB" up --detach "$profile")
   lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
   server=10.77.0.2
-  lab server iperf3 -s -D -p 5201
-  serve=$(lab_start server "$VLINK" serve --listen "$server:7000" --allow "127.0.0.1:5201" --allow-udp "127.0.0.1:5201" --log-level warn)
+  lab server iperf3 -s -D -p 5201 -I "$work/iperf3.pid"
+  serve=$(lab_start server "$VLINK" serve --listen "$server:7000" --quic --allow "127.0.0.1:5201" --allow-udp "127.0.0.1:5201" --log-level warn)
   lab_wait_port server 7000
-  declare -A port=([tcp]=8101 [parallel-8]=8108)
-  declare -A stack=([tcp]=tcp [parallel-8]=parallel:streams=8)
+  declare -A port=([tcp]=8101 [parallel-8]=8108 [quic]=8109)
+  declare -A stack=([tcp]=tcp [parallel-8]=parallel:streams=8 [quic]=quic)
   tunnels=()
-  for path in tcp parallel-8; do
+  for path in tcp parallel-8 quic; do
     f=$work/$path.toml
     : >"$f"
     for udp in false true; do
@@ -51,7 +54,7 @@ for profile in $PROFILES; do
   done
   echo "== $profile: $REPS rounds of ${DURATION}s at $RATE offered" >&2
   for rep in $(seq "$REPS"); do
-    for path in $(printf '%s\n' direct tcp parallel-8 | shuf); do
+    for path in $(printf '%s\n' direct tcp parallel-8 quic | shuf); do
       case $path in
         direct) args=(-c "$server" -p 5201) ;;
         *) args=(-c 127.0.0.1 -p "${port[$path]}") ;;
@@ -67,7 +70,7 @@ PY
       printf '  %-12s %s\n' "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s, %.2f%% lost", $3, $4}')" >&2
     done
   done
-  lab server pkill iperf3 || true
+  lab server kill "$(cat "$work/iperf3.pid")" || true
   kill "$serve" "${tunnels[@]}" 2>/dev/null || true
   "$VLINK_LAB" down "$lab_id" >/dev/null
   lab_id=
