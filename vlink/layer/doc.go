@@ -111,7 +111,10 @@
 // and the listener's handshake timeout, with the pre-shared key and the
 // transcript of the hello ([Handshake]) to bind its channel to. A
 // factory whose channel is already secured (QUIC's TLS) declares
-// Spec.Encrypted, and its connections implement [ChannelBinder].
+// Spec.Encrypted, and its connections implement [ChannelBinder]. One
+// whose transport also carries unreliable datagrams (QUIC's, RFC 9221)
+// offers them per connection as a [DatagramCarrier], which vlink's
+// datagram sessions find through [DatagramCarrierOf].
 //
 // # Multi-link layers
 //
