@@ -19,11 +19,12 @@
 #
 # Needs root (network namespaces). Environment: PROFILES (default "wan50
 # wan50-clean"), RATE (default 100M), DURATION (default 10), REPS
-# (default 3), VLINK and VLINK_LAB (default: built from this checkout).
+# (default 3), LEN (iperf3 -l, default 1400), VLINK and VLINK_LAB (default: built from this checkout).
 PROFILES=${PROFILES:-"wan50 wan50-clean"}
 RATE=${RATE:-100M}
 DURATION=${DURATION:-10}
 REPS=${REPS:-3}
+LEN=${LEN:-1400}
 . "$(dirname "$0")/lib.sh"
 need_root "network namespaces"
 need iperf3 python3
@@ -59,7 +60,7 @@ for profile in $PROFILES; do
         direct) args=(-c "$server" -p 5201) ;;
         *) args=(-c 127.0.0.1 -p "${port[$path]}") ;;
       esac
-      lab client iperf3 -J -u -b "$RATE" -l 1400 -t "$DURATION" "${args[@]}" >"$work/run.json" || true
+      lab client iperf3 -J -u -b "$RATE" -l "$LEN" -t "$DURATION" "${args[@]}" >"$work/run.json" || true
       python3 - "$profile" "$path" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
 import json, sys
 r = json.load(open(sys.argv[3]))
@@ -77,7 +78,7 @@ PY
   unset port stack
 done
 
-echo "# $(date -u +%FT%TZ) Linux $(uname -r), $(nproc) CPUs; $("$VLINK" version | head -1); iperf3 -u -b $RATE -l 1400 -t $DURATION, $REPS rounds"
+echo "# $(date -u +%FT%TZ) Linux $(uname -r), $(nproc) CPUs; $("$VLINK" version | head -1); iperf3 -u -b $RATE -l $LEN -t $DURATION, $REPS rounds"
 python3 - "$results" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)
