@@ -270,7 +270,8 @@ func TestUDPIperf3(t *testing.T) {
 	testenv.Programs(t, "iperf3")
 	port := freeUDPPort(t)
 	srv := fmt.Sprintf("127.0.0.1:%d", port)
-	startProc(t, "iperf3", "-s", "-B", "127.0.0.1", "-p", strconv.Itoa(port)).WaitListening(t, port)
+	iperf := startProc(t, "iperf3", "-s", "-B", "127.0.0.1", "-p", strconv.Itoa(port), "--forceflush") // its lines as they come
+	iperf.WaitListening(t, port)
 	_, gw := startVLink(t, "serve", "--allow", srv, "--allow-udp", srv)
 	local := freeUDPPort(t)
 	file := filepath.Join(t.TempDir(), "tunnels.toml")
@@ -293,10 +294,13 @@ stack = "zstd"
 	tun := startProc(t, vlinkBin, "tunnel", "--forwards", file, "--grace", "1s")
 	tun.CleanExit = true
 	tun.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=2`), startTimeout)
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name string
 		args []string
 	}{{"upload", nil}, {"download", []string{"-R"}}} {
+		// iperf3 serves one test at a time, and is ready for the next
+		// only once it says so: it ends a UDP test after its client.
+		iperf.WaitFor(t, regexp.MustCompile(fmt.Sprintf(`Server listening on %d \(test #%d\)`, port, i+1)), startTimeout)
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-c", "127.0.0.1", "-p", strconv.Itoa(local), "--json", "-u", "-b", "50M", "-l", "1400", "-t", "2"}, tc.args...)
 			out, stderr, err := run(time.Minute, nil, "iperf3", args...)
