@@ -85,6 +85,28 @@ for n in map(int, sys.argv[3:]):
     print(n, len(got), hashlib.sha256(got).digest() == hashlib.sha256(msg).digest())
 `
 
+// echoedWhole runs udpClient, under the commands of wrap if any (env,
+// socksify), against the UDP echo at addr with datagrams of the sizes
+// given, and checks that each came back whole.
+func echoedWhole(t *testing.T, wrap []string, addr string, sizes ...string) {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	args := append(append(append([]string(nil), wrap...), "python3", "-c", udpClient, host, port), sizes...)
+	out, stderr, err := run(time.Minute, nil, args[0], args[1:]...)
+	if err != nil {
+		t.Fatalf("%v: %v\n%s%s", wrap, err, out, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(sizes) {
+		t.Fatalf("python3 printed %q, want one line per datagram", out)
+	}
+	for i, l := range lines {
+		if want := sizes[i] + " " + sizes[i] + " True"; l != want {
+			t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
+		}
+	}
+}
+
 // TestUDPTunnel carries datagrams from unmodified UDP programs (dig,
 // Python's socket module) through vlink tunnel --udp and a gateway,
 // vlink serve --allow-udp, to real UDP servers (dnsmasq, socat), over
@@ -111,21 +133,7 @@ func TestUDPTunnel(t *testing.T) {
 				t.Fatalf("dig of a name dnsmasq does not serve: want its REFUSED answer, got:\n%s", out)
 			}
 
-			host, port, _ = net.SplitHostPort(techo)
-			sizes := []string{"1", "512", "1472", "9000", "60000", "65507"}
-			out, stderr, err = run(time.Minute, nil, "python3", append([]string{"-c", udpClient, host, port}, sizes...)...)
-			if err != nil {
-				t.Fatalf("python3 through the tunnel: %v\n%s%s", err, out, stderr)
-			}
-			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-			if len(lines) != len(sizes) {
-				t.Fatalf("python3 printed %q, want one line per datagram", out)
-			}
-			for i, l := range lines {
-				if want := sizes[i] + " " + sizes[i] + " True"; l != want {
-					t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
-				}
-			}
+			echoedWhole(t, nil, techo, "1", "512", "1472", "9000", "60000", "65507")
 		})
 	}
 }
@@ -142,21 +150,7 @@ func TestUDPTunnelQUIC(t *testing.T) {
 	writeFile(t, key, "udp-test-key-0123456789abcdef\n")
 	serve, gw := startVLink(t, "serve", "--quic", "--key-file", key, "--allow-udp", echo, "--log-level", "debug")
 	_, techo := startVLink(t, "tunnel", "--udp", "--via", gw, "--to", echo, "--stack", "quic", "--key-file", key)
-	host, port, _ := net.SplitHostPort(techo)
-	sizes := []string{"1", "512", "1100", "1472", "9000", "60000", "65507", "64"}
-	out, stderr, err := run(time.Minute, nil, "python3", append([]string{"-c", udpClient, host, port}, sizes...)...)
-	if err != nil {
-		t.Fatalf("python3 through the tunnel: %v\n%s%s", err, out, stderr)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(sizes) {
-		t.Fatalf("python3 printed %q, want one line per datagram", out)
-	}
-	for i, l := range lines {
-		if want := sizes[i] + " " + sizes[i] + " True"; l != want {
-			t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
-		}
-	}
+	echoedWhole(t, nil, techo, "1", "512", "1100", "1472", "9000", "60000", "65507", "64")
 	serve.WaitFor(t, regexp.MustCompile(`msg="relaying datagrams" .*udp=true quic_datagrams=true`), startTimeout)
 }
 
@@ -197,9 +191,10 @@ func TestSOCKSUDP(t *testing.T) {
   method: none
 }
 `, host, port))
+	// Dante sends LAN destinations direct unless told not to.
+	wrap := []string{"env", "SOCKS_CONF=" + conf, "SOCKS_AUTOADD_LANROUTES=no", "socksify"}
 	socksify := func(args ...string) ([]byte, string, error) {
-		// Dante sends LAN destinations direct unless told not to.
-		return run(time.Minute, nil, "env", append([]string{"SOCKS_CONF=" + conf, "SOCKS_AUTOADD_LANROUTES=no", "socksify"}, args...)...)
+		return run(time.Minute, nil, wrap[0], append(wrap[1:len(wrap):len(wrap)], args...)...)
 	}
 
 	dhost, dport, _ := net.SplitHostPort(dns)
@@ -207,17 +202,7 @@ func TestSOCKSUDP(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) != "answers 1 ip 192.0.2.7" {
 		t.Fatalf("DNS query through SOCKS5 UDP: %q, %v, %s", out, err, stderr)
 	}
-	ehost, eport, _ := net.SplitHostPort(echo)
-	sizes := []string{"1", "512", "1472", "9000", "60000"}
-	out, stderr, err = socksify(append([]string{"python3", "-c", udpClient, ehost, eport}, sizes...)...)
-	if err != nil {
-		t.Fatalf("python3 through SOCKS5 UDP: %v\n%s%s", err, out, stderr)
-	}
-	for i, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if want := sizes[i] + " " + sizes[i] + " True"; l != want {
-			t.Errorf("datagram %d: %q, want %q (the datagram back whole, same SHA-256)", i, l, want)
-		}
-	}
+	echoedWhole(t, wrap, echo, "1", "512", "1472", "9000", "60000")
 	if n := strings.Count(socksProc.Output(), `msg="UDP association"`); n < 2 {
 		t.Errorf("vlink socks logged %d UDP associations, want one per program (2): the datagrams went around it?", n)
 	}

@@ -86,25 +86,32 @@ func TestDatagrams(t *testing.T) {
 			if c.RemoteAddr().String() != echo || c.RemoteAddr().Network() != "udp" {
 				t.Errorf("RemoteAddr %s %v, want udp %s", c.RemoteAddr().Network(), c.RemoteAddr(), echo)
 			}
-			buf := make([]byte, dgram.MaxDatagram)
-			for i, n := range []int{0, 1, 512, 1472, 60000} {
-				msg := make([]byte, n)
-				for j := range msg {
-					msg[j] = byte(i + j*7)
-				}
-				if _, err := c.Write(msg); err != nil {
-					t.Fatal(err)
-				}
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				got, err := c.Read(buf)
-				if err != nil {
-					t.Fatalf("datagram of %d bytes: %v", n, err)
-				}
-				if sha256.Sum256(buf[:got]) != sha256.Sum256(msg) {
-					t.Fatalf("datagram of %d bytes came back as %d other bytes", n, got)
-				}
-			}
+			echoesWhole(t, c, 0, 1, 512, 1472, 60000)
 		})
+	}
+}
+
+// echoesWhole sends datagrams of the sizes given on c, whose far end
+// echoes them, and checks that each comes back whole.
+func echoesWhole(t *testing.T, c net.Conn, sizes ...int) {
+	t.Helper()
+	buf := make([]byte, dgram.MaxDatagram)
+	for i, n := range sizes {
+		msg := make([]byte, n)
+		for j := range msg {
+			msg[j] = byte(i + j*7)
+		}
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("datagram of %d bytes: %v", n, err)
+		}
+		if sha256.Sum256(buf[:got]) != sha256.Sum256(msg) {
+			t.Fatalf("datagram of %d bytes came back as %d other bytes", n, got)
+		}
 	}
 }
 
