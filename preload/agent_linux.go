@@ -162,6 +162,7 @@ type Agent struct {
 	handed    map[netip.AddrPort]*handed  // clients handed to the program, by the agent's end
 	conns     map[io.Closer]struct{}      // channels and connections, closed by Close
 	relaying  int                         // relays running
+	dgrams    map[*dgramRelay]struct{}    // datagram relays (datagram_linux.go)
 	drained   chan struct{}               // closed when the last relay ends, once Close waits
 
 	ctx    context.Context // cancelled by Close: aborts dials
@@ -239,6 +240,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		served:  map[netip.AddrPort]*served{},
 		handed:  map[netip.AddrPort]*handed{},
 		conns:   map[io.Closer]struct{}{},
+		dgrams:  map[*dgramRelay]struct{}{},
 	}
 	if a.timeout <= 0 {
 		a.timeout = DefaultDialTimeout
@@ -488,6 +490,11 @@ func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
 				return
 			}
 			continue
+		case msgDatagram:
+			if err := writeResult(c, a.datagram(pid, &req.dgram)); err != nil {
+				return
+			}
+			continue
 		case msgAddrName:
 			name, ok := a.fakes.nameOf(req.addr.Addr())
 			body := []byte{0}
@@ -627,20 +634,21 @@ func writeResult(c *chanConn, r result) error {
 	return err
 }
 
-// connect decides a connect and answers it. A failure to answer is the
-// channel's end.
-func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) error {
-	host, fake := req.dest.Addr().String(), false
-	if name, ok := a.fakes.nameOf(req.dest.Addr()); ok {
+// verdict applies the rules to a connect's destination: the answer to give
+// at once (a refusal, direct), or the decision to dial target by, with
+// the attributes to log it with.
+func (a *Agent) verdict(pid int, dest sockAddr) (d decision, target string, attrs []any, answer *result) {
+	host, fake := dest.Addr().String(), false
+	if name, ok := a.fakes.nameOf(dest.Addr()); ok {
 		host, fake = name, true
 	}
-	target := net.JoinHostPort(host, strconv.Itoa(int(req.dest.Port())))
+	target = net.JoinHostPort(host, strconv.Itoa(int(dest.Port())))
 	d, err := a.router.decide(target)
-	attrs := []any{"pid", pid, "to", target}
+	attrs = []any{"pid", pid, "to", target}
 	if err != nil {
 		a.observed(ConnectFailed)
 		a.log.Info("cannot route", append(attrs, "err", err)...)
-		return writeResult(c, result{kind: resultError, errno: uint16(syscall.EINVAL)})
+		return d, target, attrs, &result{kind: resultError, errno: uint16(syscall.EINVAL)}
 	}
 	cache := uint8(0)
 	if !fake {
@@ -650,22 +658,13 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	case selector.Refuse:
 		a.observed(ConnectRefused)
 		a.log.Info("refused by the rules", attrs...)
-		return writeResult(c, result{kind: resultError, flags: cache, errno: uint16(syscall.EPERM)})
+		return d, target, attrs, &result{kind: resultError, flags: cache, errno: uint16(syscall.EPERM)}
 	case selector.Direct:
 		if !fake {
 			a.observed(ConnectDirect)
 			a.log.Debug("direct", attrs...)
-			return writeResult(c, result{kind: resultDirect, flags: cache})
+			return d, target, attrs, &result{kind: resultDirect, flags: cache}
 		}
-	}
-	timeout := a.timeout
-	if t := time.Duration(req.timeoutMs) * time.Millisecond; t > 0 && t < timeout {
-		timeout = t
-	}
-	dial := func() (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(a.ctx, timeout)
-		defer cancel()
-		return a.dial(ctx, d, target)
 	}
 	switch d.rule.Action {
 	case selector.Stack:
@@ -678,6 +677,25 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		attrs = append(attrs, "stack", "best effort: "+strings.Join(ways, " | "))
 	default:
 		attrs = append(attrs, "stack", "direct")
+	}
+	return d, target, attrs, nil
+}
+
+// connect decides a connect and answers it. A failure to answer is the
+// channel's end.
+func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) error {
+	d, target, attrs, answer := a.verdict(pid, req.dest)
+	if answer != nil {
+		return writeResult(c, *answer)
+	}
+	timeout := a.timeout
+	if t := time.Duration(req.timeoutMs) * time.Millisecond; t > 0 && t < timeout {
+		timeout = t
+	}
+	dial := func() (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(a.ctx, timeout)
+		defer cancel()
+		return a.dial(ctx, d, target)
 	}
 	if req.mode == modeAsync {
 		p := a.newPending(channel, req.dest, true)

@@ -28,6 +28,7 @@ import (
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
@@ -143,15 +144,20 @@ func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 		// Plain refused, as by vlink serve without --target: a hello slowed past
 		// the sniff timeout (a loaded machine, -race) must not be taken for a
 		// plain connection, which would reach the handler with nothing admitted.
-		Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}, Plain: vlink.PlainRefuse},
+		Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}, Datagrams: []selector.Rule{{Action: selector.Direct}},
+			Plain: vlink.PlainRefuse},
 		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
 			mu.Lock()
 			targets = append(targets, h.Target)
 			mu.Unlock()
 			to, err := mapTarget(h.Target)
 			if err == nil {
+				network := "tcp"
+				if h.Datagram {
+					network = "udp"
+				}
 				var c net.Conn
-				if c, err = (&net.Dialer{}).DialContext(ctx, "tcp", to); err == nil {
+				if c, err = (&net.Dialer{}).DialContext(ctx, network, to); err == nil {
 					return c, nil
 				}
 			}
@@ -179,7 +185,12 @@ func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 		t.Fatal(err)
 	}
 	testnet.Serve(t, l, func(c net.Conn) {
-		netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn))
+		vc := c.(*vlink.Conn)
+		if vc.Hello().Datagram {
+			dgram.Relay(vlink.DatagramConn(vc, nil), vc.Admitted().(net.Conn), 0)
+			return
+		}
+		netconn.Relay(c, vc.Admitted().(net.Conn))
 	})
 	return l.Addr().String(), &counted.n, lookups
 }
@@ -266,6 +277,67 @@ func (lb *lab) mustRun(t *testing.T, args ...string) string {
 		t.Fatalf("conntest %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
+}
+
+// TestUDPRelayed sends datagrams on connected UDP sockets through every
+// kind of route to a UDP echo server, with each call a UDP program makes:
+// the bytes come back whole and from the address connected to.
+func TestUDPRelayed(t *testing.T) {
+	lb := newLab(t)
+	echo := testnet.UDPEcho(t)
+	port := strconv.Itoa(int(echo.Port()))
+	for _, r := range []struct{ name, family, host string }{
+		{"direct", "4", "127.0.0.1"},
+		{"relay", "4", "127.0.0.2"},
+		{"relay-mapped", "6", "127.0.0.2"}, // an IPv6 socket, an IPv4 destination
+		{"plain-stack", "4", "127.0.0.3"},
+		{"name", "4", "echo.far.test"},
+		{"name-ipv6", "6", "echo.far.test"}, // a stand-in IPv6 address
+		{"mux", "4", "127.0.0.5"},
+	} {
+		t.Run(r.name, func(t *testing.T) {
+			out := lb.mustRun(t, "udpecho", r.family, r.host, port)
+			if !strings.Contains(out, "ok udp echo") {
+				t.Errorf("no %q in:\n%s", "ok udp echo", out)
+			}
+		})
+	}
+	if !strings.Contains(lb.logs.String(), `msg="datagram relay" pid=`) {
+		t.Errorf("no datagram went through the agent:\n%s", lb.logs.String())
+	}
+}
+
+// TestUDPRefused: a datagram to a port where nothing listens on the far
+// side fails the program's connected socket with ECONNREFUSED, as without
+// the shim, though one datagram later: the far side's refusal closes the
+// relay's port, and the program's next datagram bounces off it.
+func TestUDPRefused(t *testing.T) {
+	lb := newLab(t)
+	port := strconv.Itoa(freeUDPPort(t))
+	for _, tc := range []struct {
+		host  string
+		sends string
+	}{
+		{"127.0.0.1", "refused after 1 sends"},
+		{"127.0.0.2", "refused after 2 sends"},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			if out := lb.mustRun(t, "udprefused", tc.host, port); !strings.Contains(out, tc.sends) {
+				t.Errorf("want %q, got:\n%s", tc.sends, out)
+			}
+		})
+	}
+}
+
+// freeUDPPort returns a UDP port of 127.0.0.1 where nothing listens.
+func freeUDPPort(t *testing.T) int {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
 }
 
 // routes are the ways a connect can go, each to the echo server.
@@ -595,11 +667,12 @@ func TestNamesFarSide(t *testing.T) {
 func TestUDP(t *testing.T) {
 	lb := newLab(t)
 	out := lb.mustRun(t, "udp", "echo.far.test", "53")
-	if !strings.Contains(out, "sendto=ENETUNREACH") || !strings.Contains(out, "connect=ENETUNREACH") {
+	if !strings.Contains(out, "sendto=ENETUNREACH") || !strings.Contains(out, "connect=connected") {
 		t.Errorf("a datagram to a far-side name: got:\n%s", out)
 	}
-	// And says why, once, where the program would only print ENETUNREACH.
-	if n := strings.Count(out, "a datagram (UDP) to a name the far side resolves is not carried: vlink exec carries TCP only (vlink tunnel --udp and vlink socks carry UDP)"); n != 1 {
+	// An unconnected socket's datagram is not carried: the shim says why,
+	// once, where the program would only print ENETUNREACH.
+	if n := strings.Count(out, "a datagram to a name the far side resolves is carried only on a UDP socket connected to it (vlink tunnel --udp and vlink socks carry any UDP)"); n != 1 {
 		t.Errorf("a datagram to a far-side name: the reason said %d times, want once:\n%s", n, out)
 	}
 	out = lb.mustRun(t, "udp", "127.0.0.1", "9")
@@ -644,6 +717,11 @@ func TestFailClosed(t *testing.T) {
 			out, _ := lb.run(t, []string{tc.env}, "errno", "127.0.0.1", lb.port4)
 			if !strings.Contains(out, "errno=ENETUNREACH") || !strings.Contains(out, "fail closed") {
 				t.Errorf("want ENETUNREACH and a note, got:\n%s", out)
+			}
+			// A UDP socket's connect too: its datagrams never go direct.
+			out, _ = lb.run(t, []string{tc.env}, "udpecho", "4", "127.0.0.2", lb.port4)
+			if !strings.Contains(out, "connect: ENETUNREACH") {
+				t.Errorf("udp: want ENETUNREACH, got:\n%s", out)
 			}
 			out, _ = lb.run(t, []string{tc.env}, "names", "echo.far.test")
 			if !strings.Contains(out, "Temporary failure in name resolution") {

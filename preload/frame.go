@@ -39,6 +39,7 @@ const (
 	listenSize   = 2 * addrSize
 	acceptSize   = addrSize
 	acceptInfoSz = 1 + 2*addrSize
+	datagramSize = 2*addrSize + 1
 	maxServed    = 64 // ports in a msgServed
 )
 
@@ -64,10 +65,11 @@ const (
 	msgListen     msgType = 16 // shim: a served socket listens: the address the program bound | where it really listens (agent: msgErrno)
 	msgAccepted   msgType = 17 // shim: whose is the connection accepted from this address (the agent's end)?
 	msgAcceptInfo msgType = 18 // agent: kind u8 | remote | local; a plain client's descriptor comes with it (SCM_RIGHTS)
+	msgDatagram   msgType = 19 // shim: a UDP socket's connect: destination | relay family u8 | the socket's address seen from loopback (agent: msgResult)
 )
 
 func (t msgType) String() string {
-	names := [...]string{"", "hello", "welcome", "connect", "result", "attach", "resolve", "name", "peer", "peer-addr", "addr-name", "name-of", "ip-table", "why", "errno", "served", "listen", "accepted", "accept-info"}
+	names := [...]string{"", "hello", "welcome", "connect", "result", "attach", "resolve", "name", "peer", "peer-addr", "addr-name", "name-of", "ip-table", "why", "errno", "served", "listen", "accepted", "accept-info", "datagram"}
 	if int(t) < len(names) && t != 0 {
 		return names[t]
 	}
@@ -212,6 +214,10 @@ const (
 	resultError  = 2 // fail with errno
 	resultRelay  = 3 // connect to the relay listener (blocking) or the held listener (non-blocking) and attach with token
 	resultFD     = 4 // the descriptor that comes with this frame replaces yours
+	// resultDatagram answers msgDatagram: connect the UDP socket to the
+	// agent's datagram relay on loopback (of the family asked for), whose
+	// port is the token (datagram_linux.go).
+	resultDatagram = 5
 )
 
 // resultFlagCache: the verdict holds for this address and port for the
@@ -247,6 +253,41 @@ func parseAttach(b []byte) (attachReq, error) {
 	}
 	local, err := parseAddr(b[8:])
 	return attachReq{token: binary.BigEndian.Uint64(b), local: local}, err
+}
+
+// datagramReq asks for a UDP socket's route and, unless it is direct, a
+// datagram relay.
+type datagramReq struct {
+	dest   sockAddr
+	family uint8    // the relay's loopback family: 4 (127.0.0.1) or 6 ([::1])
+	local  sockAddr // the program's socket as the relay will see it: the only source it takes
+}
+
+func (m *datagramReq) append(b []byte) []byte {
+	b = appendAddr(b, m.dest)
+	b = append(b, m.family)
+	return appendAddr(b, m.local)
+}
+
+func parseDatagram(b []byte) (datagramReq, error) {
+	var m datagramReq
+	if len(b) != datagramSize {
+		return m, badFrame("datagram of %d bytes, want %d", len(b), datagramSize)
+	}
+	var err error
+	if m.dest, err = parseAddr(b); err != nil {
+		return m, err
+	}
+	if m.family = b[addrSize]; m.family != 4 && m.family != 6 {
+		return m, badFrame("relay family %d", m.family)
+	}
+	if m.local, err = parseAddr(b[addrSize+1:]); err != nil {
+		return m, err
+	}
+	if m.local.Addr().Is4() != (m.family == 4) {
+		return m, badFrame("local address %v for a relay of family %d", m.local, m.family)
+	}
+	return m, nil
 }
 
 type resolveReq struct {
@@ -385,6 +426,7 @@ type request struct {
 	addr    sockAddr // msgPeer (the program's local address), msgAddrName, msgAccepted (the agent's end)
 	why     uint64   // msgWhy: a relay token
 	listen  listenReq
+	dgram   datagramReq
 }
 
 // parseRequest decodes a request body of type t.
@@ -419,6 +461,8 @@ func parseRequest(t msgType, body []byte) (request, error) {
 		if r.listen.bound, err = parseAddr(body); err == nil {
 			r.listen.private, err = parseAddr(body[addrSize:])
 		}
+	case msgDatagram:
+		r.dgram, err = parseDatagram(body)
 	case msgAccepted:
 		if len(body) != acceptSize {
 			return r, badFrame("accepted of %d bytes, want %d", len(body), acceptSize)
@@ -450,6 +494,8 @@ func appendRequest(b []byte, r *request) []byte {
 		body = appendAddr(appendAddr(nil, r.listen.bound), r.listen.private)
 	case msgWhy:
 		body = binary.BigEndian.AppendUint64(nil, r.why)
+	case msgDatagram:
+		body = r.dgram.append(nil)
 	}
 	return appendFrame(b, r.typ, body)
 }

@@ -20,6 +20,8 @@ func sampleRequests() []request {
 		{typ: msgWhy, why: 1<<40 + 9},
 		{typ: msgListen, listen: listenReq{bound: netip.MustParseAddrPort("[::]:8080"), private: netip.MustParseAddrPort("[::1]:41000")}},
 		{typ: msgAccepted, addr: netip.MustParseAddrPort("127.0.0.1:42000")},
+		{typ: msgDatagram, dgram: datagramReq{dest: netip.MustParseAddrPort("198.18.0.9:53"), family: 4, local: netip.MustParseAddrPort("127.0.0.1:43000")}},
+		{typ: msgDatagram, dgram: datagramReq{dest: netip.MustParseAddrPort("[fd00::1]:443"), family: 6, local: netip.MustParseAddrPort("[::1]:43001")}},
 	}
 }
 
@@ -75,6 +77,9 @@ func TestFrameErrors(t *testing.T) {
 		{"listen size", frame(protoVersion, byte(msgListen), addr4), ErrBadFrame},
 		{"accepted size", frame(protoVersion, byte(msgAccepted), append(append([]byte{}, addr4...), 0)), ErrBadFrame},
 		{"why size", frame(protoVersion, byte(msgWhy), []byte{0, 0, 0, 1}), ErrBadFrame},
+		{"datagram size", frame(protoVersion, byte(msgDatagram), append(append([]byte{}, addr4...), 4)), ErrBadFrame},
+		{"datagram family", frame(protoVersion, byte(msgDatagram), append(append(append([]byte{}, addr4...), 5), addr4...)), ErrBadFrame},
+		{"datagram local of another family", frame(protoVersion, byte(msgDatagram), append(append(append([]byte{}, addr4...), 6), addr4...)), ErrBadFrame},
 		{"resolve empty name", frame(protoVersion, 6, []byte{0, 80}), ErrBadFrame},
 		{"resolve long name", frame(protoVersion, 6, append([]byte{0, 80}, bytes.Repeat([]byte("a"), 255)...)), ErrBadFrame},
 	} {

@@ -29,7 +29,7 @@ import (
 // for new files in its root (keys, config files): a build that writes
 // into the tree, as "go build -o vlink" did, fails here.
 func TestReadmeExamples(t *testing.T) {
-	testenv.Netns(t, "bash", "git", "ss", "python3", "curl", "cc", "iperf3", "socat", "socksify")
+	testenv.Netns(t, "bash", "git", "ss", "python3", "curl", "cc", "iperf3", "socat", "socksify", "dnsmasq", "dig")
 	root := moduleRoot(t)
 	var examples []example
 	for _, e := range readExamples(t, root) {

@@ -56,6 +56,7 @@ var (
 	httpServerRE = regexp.MustCompile(`http\.server\s+(\d+)`)
 	iperfRE      = regexp.MustCompile(`iperf3\s+-s\b.*?\s-p\s*(\d+)`)
 	socatUDPRE   = regexp.MustCompile(`socat\s.*\bUDP[46]?-(?:RECVFROM|LISTEN):(\d+)`)
+	dnsmasqRE    = regexp.MustCompile(`dnsmasq\s.*--port[= ](\d+)`)
 	udpFlagRE    = regexp.MustCompile(`\s--udp\b`)
 	forwardsRE   = regexp.MustCompile(`--forwards[= ](\S+)`)
 )
@@ -109,7 +110,7 @@ func withWaits(e example) (string, error) {
 		}
 		ports := backgroundPorts(whole)
 		if len(ports) == 0 {
-			return "", fmt.Errorf("%s:%d: %q runs in the background, but names no port to wait for (--listen, --metrics, http.server PORT, iperf3 -s -p PORT, socat UDP-RECVFROM:PORT, --forwards FILE)", e.doc, e.line+1+i, whole)
+			return "", fmt.Errorf("%s:%d: %q runs in the background, but names no port to wait for (--listen, --metrics, http.server PORT, iperf3 -s -p PORT, socat UDP-RECVFROM:PORT, dnsmasq --port PORT, --forwards FILE)", e.doc, e.line+1+i, whole)
 		}
 		fmt.Fprintf(&b, "__vlink_wait $! %s\n", strings.Join(ports, " "))
 	}
@@ -130,8 +131,10 @@ func backgroundPorts(cmd string) []string {
 			ports = append(ports, udp+addr[i+1:])
 		}
 	}
-	for _, m := range socatUDPRE.FindAllStringSubmatch(cmd, -1) {
-		ports = append(ports, "udp:"+m[1])
+	for _, re := range []*regexp.Regexp{socatUDPRE, dnsmasqRE} {
+		for _, m := range re.FindAllStringSubmatch(cmd, -1) {
+			ports = append(ports, "udp:"+m[1])
+		}
 	}
 	for _, re := range []*regexp.Regexp{httpServerRE, iperfRE} {
 		for _, m := range re.FindAllStringSubmatch(cmd, -1) {
@@ -191,6 +194,8 @@ EOF
 vlink tunnel --forwards f.toml &
 socat UDP4-RECVFROM:5300,bind=127.0.0.1,fork PIPE &
 vlink tunnel --udp --listen 127.0.0.1:5301 --to x:53 &
+dnsmasq --keep-in-foreground --port 5303 \
+    --no-hosts &
 pid=$!
 curl x && curl y
 `}
@@ -215,6 +220,9 @@ socat UDP4-RECVFROM:5300,bind=127.0.0.1,fork PIPE &
 __vlink_wait $! udp:5300
 vlink tunnel --udp --listen 127.0.0.1:5301 --to x:53 &
 __vlink_wait $! udp:5301
+dnsmasq --keep-in-foreground --port 5303 \
+    --no-hosts &
+__vlink_wait $! udp:5303
 pid=$!
 curl x && curl y
 `

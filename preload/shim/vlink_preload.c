@@ -87,6 +87,9 @@
 #ifndef MSG_FASTOPEN
 #define MSG_FASTOPEN 0x20000000
 #endif
+#ifndef UIO_MAXIOV
+#define UIO_MAXIOV 1024 /* the most messages recvmmsg and sendmmsg take */
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
@@ -110,15 +113,16 @@
 #define VL_ERRNO 2
 #define VL_LISTEN (2 * VL_ADDR)
 #define VL_ACCEPTINFO (1 + 2 * VL_ADDR)
+#define VL_DATAGRAM (2 * VL_ADDR + 1)
 #define MAX_SERVED 64
 
 enum {
 	M_HELLO = 1, M_WELCOME, M_CONNECT, M_RESULT, M_ATTACH, M_RESOLVE,
 	M_NAME, M_PEER, M_PEERADDR, M_ADDRNAME, M_NAMEOF, M_IPTABLE, M_WHY, M_ERRNO,
-	M_SERVED, M_LISTEN, M_ACCEPTED, M_ACCEPTINFO
+	M_SERVED, M_LISTEN, M_ACCEPTED, M_ACCEPTINFO, M_DATAGRAM
 };
 enum { MODE_ASYNC = 1, MODE_SYNC = 2 };
-enum { R_DIRECT = 1, R_ERROR = 2, R_RELAY = 3, R_FD = 4 };
+enum { R_DIRECT = 1, R_ERROR = 2, R_RELAY = 3, R_FD = 4, R_DGRAM = 5 };
 enum { N_LOCAL = 1, N_FAKE = 2, N_NONE = 3 };
 #define K_NODATA 100 /* not on the wire: N_FAKE without the family asked for */
 #define RESULT_CACHE 1
@@ -157,6 +161,10 @@ static struct {
 	ssize_t (*sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
 	ssize_t (*sendmsg)(int, const struct msghdr *, int);
 	int (*sendmmsg)(int, struct mmsghdr *, unsigned int, int);
+	ssize_t (*recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
+	ssize_t (*recvfrom_chk)(int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
+	ssize_t (*recvmsg)(int, struct msghdr *, int);
+	int (*recvmmsg)(int, struct mmsghdr *, unsigned int, int, struct timespec *);
 } real;
 
 /* The system calls below fall back on syscall(2) should a symbol be missing. */
@@ -347,6 +355,7 @@ struct vent {
 	unsigned char nopts;
 	unsigned char origlen;
 	unsigned char held; /* HELD_*: a non-blocking connect the agent held; token says which */
+	unsigned char dgram; /* a UDP socket connected to the agent's datagram relay, whose port is token */
 	uint64_t token;
 	ino_t ino; /* the socket's inode: an entry whose descriptor was closed
 		    * behind the shim's back (fclose, a raw syscall) is stale */
@@ -1205,29 +1214,192 @@ static int relay_connect(int i, int fd, int sockfam, uint64_t token, int held)
 	return r;
 }
 
+/* known_verdict decides a real address without the agent when the
+ * welcome, the IP table or the cache can: R_DIRECT, R_ERROR (with *err),
+ * or 0 to ask. */
+static int known_verdict(const struct vaddr *dst, int *err)
+{
+	if (__atomic_load_n(&g_w.known, __ATOMIC_ACQUIRE) && (g_w.flags & WELCOME_IPS_DIRECT))
+		return R_DIRECT;
+	switch (iptable_eval(dst)) {
+	case IP_DIRECT:
+		return R_DIRECT;
+	case IP_REFUSE:
+		*err = EPERM;
+		return R_ERROR;
+	}
+	return cache_get(dst, err);
+}
+
+/* settle does what a verdict known without the agent says: connect
+ * direct, or fail with err. */
+static int settle(int verdict, int err, int fd, const struct sockaddr *sa, socklen_t len)
+{
+	if (verdict == R_DIRECT)
+		return sys_connect(fd, sa, len);
+	errno = err;
+	return -1;
+}
+
+/* ask_chan takes a channel to ask the agent about dst. It returns the
+ * channel; or -1, failing closed with ENETUNREACH, when there is none; or
+ * -2 when the welcome the channel brought decides a real address after
+ * all (*verdict, *err: see known_verdict). */
+static int ask_chan(const struct vaddr *dst, int fake, int *verdict, int *err)
+{
+	int i = get_chan();
+	if (i < 0) {
+		agent_down(errno);
+		errno = ENETUNREACH;
+		return -1;
+	}
+	if (!fake && (*verdict = known_verdict(dst, err)) != 0) {
+		put_chan(i, 1);
+		return -2;
+	}
+	return i;
+}
+
+/* udp_socket reports whether fd is a UDP socket. */
+static int udp_socket(int fd)
+{
+	int type = 0, proto = 0;
+	socklen_t tl = sizeof type, pl = sizeof proto;
+	return sys_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM &&
+	       sys_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0 && proto == IPPROTO_UDP;
+}
+
+static int all_zero(const unsigned char *b, size_t n)
+{
+	for (size_t k = 0; k < n; k++)
+		if (b[k])
+			return 0;
+	return 1;
+}
+
+/* route_datagram asks the agent about a UDP socket's connect and does
+ * what it says: a routed destination's datagrams go to a relay socket of
+ * the agent's on loopback, which carries them (preload/datagram_linux.go).
+ * The relay takes datagrams from this socket's address alone, so the
+ * socket gets one first if it has none, as connect would give it. */
+static int route_datagram(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
+			  int saved)
+{
+	forget(fd); /* a connect replaces the socket's association, as the kernel's does */
+	int fake = is_fake(dst), err = 0, verdict;
+	if (!fake && (verdict = known_verdict(dst, &err)) != 0)
+		return settle(verdict, err, fd, sa, len);
+	union vsockaddr la;
+	socklen_t ll = sizeof la;
+	struct vaddr local;
+	if (sys_getsockname(fd, &la.sa, &ll) < 0 || to_vaddr(&la.sa, ll, &local) < 0)
+		return -1;
+	if (local.port == 0) {
+		union vsockaddr any;
+		memset(&any, 0, sizeof any);
+		any.sa.sa_family = (sa_family_t)sockfam;
+		if (sys_bind(fd, &any.sa, sockfam == AF_INET6 ? sizeof any.in6 : sizeof any.in4) < 0)
+			return -1;
+		ll = sizeof la;
+		if (sys_getsockname(fd, &la.sa, &ll) < 0 || to_vaddr(&la.sa, ll, &local) < 0)
+			return -1;
+	}
+	/* The relay's family: IPv6 loopback for a socket that cannot reach
+	 * IPv4 or is bound to an IPv6 address, else 127.0.0.1. */
+	int rfam = 4;
+	if (sockfam == AF_INET6) {
+		int v6only = 0;
+		socklen_t ol = sizeof v6only;
+		sys_getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &ol);
+		if (v6only || (local.fam == 6 && !all_zero(local.ip, 16)))
+			rfam = 6;
+	}
+	/* Where the relay sees the socket: its own address, or loopback for
+	 * a wildcard one (the kernel's source toward a loopback relay). */
+	if (all_zero(local.ip, 16)) {
+		memset(local.ip, 0, sizeof local.ip);
+		local.fam = (unsigned char)rfam;
+		if (rfam == 4)
+			local.ip[0] = 127, local.ip[3] = 1;
+		else
+			local.ip[15] = 1;
+	}
+	int i = ask_chan(dst, fake, &verdict, &err);
+	if (i == -2)
+		return settle(verdict, err, fd, sa, len);
+	if (i < 0)
+		return -1;
+	unsigned char b[VL_MAXBODY];
+	size_t n;
+	put_addr(b, dst);
+	b[VL_ADDR] = (unsigned char)rfam;
+	put_addr(b + VL_ADDR + 1, &local);
+	if (send_frame(i, M_DATAGRAM, b, VL_DATAGRAM) < 0 ||
+	    recv_frame(i, M_RESULT, b, VL_RESULT, VL_RESULT, &n, NULL, 0) < 0) {
+		int e = errno;
+		put_chan(i, 0);
+		agent_down(e);
+		errno = ENETUNREACH;
+		return -1;
+	}
+	put_chan(i, 1);
+	int kind = b[0], flags = b[1];
+	err = get16(b + 2);
+	uint64_t port = get64(b + 4);
+	switch (kind) {
+	case R_DIRECT:
+		if ((flags & RESULT_CACHE) && !fake)
+			cache_put(dst, R_DIRECT, 0);
+		debugf("connect fd %d (UDP): direct", fd);
+		return sys_connect(fd, sa, len);
+	case R_ERROR:
+		if (err <= 0 || err > 4095)
+			err = ENETUNREACH;
+		if ((flags & RESULT_CACHE) && !fake)
+			cache_put(dst, R_ERROR, err);
+		debugf("connect fd %d (UDP): %s", fd, strerror(err));
+		errno = err;
+		return -1;
+	case R_DGRAM: {
+		if (port == 0 || port > 65535)
+			break;
+		struct vaddr lo = { 4, (uint16_t)port, { 127, 0, 0, 1 } };
+		if (rfam == 6) {
+			memset(&lo, 0, sizeof lo);
+			lo.fam = 6;
+			lo.port = (uint16_t)port;
+			lo.ip[15] = 1;
+		}
+		union vsockaddr ra;
+		socklen_t rl = from_vaddr(&lo, sockfam, &ra);
+		if (sys_connect(fd, &ra.sa, rl) < 0)
+			return -1;
+		struct vent v;
+		memset(&v, 0, sizeof v);
+		v.state = ST_REDIRECTED;
+		/* As recvfrom returns an address of the socket's family. */
+		socklen_t full = sa->sa_family == AF_INET ? sizeof v.orig.in4 : sizeof v.orig.in6;
+		memcpy(&v.orig, sa, len < full ? len : full);
+		v.origlen = (unsigned char)full;
+		v.dgram = 1;
+		v.token = port;
+		put_entry(fd, &v);
+		debugf("connect fd %d (UDP): relayed by port %u", fd, (unsigned)port);
+		errno = saved;
+		return 0;
+	}
+	}
+	note("agent sent an unknown datagram result kind %d", kind);
+	errno = ENETUNREACH;
+	return -1;
+}
+
 /* route_connect asks the agent about a TCP connect and does what it says. */
 static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int saved)
 {
-	int fake = is_fake(dst);
-	if (!fake) {
-		if (__atomic_load_n(&g_w.known, __ATOMIC_ACQUIRE) && (g_w.flags & WELCOME_IPS_DIRECT))
-			return sys_connect(fd, sa, len);
-		switch (iptable_eval(dst)) {
-		case IP_DIRECT:
-			return sys_connect(fd, sa, len);
-		case IP_REFUSE:
-			errno = EPERM;
-			return -1;
-		}
-		int err = 0;
-		switch (cache_get(dst, &err)) {
-		case R_DIRECT:
-			return sys_connect(fd, sa, len);
-		case R_ERROR:
-			errno = err;
-			return -1;
-		}
-	}
+	int fake = is_fake(dst), err = 0, verdict;
+	if (!fake && (verdict = known_verdict(dst, &err)) != 0)
+		return settle(verdict, err, fd, sa, len);
 	int sockfam = 0;
 	socklen_t ol = sizeof sockfam;
 	if (sys_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &sockfam, &ol) < 0)
@@ -1244,24 +1416,11 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 			timeout_ms = (uint32_t)(tv.tv_sec * 1000 + tv.tv_usec / 1000 + 1);
 	}
 
-	int i = get_chan();
-	if (i < 0) {
-		agent_down(errno);
-		errno = ENETUNREACH;
+	int i = ask_chan(dst, fake, &verdict, &err);
+	if (i == -2)
+		return settle(verdict, err, fd, sa, len);
+	if (i < 0)
 		return -1;
-	}
-	if (!fake) {
-		/* The first channel brought the welcome and the table. */
-		int act = (g_w.flags & WELCOME_IPS_DIRECT) ? IP_DIRECT : iptable_eval(dst);
-		if (act == IP_DIRECT || act == IP_REFUSE) {
-			put_chan(i, 1);
-			if (act == IP_REFUSE) {
-				errno = EPERM;
-				return -1;
-			}
-			return sys_connect(fd, sa, len);
-		}
-	}
 	unsigned char b[VL_MAXBODY];
 	size_t n;
 	int nfd = -1;
@@ -1281,7 +1440,8 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 		errno = ENETUNREACH;
 		return -1;
 	}
-	int kind = b[0], flags = b[1], err = get16(b + 2);
+	int kind = b[0], flags = b[1];
+	err = get16(b + 2);
 	uint64_t token = get64(b + 4);
 	union vsockaddr orig;
 	socklen_t origlen = len < sizeof orig ? len : sizeof orig;
@@ -1475,9 +1635,18 @@ EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 	    domain != fam)
 		return sys_connect(fd, sa, len); /* EBADF, ENOTSOCK, EAFNOSUPPORT: the kernel says it */
 	if (!stream) {
-		if (is_fake(&dst))
-			return no_datagrams(); /* no datagram path to a far-side name */
-		return sys_connect(fd, sa, len);
+		if (!udp_socket(fd)) {
+			if (is_fake(&dst))
+				return no_datagrams(); /* no datagram path to a far-side name */
+			return sys_connect(fd, sa, len);
+		}
+		int was = t_busy;
+		t_busy = 1;
+		int r = route_datagram(fd, sa, len, &dst, domain, saved);
+		t_busy = was;
+		if (r == 0)
+			errno = saved;
+		return r;
 	}
 	int redirected = 0;
 	if (has_entry(fd)) {
@@ -2110,15 +2279,17 @@ static int fake_dest(const struct sockaddr *sa, socklen_t len)
 }
 
 /* no_datagrams fails a datagram to a stand-in address (a name the far
- * side resolves) with ENETUNREACH, as before, and says why on stderr,
- * once per process: vlink exec carries TCP only, and the program alone would
- * not say more than "Network is unreachable". */
+ * side resolves) that is not carried, with ENETUNREACH, and says why on
+ * stderr, once per process: the program alone would not say more than
+ * "Network is unreachable". vlink exec carries datagrams on UDP sockets
+ * connected to their destination (route_datagram); not those sent with
+ * an address from an unconnected socket, nor other datagram sockets. */
 static int no_datagrams(void)
 {
 	static int noted;
 	if (!__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
-		note("a datagram (UDP) to a name the far side resolves is not carried: vlink exec carries TCP only "
-		     "(vlink tunnel --udp and vlink socks carry UDP); the program gets ENETUNREACH");
+		note("a datagram to a name the far side resolves is carried only on a UDP socket connected to it "
+		     "(vlink tunnel --udp and vlink socks carry any UDP); the program gets ENETUNREACH");
 	errno = ENETUNREACH;
 	return -1;
 }
@@ -2144,9 +2315,110 @@ static int fastopen(int fd, const void *buf, size_t n, int flags, const struct s
 	return 1;
 }
 
+/* relayed_entry copies fd's entry if fd is a UDP socket whose datagrams
+ * the agent relays. */
+static int relayed_entry(int fd, struct vent *e)
+{
+	return has_entry(fd) && entry_copy(fd, ST_REDIRECTED, e) && e->dgram;
+}
+
+/* to_relayed reports whether sa is the address a relayed UDP socket's
+ * program connected to: a datagram sent there goes to the socket's peer,
+ * the relay. */
+static int to_relayed(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	struct vent e;
+	struct vaddr a, b;
+	return sa && len >= sizeof(sa_family_t) && relayed_entry(fd, &e) && to_vaddr(sa, len, &a) == 0 &&
+	       to_vaddr(&e.orig.sa, e.origlen, &b) == 0 && memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* relayed_from shows a relayed UDP socket's program the address it
+ * connected to as the source of what the relay sends it, in recvfrom's
+ * and recvmsg's address (sa, of cap bytes, the length in *len). */
+static void relayed_from(int fd, struct sockaddr *sa, socklen_t cap, socklen_t *len)
+{
+	struct vent e;
+	struct vaddr from;
+	if (sa == NULL || len == NULL || *len == 0 || !relayed_entry(fd, &e))
+		return;
+	if (to_vaddr(sa, *len < cap ? *len : cap, &from) < 0 || !is_loopback(&from) || from.port != e.token)
+		return;
+	*len = cap;
+	copy_out(&e.orig, e.origlen, sa, len);
+}
+
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa, socklen_t *len)
+{
+	ensure_init();
+	socklen_t cap = len ? *len : 0;
+	ssize_t r = real.recvfrom ? real.recvfrom(fd, buf, n, flags, sa, len)
+				  : syscall(SYS_recvfrom, fd, buf, n, flags, sa, len);
+	if (r >= 0 && !t_busy) {
+		int saved = errno;
+		relayed_from(fd, sa, cap, len);
+		errno = saved;
+	}
+	return r;
+}
+
+/* _FORTIFY_SOURCE's recvfrom, when the buffer's size is known. */
+EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags, struct sockaddr *sa,
+			      socklen_t *len)
+{
+	ensure_init();
+	if (!real.recvfrom_chk)
+		abort(); /* only glibc calls it, and glibc has it */
+	socklen_t cap = len ? *len : 0;
+	ssize_t r = real.recvfrom_chk(fd, buf, n, buflen, flags, sa, len);
+	if (r >= 0 && !t_busy) {
+		int saved = errno;
+		relayed_from(fd, sa, cap, len);
+		errno = saved;
+	}
+	return r;
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
+{
+	ensure_init();
+	socklen_t cap = m ? m->msg_namelen : 0;
+	ssize_t r = real.recvmsg ? real.recvmsg(fd, m, flags) : syscall(SYS_recvmsg, fd, m, flags);
+	if (r >= 0 && !t_busy) {
+		int saved = errno;
+		relayed_from(fd, m->msg_name, cap, &m->msg_namelen);
+		errno = saved;
+	}
+	return r;
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout)
+{
+	ensure_init();
+	if (t_busy || v == NULL || !has_entry(fd))
+		return real.recvmmsg ? real.recvmmsg(fd, v, n, flags, timeout)
+				     : (int)syscall(SYS_recvmmsg, fd, v, n, flags, timeout);
+	socklen_t caps[UIO_MAXIOV];
+	if (n > UIO_MAXIOV)
+		n = UIO_MAXIOV; /* the kernel takes no more */
+	for (unsigned int k = 0; k < n; k++)
+		caps[k] = v[k].msg_hdr.msg_namelen;
+	int r = real.recvmmsg ? real.recvmmsg(fd, v, n, flags, timeout)
+			      : (int)syscall(SYS_recvmmsg, fd, v, n, flags, timeout);
+	int saved = errno;
+	for (int k = 0; k < r; k++)
+		relayed_from(fd, v[k].msg_hdr.msg_name, caps[k], &v[k].msg_hdr.msg_namelen);
+	errno = saved;
+	return r;
+}
+
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *sa, socklen_t len)
 {
 	ensure_init();
+	if (!t_busy && sa && to_relayed(fd, sa, len)) {
+		sa = NULL; /* to the socket's peer: the relay */
+		len = 0;
+	}
 	if (!t_busy && sa) {
 		ssize_t r;
 		if (fastopen(fd, buf, n, flags, sa, len, &r))
@@ -2164,6 +2436,13 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	ensure_init();
+	struct msghdr peer;
+	if (!t_busy && m && m->msg_name && to_relayed(fd, m->msg_name, m->msg_namelen)) {
+		peer = *m;
+		peer.msg_name = NULL; /* to the socket's peer: the relay */
+		peer.msg_namelen = 0;
+		m = &peer;
+	}
 	if (!t_busy && m && m->msg_name) {
 		const struct sockaddr *sa = m->msg_name;
 		if ((flags & MSG_FASTOPEN) && m->msg_iovlen == 1) {
@@ -2183,12 +2462,39 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
 	ensure_init();
-	if (!t_busy && v) {
+	if (t_busy || v == NULL)
+		return real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
+	if (!has_entry(fd)) {
 		for (unsigned int k = 0; k < n; k++)
 			if (fake_dest(v[k].msg_hdr.msg_name, v[k].msg_hdr.msg_namelen))
 				return no_datagrams();
+		return real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
 	}
-	return real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
+	if (n > UIO_MAXIOV)
+		n = UIO_MAXIOV; /* the kernel sends no more */
+	/* Datagrams to a relayed socket's destination go to its peer, the
+	 * relay: their addresses are taken out for the call, and put back. */
+	void *names[UIO_MAXIOV];
+	int relayed = 0;
+	for (unsigned int k = 0; k < n; k++) {
+		names[k] = v[k].msg_hdr.msg_name;
+		if (to_relayed(fd, names[k], v[k].msg_hdr.msg_namelen)) {
+			v[k].msg_hdr.msg_name = NULL;
+			relayed = 1;
+		} else if (fake_dest(names[k], v[k].msg_hdr.msg_namelen)) {
+			for (unsigned int j = 0; j < k; j++)
+				v[j].msg_hdr.msg_name = names[j];
+			return no_datagrams();
+		}
+	}
+	int r = real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
+	if (relayed) {
+		int saved = errno;
+		for (unsigned int k = 0; k < n; k++)
+			v[k].msg_hdr.msg_name = names[k];
+		errno = saved;
+	}
+	return r;
 }
 
 /* ---- names ---- */
@@ -2583,6 +2889,10 @@ static void init(void)
 	real.sendto = sym("sendto");
 	real.sendmsg = sym("sendmsg");
 	real.sendmmsg = sym("sendmmsg");
+	real.recvfrom = sym("recvfrom");
+	real.recvfrom_chk = sym("__recvfrom_chk");
+	real.recvmsg = sym("recvmsg");
+	real.recvmmsg = sym("recvmmsg");
 
 	for (int i = 0; i < MAX_CH; i++)
 		g_ch[i].fd = -1;

@@ -21,6 +21,17 @@
  *   conntest sockopt HOST PORT         options set before connect survive it
  *   conntest names HOST                getaddrinfo, gethostbyname*, getnameinfo
  *   conntest udp HOST PORT             a datagram to HOST
+ *   conntest udpecho 4|6 HOST PORT     datagrams to a UDP echo server on a
+ *                                      connected socket of that family: send,
+ *                                      sendto, sendmsg, sendmmsg, recvfrom,
+ *                                      recvmsg, recvmmsg, a datagram of
+ *                                      60000 bytes, each echo's bytes and
+ *                                      source address checked; prints
+ *                                      "ok udp echo" at the end
+ *   conntest udprefused HOST PORT      datagrams on a connected UDP socket to
+ *                                      a port where nothing listens: prints
+ *                                      "refused after N sends" once a send or
+ *                                      a receive fails with ECONNREFUSED
  *   conntest afmismatch IP PORT        an IPv4 address on an IPv6 socket
  *   conntest daemon UID HOST PORT      as a daemon: connect, then fork a worker
  *                                      that clears its environment, becomes
@@ -799,6 +810,144 @@ static int t_udp(const char *host, const char *port)
 	return 0;
 }
 
+/* from_ai reports whether a datagram's source address (a, of al bytes)
+ * is the address connected to, byte for byte. */
+static int from_ai(const struct sockaddr_storage *a, socklen_t al, const struct addrinfo *ai)
+{
+	return same_addr((const struct sockaddr *)a, al, ai->ai_addr, ai->ai_addrlen);
+}
+
+/* udp_connected returns a UDP socket of family af (IPv4 addresses mapped
+ * on an IPv6 one) connected to host and port, whose address it puts in
+ * *ai, with a receive timeout of secs; -1 after a FAIL line. */
+static int udp_connected(int af, const char *host, const char *port, int secs, struct addrinfo **ai)
+{
+	struct addrinfo hints = { .ai_family = af, .ai_socktype = SOCK_DGRAM, .ai_flags = af == AF_INET6 ? AI_V4MAPPED : 0 };
+	int r = getaddrinfo(host, port, &hints, ai);
+	if (r != 0) {
+		FAIL("getaddrinfo %s: %s", host, gai_strerror(r));
+		return -1;
+	}
+	int fd = socket(af, SOCK_DGRAM, 0);
+	if (connect(fd, (*ai)->ai_addr, (*ai)->ai_addrlen) < 0) {
+		FAIL("connect: %s", ename(errno));
+		return -1;
+	}
+	struct timeval tv = { secs, 0 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return fd;
+}
+
+static int t_udpecho(const char *fam, const char *host, const char *port)
+{
+	char sb[INET6_ADDRSTRLEN + 8];
+	struct addrinfo *ai;
+	int r, fd = udp_connected(strcmp(fam, "6") == 0 ? AF_INET6 : AF_INET, host, port, 10, &ai);
+	if (fd < 0)
+		return 1;
+	struct sockaddr_storage from;
+	socklen_t fl = sizeof from;
+	if (getpeername(fd, (struct sockaddr *)&from, &fl) < 0 || !from_ai(&from, fl, ai))
+		FAIL("getpeername: %s, not the address connected to", fmt_addr(&from, sb, sizeof sb));
+
+	char buf[65536];
+	/* send, recvfrom */
+	fl = sizeof from;
+	ssize_t n = send(fd, "one", 3, 0);
+	if (n == 3)
+		n = recvfrom(fd, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+	if (n != 3 || memcmp(buf, "one", 3) != 0 || !from_ai(&from, fl, ai))
+		FAIL("send, recvfrom: %zd bytes (%s) from %s", n, ename(errno), fmt_addr(&from, sb, sizeof sb));
+	else
+		printf("ok recvfrom\n");
+
+	/* sendto the address connected to, recvmsg */
+	struct iovec iov = { buf, sizeof buf };
+	struct msghdr mh = { .msg_name = &from, .msg_namelen = sizeof from, .msg_iov = &iov, .msg_iovlen = 1 };
+	n = sendto(fd, "two", 3, 0, ai->ai_addr, ai->ai_addrlen);
+	if (n == 3)
+		n = recvmsg(fd, &mh, 0);
+	if (n != 3 || memcmp(buf, "two", 3) != 0 || !from_ai(&from, mh.msg_namelen, ai))
+		FAIL("sendto, recvmsg: %zd bytes (%s) from %s", n, ename(errno), fmt_addr(&from, sb, sizeof sb));
+	else
+		printf("ok recvmsg\n");
+
+	/* sendmmsg with the address, recvmmsg */
+	const char *words[2] = { "three", "four!" };
+	struct iovec oiov[2], iiov[2];
+	struct mmsghdr out[2], in[2];
+	struct sockaddr_storage froms[2];
+	char ibuf[2][16];
+	memset(out, 0, sizeof out);
+	memset(in, 0, sizeof in);
+	for (int k = 0; k < 2; k++) {
+		oiov[k] = (struct iovec){ (void *)words[k], 5 };
+		out[k].msg_hdr = (struct msghdr){ .msg_name = ai->ai_addr, .msg_namelen = ai->ai_addrlen, .msg_iov = &oiov[k], .msg_iovlen = 1 };
+		iiov[k] = (struct iovec){ ibuf[k], sizeof ibuf[k] };
+		in[k].msg_hdr = (struct msghdr){ .msg_name = &froms[k], .msg_namelen = sizeof froms[k], .msg_iov = &iiov[k], .msg_iovlen = 1 };
+	}
+	r = sendmmsg(fd, out, 2, 0);
+	if (r != 2 || out[0].msg_hdr.msg_name != ai->ai_addr || out[1].msg_hdr.msg_name != ai->ai_addr)
+		FAIL("sendmmsg: %d (%s), or the addresses not given back", r, ename(errno));
+	int got = 0;
+	while (r == 2 && got < 2) {
+		int m = recvmmsg(fd, in + got, 2 - got, MSG_WAITFORONE, NULL);
+		if (m <= 0)
+			break;
+		got += m;
+	}
+	int okm = got == 2;
+	for (int k = 0; okm && k < 2; k++)
+		okm = in[k].msg_len == 5 && memcmp(ibuf[k], words[k], 5) == 0 && from_ai(&froms[k], in[k].msg_hdr.msg_namelen, ai);
+	if (!okm)
+		FAIL("sendmmsg, recvmmsg: %d of 2 (%s)", got, ename(errno));
+	else
+		printf("ok recvmmsg\n");
+
+	/* a large datagram, whole */
+	static char big[60000];
+	for (size_t k = 0; k < sizeof big; k++)
+		big[k] = (char)(k * 7 + k / 251);
+	n = write(fd, big, sizeof big);
+	if (n == (ssize_t)sizeof big)
+		n = read(fd, buf, sizeof buf);
+	if (n != (ssize_t)sizeof big || memcmp(buf, big, sizeof big) != 0)
+		FAIL("a datagram of %zu bytes: %zd back (%s)", sizeof big, n, ename(errno));
+	else
+		printf("ok large datagram\n");
+	close(fd);
+	freeaddrinfo(ai);
+	if (!failed)
+		printf("ok udp echo\n");
+	return failed;
+}
+
+static int t_udprefused(const char *host, const char *port)
+{
+	struct addrinfo *ai;
+	int fd = udp_connected(AF_INET, host, port, 1, &ai);
+	if (fd < 0)
+		return 1;
+	freeaddrinfo(ai);
+	char buf[16];
+	for (int k = 1; k <= 5; k++) {
+		ssize_t n = send(fd, "ping", 4, 0);
+		if (n == 4)
+			n = recv(fd, buf, sizeof buf, 0);
+		if (n < 0 && errno == ECONNREFUSED) {
+			printf("refused after %d sends\n", k);
+			return 0;
+		}
+		if (n >= 0) {
+			FAIL("an answer from a port where nothing listens");
+			return 1;
+		}
+		printf("send %d: %s\n", k, ename(errno));
+	}
+	FAIL("never refused");
+	return 1;
+}
+
 /* An IPv4 address on an IPv6 socket: the kernel's EAFNOSUPPORT, routed or not. */
 static int t_afmismatch(const char *ip, const char *port)
 {
@@ -873,6 +1022,10 @@ int main(int argc, char **argv)
 		return t_sockopt(argv[2], argv[3]);
 	if (!strcmp(t, "names") && argc == 3)
 		return t_names(argv[2]);
+	if (!strcmp(t, "udprefused") && argc == 4)
+		return t_udprefused(argv[2], argv[3]);
+	if (!strcmp(t, "udpecho") && argc == 5)
+		return t_udpecho(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "udp") && argc == 4)
 		return t_udp(argv[2], argv[3]);
 	if (!strcmp(t, "afmismatch") && argc == 4)
