@@ -21,24 +21,27 @@ const (
 )
 
 // execUDPClient is a Python program that sends datagrams of the sizes
-// given on UDP sockets of both families connected to HOST PORT, with
-// sendto and the address connected to, and prints for each the family,
+// given with sendto to HOST PORT on UDP sockets of both families,
+// connected to it first with "connect", and prints for each the family,
 // the size sent and received, whether the SHA-256 matches, and whether
-// recvfrom's source and getpeername are the address connected to.
+// recvfrom's source is the address sent to (and getpeername too, on a
+// connected socket).
 const execUDPClient = `
 import hashlib, os, socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for fam in (socket.AF_INET, socket.AF_INET6):
     addr = socket.getaddrinfo(host, port, fam, socket.SOCK_DGRAM)[0][4]
     s = socket.socket(fam, socket.SOCK_DGRAM)
     s.settimeout(10)
-    s.connect(addr)
-    for n in map(int, sys.argv[3:]):
+    if mode == "connect":
+        s.connect(addr)
+    for n in map(int, sys.argv[4:]):
         msg = os.urandom(n)
         s.sendto(msg, addr)
         got, frm = s.recvfrom(65536)
         same = hashlib.sha256(got).digest() == hashlib.sha256(msg).digest()
-        print(fam.name, n, len(got), same, frm[:2] == addr[:2], s.getpeername()[:2] == addr[:2])
+        peer = mode != "connect" or s.getpeername()[:2] == addr[:2]
+        print(fam.name, n, len(got), same, frm[:2] == addr[:2], peer)
     s.close()
 `
 
@@ -65,11 +68,12 @@ sys.exit(1)
 `
 
 // TestExecUDP runs unmodified UDP programs under vlink exec: dig, socat,
-// nc and Python reach a DNS server and a UDP echo server in a site whose
-// firewall drops all UDP from outside, by a name only the site resolves
-// and by its address, through the gateway (vlink serve --allow-udp). The
-// answers and the echoed bytes come back whole, from the address the
-// program connected to; a port where nothing listens is ECONNREFUSED.
+// nc, iperf3 -u and Python reach a DNS server and a UDP echo server in a
+// site whose firewall drops all UDP from outside, by a name only the site
+// resolves and by its address, through the gateway (vlink serve
+// --allow-udp), on connected and unconnected sockets. The answers and the
+// echoed bytes come back whole, from the address the program sent to; a
+// port where nothing listens is ECONNREFUSED.
 func TestExecUDP(t *testing.T) {
 	testenv.Programs(t, "dnsmasq", "dig", "socat", "nc", "python3", "iperf3", "cc")
 	s := newFarSite(t)
@@ -108,9 +112,12 @@ func TestExecUDP(t *testing.T) {
 		serve.WaitFor(t, regexp.MustCompile(`target=`+regexp.QuoteMeta(FarName)+`:`+strconv.Itoa(farDNS)), startTimeout)
 	})
 	t.Run("socat", func(t *testing.T) {
-		out := vexec(t, "through socat\n", "socat", "-t", "2", "-", fmt.Sprintf("UDP:%s:%d", FarName, farUDPEcho))
-		if out != "through socat\n" {
-			t.Errorf("socat: %q, want the line echoed", out)
+		// UDP connects its socket; UDP-SENDTO sends with the address.
+		for _, addr := range []string{"UDP", "UDP-SENDTO"} {
+			out := vexec(t, "through socat\n", "socat", "-t", "2", "-", fmt.Sprintf("%s:%s:%d", addr, FarName, farUDPEcho))
+			if out != "through socat\n" {
+				t.Errorf("socat %s: %q, want the line echoed", addr, out)
+			}
 		}
 	})
 	t.Run("nc", func(t *testing.T) {
@@ -121,16 +128,18 @@ func TestExecUDP(t *testing.T) {
 	})
 	t.Run("python", func(t *testing.T) {
 		sizes := []string{"1", "1472", "9000", "60000"}
-		out := vexec(t, "", append([]string{"python3", "-c", execUDPClient, FarName, strconv.Itoa(farUDPEcho)}, sizes...)...)
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 2*len(sizes) {
-			t.Fatalf("python3 printed %q, want a line per datagram and family", out)
-		}
-		for i, l := range lines {
-			fam := [...]string{"AF_INET", "AF_INET6"}[i/len(sizes)]
-			n := sizes[i%len(sizes)]
-			if want := fmt.Sprintf("%s %s %s True True True", fam, n, n); l != want {
-				t.Errorf("%q, want %q (the datagram back whole, from the address connected to)", l, want)
+		for _, mode := range []string{"connect", "sendto"} {
+			out := vexec(t, "", append([]string{"python3", "-c", execUDPClient, mode, FarName, strconv.Itoa(farUDPEcho)}, sizes...)...)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 2*len(sizes) {
+				t.Fatalf("%s: python3 printed %q, want a line per datagram and family", mode, out)
+			}
+			for i, l := range lines {
+				fam := [...]string{"AF_INET", "AF_INET6"}[i/len(sizes)]
+				n := sizes[i%len(sizes)]
+				if want := fmt.Sprintf("%s %s %s True True True", fam, n, n); l != want {
+					t.Errorf("%s: %q, want %q (the datagram back whole, from the address sent to)", mode, l, want)
+				}
 			}
 		}
 	})

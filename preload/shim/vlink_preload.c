@@ -334,7 +334,13 @@ static void note(const char *fmt, ...)
 #define PAGE_FDS 64
 #define MAX_FDS (1 << 20)
 
-enum { ST_NONE = 0, ST_OPTS = 1, ST_REDIRECTED = 2, ST_SERVED = 3 /* bound to a served port in the program's place */ };
+enum {
+	ST_NONE = 0,
+	ST_OPTS = 1,
+	ST_REDIRECTED = 2,
+	ST_SERVED = 3, /* bound to a served port in the program's place */
+	ST_UDPMAP = 4, /* a UDP socket with relays in g_umap */
+};
 /* A held connect's state (see held_error). */
 enum { HELD_NO = 0, HELD_PENDING = 1 };
 
@@ -413,14 +419,35 @@ static struct vent *valid(int fd)
 /* entry_copy copies fd's entry if it is in state st; 0 if not. */
 static int entry_copy(int fd, int st, struct vent *out);
 
+static int entry_state(int fd);
+
 /* has_entry is the lock-free fast path of close: most descriptors have no
  * entry. */
 static int has_entry(int fd)
 {
+	return entry_state(fd) != ST_NONE;
+}
+
+/* entry_state is the state of fd's entry, lock-free and unchecked (the
+ * entry may be stale): a fast way to rule entries out. */
+static int entry_state(int fd)
+{
 	if (fd < 0 || fd >= MAX_FDS)
-		return 0;
+		return ST_NONE;
 	struct vent *page = __atomic_load_n(&g_pages[fd / PAGE_FDS], __ATOMIC_ACQUIRE);
-	return page && __atomic_load_n(&page[fd % PAGE_FDS].state, __ATOMIC_RELAXED) != ST_NONE;
+	return page ? __atomic_load_n(&page[fd % PAGE_FDS].state, __ATOMIC_RELAXED) : ST_NONE;
+}
+
+/* entry_any copies fd's entry, whatever its state; 0 if it has none. */
+static int entry_any(int fd, struct vent *out)
+{
+	lockstate ls;
+	lock(&ls);
+	struct vent *e = valid(fd);
+	if (e)
+		*out = *e;
+	unlock(&ls);
+	return e != NULL;
 }
 
 static int entry_copy(int fd, int st, struct vent *out)
@@ -1260,6 +1287,19 @@ static int ask_chan(const struct vaddr *dst, int fake, int *verdict, int *err)
 	return i;
 }
 
+/* stream_socket reports whether fd is a TCP (or MPTCP) socket. */
+static int stream_socket(int fd, int *is_stream)
+{
+	int type = 0, proto = 0;
+	socklen_t tl = sizeof type, pl = sizeof proto;
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0)
+		return -1;
+	*is_stream = 0;
+	if (type == SOCK_STREAM && sys_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0)
+		*is_stream = proto == IPPROTO_TCP || proto == IPPROTO_MPTCP;
+	return 0;
+}
+
 /* udp_socket reports whether fd is a UDP socket. */
 static int udp_socket(int fd)
 {
@@ -1277,18 +1317,17 @@ static int all_zero(const unsigned char *b, size_t n)
 	return 1;
 }
 
-/* route_datagram asks the agent about a UDP socket's connect and does
- * what it says: a routed destination's datagrams go to a relay socket of
- * the agent's on loopback, which carries them (preload/datagram_linux.go).
- * The relay takes datagrams from this socket's address alone, so the
- * socket gets one first if it has none, as connect would give it. */
-static int route_datagram(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
-			  int saved)
+/* ask_datagram decides where fd's datagrams to dst go. It returns
+ * R_DIRECT (as written), R_DGRAM with the address of a relay the agent
+ * opened for them in *ra and *rl (binding fd first if it has no port, as
+ * sending or connect would), or -1 with errno set (a refusal, or no
+ * agent: never direct). The relay takes datagrams from fd's address
+ * alone (preload/datagram_linux.go). */
+static int ask_datagram(int fd, const struct vaddr *dst, int sockfam, union vsockaddr *ra, socklen_t *rl)
 {
-	forget(fd); /* a connect replaces the socket's association, as the kernel's does */
 	int fake = is_fake(dst), err = 0, verdict;
 	if (!fake && (verdict = known_verdict(dst, &err)) != 0)
-		return settle(verdict, err, fd, sa, len);
+		goto known;
 	union vsockaddr la;
 	socklen_t ll = sizeof la;
 	struct vaddr local;
@@ -1326,7 +1365,7 @@ static int route_datagram(int fd, const struct sockaddr *sa, socklen_t len, cons
 	}
 	int i = ask_chan(dst, fake, &verdict, &err);
 	if (i == -2)
-		return settle(verdict, err, fd, sa, len);
+		goto known;
 	if (i < 0)
 		return -1;
 	unsigned char b[VL_MAXBODY];
@@ -1350,48 +1389,199 @@ static int route_datagram(int fd, const struct sockaddr *sa, socklen_t len, cons
 	case R_DIRECT:
 		if ((flags & RESULT_CACHE) && !fake)
 			cache_put(dst, R_DIRECT, 0);
-		debugf("connect fd %d (UDP): direct", fd);
-		return sys_connect(fd, sa, len);
+		return R_DIRECT;
 	case R_ERROR:
 		if (err <= 0 || err > 4095)
 			err = ENETUNREACH;
 		if ((flags & RESULT_CACHE) && !fake)
 			cache_put(dst, R_ERROR, err);
-		debugf("connect fd %d (UDP): %s", fd, strerror(err));
 		errno = err;
 		return -1;
-	case R_DGRAM: {
+	case R_DGRAM:
 		if (port == 0 || port > 65535)
 			break;
-		struct vaddr lo = { 4, (uint16_t)port, { 127, 0, 0, 1 } };
-		if (rfam == 6) {
-			memset(&lo, 0, sizeof lo);
-			lo.fam = 6;
-			lo.port = (uint16_t)port;
+		struct vaddr lo;
+		memset(&lo, 0, sizeof lo);
+		lo.fam = (unsigned char)rfam;
+		lo.port = (uint16_t)port;
+		if (rfam == 4)
+			lo.ip[0] = 127, lo.ip[3] = 1;
+		else
 			lo.ip[15] = 1;
-		}
-		union vsockaddr ra;
-		socklen_t rl = from_vaddr(&lo, sockfam, &ra);
-		if (sys_connect(fd, &ra.sa, rl) < 0)
-			return -1;
-		struct vent v;
-		memset(&v, 0, sizeof v);
-		v.state = ST_REDIRECTED;
-		/* As recvfrom returns an address of the socket's family. */
-		socklen_t full = sa->sa_family == AF_INET ? sizeof v.orig.in4 : sizeof v.orig.in6;
-		memcpy(&v.orig, sa, len < full ? len : full);
-		v.origlen = (unsigned char)full;
-		v.dgram = 1;
-		v.token = port;
-		put_entry(fd, &v);
-		debugf("connect fd %d (UDP): relayed by port %u", fd, (unsigned)port);
-		errno = saved;
-		return 0;
-	}
+		*rl = from_vaddr(&lo, sockfam, ra);
+		return R_DGRAM;
 	}
 	note("agent sent an unknown datagram result kind %d", kind);
 	errno = ENETUNREACH;
 	return -1;
+known:
+	if (verdict == R_DIRECT)
+		return R_DIRECT;
+	errno = err;
+	return -1;
+}
+
+/* orig_of records sa, as the program wrote it, for recvfrom to return: an
+ * address of the socket's family, of its full size. */
+static socklen_t orig_of(const struct sockaddr *sa, socklen_t len, union vsockaddr *orig)
+{
+	socklen_t full = sa->sa_family == AF_INET ? sizeof orig->in4 : sizeof orig->in6;
+	memset(orig, 0, sizeof *orig);
+	memcpy(orig, sa, len < full ? len : full);
+	return full;
+}
+
+/* route_datagram does what the agent says of a UDP socket's connect: a
+ * routed destination's socket is connected to its relay instead. */
+static int route_datagram(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
+			  int saved)
+{
+	forget(fd); /* a connect replaces the socket's association, as the kernel's does */
+	union vsockaddr ra;
+	socklen_t rl;
+	switch (ask_datagram(fd, dst, sockfam, &ra, &rl)) {
+	case R_DIRECT:
+		debugf("connect fd %d (UDP): direct", fd);
+		return sys_connect(fd, sa, len);
+	case R_DGRAM:
+		break;
+	default:
+		debugf("connect fd %d (UDP): %s", fd, strerror(errno));
+		return -1;
+	}
+	if (sys_connect(fd, &ra.sa, rl) < 0)
+		return -1;
+	struct vaddr relay;
+	to_vaddr(&ra.sa, rl, &relay);
+	struct vent v;
+	memset(&v, 0, sizeof v);
+	v.state = ST_REDIRECTED;
+	v.origlen = (unsigned char)orig_of(sa, len, &v.orig);
+	v.dgram = 1;
+	v.token = relay.port;
+	put_entry(fd, &v);
+	debugf("connect fd %d (UDP): relayed by port %u", fd, relay.port);
+	errno = saved;
+	return 0;
+}
+
+/* Unconnected UDP sockets: a datagram sent with the address of a routed
+ * destination goes to a relay of its own for that socket and destination,
+ * and what the relay sends back shows as from the destination. The table
+ * is the process's, by the socket's inode; when full, the oldest entry
+ * makes room (its relay's answers then show the relay's address). */
+#define MAX_UDPMAP 256
+
+struct udpmap {
+	ino_t ino; /* 0: free */
+	uint16_t port; /* the relay's */
+	struct vaddr dst;
+	union vsockaddr orig, relay; /* the destination as the program wrote it; the relay as sendto takes it */
+	socklen_t origlen, relaylen;
+};
+
+static struct udpmap g_umap[MAX_UDPMAP];
+static unsigned g_unext;
+
+/* umap_find copies the entry of socket ino with destination dst (port 0)
+ * or with relay port (dst NULL); 0 if there is none. */
+static int umap_find(ino_t ino, const struct vaddr *dst, uint16_t port, struct udpmap *out)
+{
+	int ok = 0;
+	lockstate ls;
+	lock(&ls);
+	for (int k = 0; k < MAX_UDPMAP && !ok; k++) {
+		struct udpmap *m = &g_umap[k];
+		if (m->ino == ino && (dst ? memcmp(&m->dst, dst, sizeof *dst) == 0 : m->port == port)) {
+			*out = *m;
+			ok = 1;
+		}
+	}
+	unlock(&ls);
+	return ok;
+}
+
+static void umap_put(const struct udpmap *m)
+{
+	lockstate ls;
+	lock(&ls);
+	int k = 0;
+	while (k < MAX_UDPMAP && g_umap[k].ino != 0)
+		k++;
+	if (k == MAX_UDPMAP)
+		k = (int)(g_unext++ % MAX_UDPMAP);
+	g_umap[k] = *m;
+	unlock(&ls);
+}
+
+/* relay_dest decides where a datagram fd sends to sa goes: 0 as written;
+ * 1 to the relay of fd and that destination, whose address it puts in ra
+ * and rl (asking the agent the first time); -1 nowhere, with errno. */
+static int relay_dest(int fd, const struct sockaddr *sa, socklen_t len, union vsockaddr *ra, socklen_t *rl)
+{
+	struct vaddr dst;
+	int err = 0, domain = 0;
+	socklen_t dl = sizeof domain;
+	if (len < sizeof(sa_family_t) || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) ||
+	    to_vaddr(sa, len, &dst) < 0)
+		return 0;
+	if (!is_fake(&dst)) {
+		switch (known_verdict(&dst, &err)) {
+		case R_DIRECT:
+			return 0;
+		case R_ERROR:
+			errno = err;
+			return -1;
+		}
+	}
+	if (!udp_socket(fd)) {
+		int stream = 0;
+		if (is_fake(&dst) && stream_socket(fd, &stream) == 0 && !stream)
+			return no_datagrams(); /* ICMP, say: no datagram path to a far-side name */
+		return 0;
+	}
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) < 0 || domain != sa->sa_family)
+		return 0; /* the kernel says what it says */
+	struct udpmap m;
+	memset(&m, 0, sizeof m);
+	if (sock_ino(fd, &m.ino) < 0)
+		return 0;
+	if (umap_find(m.ino, &dst, 0, &m)) {
+		*ra = m.relay;
+		*rl = m.relaylen;
+		return 1;
+	}
+	switch (ask_datagram(fd, &dst, domain, ra, rl)) {
+	case R_DIRECT:
+		return 0;
+	case R_DGRAM:
+		break;
+	default:
+		return -1;
+	}
+	struct vaddr relay;
+	to_vaddr(&ra->sa, *rl, &relay);
+	m.port = relay.port;
+	m.dst = dst;
+	m.origlen = orig_of(sa, len, &m.orig);
+	m.relay = *ra;
+	m.relaylen = *rl;
+	umap_put(&m);
+	/* recvfrom's cue to look the relay up (options recorded for a TCP
+	 * connect do not matter here). */
+	lockstate ls;
+	lock(&ls);
+	struct vent *e = valid(fd);
+	int mark = !e || e->state == ST_OPTS;
+	unlock(&ls);
+	if (mark) {
+		struct vent v;
+		memset(&v, 0, sizeof v);
+		v.state = ST_UDPMAP;
+		put_entry(fd, &v);
+	}
+	debugf("sendto on fd %d (UDP): relayed by port %u", fd, relay.port);
+	return 1;
 }
 
 /* route_connect asks the agent about a TCP connect and does what it says. */
@@ -1600,19 +1790,6 @@ static void init(void);
 static void ensure_init(void)
 {
 	pthread_once(&g_once, init);
-}
-
-/* stream_socket reports whether fd is a TCP (or MPTCP) socket. */
-static int stream_socket(int fd, int *is_stream)
-{
-	int type = 0, proto = 0;
-	socklen_t tl = sizeof type, pl = sizeof proto;
-	if (sys_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0)
-		return -1;
-	*is_stream = 0;
-	if (type == SOCK_STREAM && sys_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0)
-		*is_stream = proto == IPPROTO_TCP || proto == IPPROTO_MPTCP;
-	return 0;
 }
 
 EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
@@ -2271,25 +2448,17 @@ EXPORT int accept(int fd, struct sockaddr *sa, socklen_t *len)
 
 /* ---- datagrams ---- */
 
-static int fake_dest(const struct sockaddr *sa, socklen_t len)
-{
-	struct vaddr v;
-	return sa && len >= sizeof(sa_family_t) && (sa->sa_family == AF_INET || sa->sa_family == AF_INET6) &&
-	       to_vaddr(sa, len, &v) == 0 && is_fake(&v);
-}
-
 /* no_datagrams fails a datagram to a stand-in address (a name the far
  * side resolves) that is not carried, with ENETUNREACH, and says why on
  * stderr, once per process: the program alone would not say more than
- * "Network is unreachable". vlink exec carries datagrams on UDP sockets
- * connected to their destination (route_datagram); not those sent with
- * an address from an unconnected socket, nor other datagram sockets. */
+ * "Network is unreachable". vlink exec carries UDP (route_datagram,
+ * relay_dest), not other datagram protocols (UDP-Lite, ICMP, raw). */
 static int no_datagrams(void)
 {
 	static int noted;
 	if (!__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
-		note("a datagram to a name the far side resolves is carried only on a UDP socket connected to it "
-		     "(vlink tunnel --udp and vlink socks carry any UDP); the program gets ENETUNREACH");
+		note("a datagram to a name the far side resolves is carried only on a UDP socket, not this one's "
+		     "protocol; the program gets ENETUNREACH");
 	errno = ENETUNREACH;
 	return -1;
 }
@@ -2319,7 +2488,7 @@ static int fastopen(int fd, const void *buf, size_t n, int flags, const struct s
  * the agent relays. */
 static int relayed_entry(int fd, struct vent *e)
 {
-	return has_entry(fd) && entry_copy(fd, ST_REDIRECTED, e) && e->dgram;
+	return entry_state(fd) == ST_REDIRECTED && entry_copy(fd, ST_REDIRECTED, e) && e->dgram;
 }
 
 /* to_relayed reports whether sa is the address a relayed UDP socket's
@@ -2340,12 +2509,20 @@ static void relayed_from(int fd, struct sockaddr *sa, socklen_t cap, socklen_t *
 {
 	struct vent e;
 	struct vaddr from;
-	if (sa == NULL || len == NULL || *len == 0 || !relayed_entry(fd, &e))
+	int st = entry_state(fd);
+	if (sa == NULL || len == NULL || *len == 0 || (st != ST_REDIRECTED && st != ST_UDPMAP) ||
+	    to_vaddr(sa, *len < cap ? *len : cap, &from) < 0 || !is_loopback(&from) || !entry_any(fd, &e))
 		return;
-	if (to_vaddr(sa, *len < cap ? *len : cap, &from) < 0 || !is_loopback(&from) || from.port != e.token)
+	if (e.state == ST_REDIRECTED && e.dgram && from.port == e.token) {
+		*len = cap;
+		copy_out(&e.orig, e.origlen, sa, len);
 		return;
-	*len = cap;
-	copy_out(&e.orig, e.origlen, sa, len);
+	}
+	struct udpmap m;
+	if (e.state == ST_UDPMAP && umap_find(e.ino, NULL, from.port, &m)) {
+		*len = cap;
+		copy_out(&m.orig, m.origlen, sa, len);
+	}
 }
 
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa, socklen_t *len)
@@ -2412,21 +2589,47 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct
 	return r;
 }
 
+/* dgram_dest decides where a datagram that fd sends to sa (not NULL)
+ * goes: 0 as written; 1 to the address in *ra, *rl, or to the socket's
+ * peer (its relay) if *rl is 0; -1 nowhere, with errno. */
+static int dgram_dest(int fd, const struct sockaddr *sa, socklen_t len, union vsockaddr *ra, socklen_t *rl)
+{
+	if (to_relayed(fd, sa, len)) {
+		*rl = 0;
+		return 1;
+	}
+	return relay_dest(fd, sa, len, ra, rl);
+}
+
+/* needs_relay reports whether a datagram fd sends to sa may not go as
+ * written (dgram_dest decides), without asking the agent. */
+static int needs_relay(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	struct vaddr dst;
+	int err;
+	if (sa == NULL || len < sizeof(sa_family_t) || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) ||
+	    to_vaddr(sa, len, &dst) < 0)
+		return 0;
+	return is_fake(&dst) || known_verdict(&dst, &err) != R_DIRECT || to_relayed(fd, sa, len);
+}
+
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *sa, socklen_t len)
 {
 	ensure_init();
-	if (!t_busy && sa && to_relayed(fd, sa, len)) {
-		sa = NULL; /* to the socket's peer: the relay */
-		len = 0;
-	}
 	if (!t_busy && sa) {
 		ssize_t r;
 		if (fastopen(fd, buf, n, flags, sa, len, &r))
 			return r;
-		if (!(flags & MSG_FASTOPEN) && fake_dest(sa, len)) {
-			int stream = 0;
-			if (stream_socket(fd, &stream) == 0 && !stream)
-				return no_datagrams();
+		union vsockaddr ra;
+		socklen_t rl;
+		if (!(flags & MSG_FASTOPEN)) {
+			switch (dgram_dest(fd, sa, len, &ra, &rl)) {
+			case -1:
+				return -1;
+			case 1:
+				sa = rl ? &ra.sa : NULL;
+				len = rl;
+			}
 		}
 	}
 	return real.sendto ? real.sendto(fd, buf, n, flags, sa, len)
@@ -2436,13 +2639,9 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	ensure_init();
-	struct msghdr peer;
-	if (!t_busy && m && m->msg_name && to_relayed(fd, m->msg_name, m->msg_namelen)) {
-		peer = *m;
-		peer.msg_name = NULL; /* to the socket's peer: the relay */
-		peer.msg_namelen = 0;
-		m = &peer;
-	}
+	struct msghdr relayed;
+	union vsockaddr ra;
+	socklen_t rl;
 	if (!t_busy && m && m->msg_name) {
 		const struct sockaddr *sa = m->msg_name;
 		if ((flags & MSG_FASTOPEN) && m->msg_iovlen == 1) {
@@ -2450,10 +2649,16 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 			if (fastopen(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags, sa, m->msg_namelen, &r))
 				return r;
 		}
-		if (fake_dest(sa, m->msg_namelen)) {
-			int stream = 0;
-			if (stream_socket(fd, &stream) == 0 && !stream)
-				return no_datagrams();
+		if (!(flags & MSG_FASTOPEN)) {
+			switch (dgram_dest(fd, sa, m->msg_namelen, &ra, &rl)) {
+			case -1:
+				return -1;
+			case 1:
+				relayed = *m;
+				relayed.msg_name = rl ? &ra : NULL;
+				relayed.msg_namelen = rl;
+				m = &relayed;
+			}
 		}
 	}
 	return real.sendmsg ? real.sendmsg(fd, m, flags) : syscall(SYS_sendmsg, fd, m, flags);
@@ -2462,39 +2667,22 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
 	ensure_init();
-	if (t_busy || v == NULL)
+	int plain = 1;
+	for (unsigned int k = 0; !t_busy && v && k < n && plain; k++)
+		plain = !needs_relay(fd, v[k].msg_hdr.msg_name, v[k].msg_hdr.msg_namelen);
+	if (plain)
 		return real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
-	if (!has_entry(fd)) {
-		for (unsigned int k = 0; k < n; k++)
-			if (fake_dest(v[k].msg_hdr.msg_name, v[k].msg_hdr.msg_namelen))
-				return no_datagrams();
-		return real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
-	}
+	/* A datagram goes elsewhere than written: one at a time, through
+	 * sendmsg, which decides for each. */
 	if (n > UIO_MAXIOV)
 		n = UIO_MAXIOV; /* the kernel sends no more */
-	/* Datagrams to a relayed socket's destination go to its peer, the
-	 * relay: their addresses are taken out for the call, and put back. */
-	void *names[UIO_MAXIOV];
-	int relayed = 0;
 	for (unsigned int k = 0; k < n; k++) {
-		names[k] = v[k].msg_hdr.msg_name;
-		if (to_relayed(fd, names[k], v[k].msg_hdr.msg_namelen)) {
-			v[k].msg_hdr.msg_name = NULL;
-			relayed = 1;
-		} else if (fake_dest(names[k], v[k].msg_hdr.msg_namelen)) {
-			for (unsigned int j = 0; j < k; j++)
-				v[j].msg_hdr.msg_name = names[j];
-			return no_datagrams();
-		}
+		ssize_t r = sendmsg(fd, &v[k].msg_hdr, flags);
+		if (r < 0)
+			return k > 0 ? (int)k : -1;
+		v[k].msg_len = (unsigned int)r;
 	}
-	int r = real.sendmmsg ? real.sendmmsg(fd, v, n, flags) : (int)syscall(SYS_sendmmsg, fd, v, n, flags);
-	if (relayed) {
-		int saved = errno;
-		for (unsigned int k = 0; k < n; k++)
-			v[k].msg_hdr.msg_name = names[k];
-		errno = saved;
-	}
-	return r;
+	return (int)n;
 }
 
 /* ---- names ---- */

@@ -20,7 +20,8 @@
  *                                      then connect again
  *   conntest sockopt HOST PORT         options set before connect survive it
  *   conntest names HOST                getaddrinfo, gethostbyname*, getnameinfo
- *   conntest udp HOST PORT             a datagram to HOST
+ *   conntest udp HOST PORT             a datagram to HOST, then a connect of
+ *                                      a UDP and of a UDP-Lite socket
  *   conntest udpecho 4|6 HOST PORT     datagrams to a UDP echo server on a
  *                                      connected socket of that family: send,
  *                                      sendto, sendmsg, sendmmsg, recvfrom,
@@ -28,6 +29,10 @@
  *                                      60000 bytes, each echo's bytes and
  *                                      source address checked; prints
  *                                      "ok udp echo" at the end
+ *   conntest udpsendto 4|6 HOST PORT  the same on one unconnected socket, to
+ *                                      HOST and to 127.0.0.1 in turn (sendto,
+ *                                      sendmsg, sendmmsg to both at once):
+ *                                      prints "ok udp sendto" at the end
  *   conntest udprefused HOST PORT      datagrams on a connected UDP socket to
  *                                      a port where nothing listens: prints
  *                                      "refused after N sends" once a send or
@@ -806,6 +811,15 @@ static int t_udp(const char *host, const char *port)
 	r = connect(fd, ai->ai_addr, ai->ai_addrlen);
 	printf("connect=%s\n", r == 0 ? "connected" : ename(errno));
 	close(fd);
+	/* Another datagram protocol, which vlink does not carry. */
+	fd = socket(AF_INET, SOCK_DGRAM, IPPROTO_UDPLITE);
+	if (fd < 0) {
+		printf("udplite=unsupported\n");
+	} else {
+		r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+		printf("udplite=%s\n", r == 0 ? "connected" : ename(errno));
+		close(fd);
+	}
 	freeaddrinfo(ai);
 	return 0;
 }
@@ -922,6 +936,66 @@ static int t_udpecho(const char *fam, const char *host, const char *port)
 	return failed;
 }
 
+static int t_udpsendto(const char *fam, const char *host, const char *port)
+{
+	char sb[INET6_ADDRSTRLEN + 8];
+	int af = strcmp(fam, "6") == 0 ? AF_INET6 : AF_INET;
+	struct addrinfo hints = { .ai_family = af, .ai_socktype = SOCK_DGRAM, .ai_flags = af == AF_INET6 ? AI_V4MAPPED : 0 };
+	struct addrinfo *dst[2];
+	if (getaddrinfo(host, port, &hints, &dst[0]) != 0 || getaddrinfo("127.0.0.1", port, &hints, &dst[1]) != 0) {
+		FAIL("getaddrinfo %s", host);
+		return 1;
+	}
+	int fd = socket(af, SOCK_DGRAM, 0);
+	struct timeval tv = { 10, 0 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	char buf[256];
+	struct sockaddr_storage from;
+	socklen_t fl;
+	for (int round = 0; round < 2; round++) {
+		for (int d = 0; d < 2; d++) {
+			const struct addrinfo *ai = dst[d];
+			fl = sizeof from;
+			ssize_t n = sendto(fd, "sendto", 6, 0, ai->ai_addr, ai->ai_addrlen);
+			if (n == 6)
+				n = recvfrom(fd, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+			if (n != 6 || memcmp(buf, "sendto", 6) != 0 || !from_ai(&from, fl, ai))
+				FAIL("sendto %d: %zd bytes (%s) from %s", d, n, ename(errno), fmt_addr(&from, sb, sizeof sb));
+			struct iovec iov = { "sendmsg", 7 }, riov = { buf, sizeof buf };
+			struct msghdr mh = { .msg_name = ai->ai_addr, .msg_namelen = ai->ai_addrlen, .msg_iov = &iov, .msg_iovlen = 1 };
+			struct msghdr rh = { .msg_name = &from, .msg_namelen = sizeof from, .msg_iov = &riov, .msg_iovlen = 1 };
+			n = sendmsg(fd, &mh, 0);
+			if (n == 7)
+				n = recvmsg(fd, &rh, 0);
+			if (n != 7 || memcmp(buf, "sendmsg", 7) != 0 || !from_ai(&from, rh.msg_namelen, ai))
+				FAIL("sendmsg %d: %zd bytes (%s) from %s", d, n, ename(errno), fmt_addr(&from, sb, sizeof sb));
+		}
+	}
+	/* One call to both: each answer from the address it went to. */
+	const char *words[2] = { "to-host", "to-lo!!" };
+	struct iovec oiov[2];
+	struct mmsghdr out[2];
+	memset(out, 0, sizeof out);
+	for (int d = 0; d < 2; d++) {
+		oiov[d] = (struct iovec){ (void *)words[d], 7 };
+		out[d].msg_hdr = (struct msghdr){ .msg_name = dst[d]->ai_addr, .msg_namelen = dst[d]->ai_addrlen, .msg_iov = &oiov[d], .msg_iovlen = 1 };
+	}
+	int r = sendmmsg(fd, out, 2, 0);
+	if (r != 2 || out[0].msg_len != 7 || out[1].msg_len != 7)
+		FAIL("sendmmsg: %d (%s)", r, ename(errno));
+	for (int k = 0; r == 2 && k < 2; k++) {
+		fl = sizeof from;
+		ssize_t n = recvfrom(fd, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+		int d = n == 7 && memcmp(buf, words[1], 7) == 0;
+		if (n != 7 || memcmp(buf, words[d], 7) != 0 || !from_ai(&from, fl, dst[d]))
+			FAIL("sendmmsg's answer %d: %zd bytes (%s) from %s", k, n, ename(errno), fmt_addr(&from, sb, sizeof sb));
+	}
+	close(fd);
+	if (!failed)
+		printf("ok udp sendto\n");
+	return failed;
+}
+
 static int t_udprefused(const char *host, const char *port)
 {
 	struct addrinfo *ai;
@@ -1022,6 +1096,8 @@ int main(int argc, char **argv)
 		return t_sockopt(argv[2], argv[3]);
 	if (!strcmp(t, "names") && argc == 3)
 		return t_names(argv[2]);
+	if (!strcmp(t, "udpsendto") && argc == 5)
+		return t_udpsendto(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "udprefused") && argc == 4)
 		return t_udprefused(argv[2], argv[3]);
 	if (!strcmp(t, "udpecho") && argc == 5)

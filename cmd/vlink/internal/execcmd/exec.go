@@ -71,13 +71,11 @@ Names routed through a stack get addresses from 198.18.0.0/15 and
 fd76:6c69:6e6b::/96, which the agent maps back to the name, after asking
 the gateway whether the name exists and with which address families (one
 round trip per name, cached; a name it does not know fails to resolve, as
-without the shim). --stand-ins skips the question. UDP sockets connected
-to a routed destination (as dig, nc -u, socat and most clients connect
-them) are carried too, through a relay of vlink exec's on loopback that
-the program sees as the destination; the first datagram dials, and a
-session idle for 2 minutes closes. A datagram sent with an address from
-an unconnected socket is not carried: to those addresses it fails with
-ENETUNREACH, and elsewhere it goes out as without the shim.
+without the shim). --stand-ins skips the question. UDP to a routed
+destination is carried too (the gateway needs --allow-udp), through a
+relay of vlink exec's on loopback that the program sees as the
+destination; the first datagram dials, and a session idle for 2 minutes
+closes.
 
 With --serve PORTS, the program's listeners on those ports take VLink
 clients besides their own: the shim binds the program's socket to a
