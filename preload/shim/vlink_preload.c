@@ -54,6 +54,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1469,7 +1470,10 @@ static int route_datagram(int fd, const struct sockaddr *sa, socklen_t len, cons
  * destination goes to a relay of its own for that socket and destination,
  * and what the relay sends back shows as from the destination. The table
  * is the process's, by the socket's inode; when full, the oldest entry
- * makes room (its relay's answers then show the relay's address). */
+ * makes room (its relay's answers then show the relay's address). It is
+ * looked up on every such datagram, both ways, so readers take no lock:
+ * writers (under g_lock, once per new destination) make g_useq odd while
+ * they write, and a reader retries if it changed under it (a seqlock). */
 #define MAX_UDPMAP 256
 
 struct udpmap {
@@ -1481,36 +1485,44 @@ struct udpmap {
 };
 
 static struct udpmap g_umap[MAX_UDPMAP];
-static unsigned g_unext;
+static unsigned g_unext, g_used;
+static unsigned g_useq;
 
 /* umap_find copies the entry of socket ino with destination dst (port 0)
  * or with relay port (dst NULL); 0 if there is none. */
 static int umap_find(ino_t ino, const struct vaddr *dst, uint16_t port, struct udpmap *out)
 {
-	int ok = 0;
-	lockstate ls;
-	lock(&ls);
-	for (int k = 0; k < MAX_UDPMAP && !ok; k++) {
-		struct udpmap *m = &g_umap[k];
-		if (m->ino == ino && (dst ? memcmp(&m->dst, dst, sizeof *dst) == 0 : m->port == port)) {
-			*out = *m;
-			ok = 1;
+	for (;;) {
+		unsigned seq = __atomic_load_n(&g_useq, __ATOMIC_ACQUIRE);
+		if (seq & 1) {
+			sched_yield(); /* a writer, for a moment */
+			continue;
 		}
+		int ok = 0;
+		unsigned n = __atomic_load_n(&g_used, __ATOMIC_RELAXED);
+		for (unsigned k = 0; k < n && !ok; k++) {
+			memcpy(out, &g_umap[k], sizeof *out);
+			ok = out->ino == ino && (dst ? memcmp(&out->dst, dst, sizeof *dst) == 0 : out->port == port);
+		}
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&g_useq, __ATOMIC_RELAXED) == seq)
+			return ok;
 	}
-	unlock(&ls);
-	return ok;
 }
 
 static void umap_put(const struct udpmap *m)
 {
 	lockstate ls;
 	lock(&ls);
-	int k = 0;
-	while (k < MAX_UDPMAP && g_umap[k].ino != 0)
-		k++;
-	if (k == MAX_UDPMAP)
-		k = (int)(g_unext++ % MAX_UDPMAP);
+	__atomic_store_n(&g_useq, g_useq + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	unsigned k = g_used;
+	if (k < MAX_UDPMAP)
+		__atomic_store_n(&g_used, k + 1, __ATOMIC_RELAXED);
+	else
+		k = g_unext++ % MAX_UDPMAP;
 	g_umap[k] = *m;
+	__atomic_store_n(&g_useq, g_useq + 1, __ATOMIC_RELEASE);
 	unlock(&ls);
 }
 
@@ -1522,9 +1534,16 @@ static int relay_dest(int fd, const struct sockaddr *sa, socklen_t len, union vs
 	struct vaddr dst;
 	int err = 0, domain = 0;
 	socklen_t dl = sizeof domain;
+	struct udpmap m;
 	if (len < sizeof(sa_family_t) || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) ||
 	    to_vaddr(sa, len, &dst) < 0)
 		return 0;
+	if (entry_state(fd) == ST_UDPMAP && sock_ino(fd, &m.ino) == 0 && umap_find(m.ino, &dst, 0, &m)) {
+		/* A destination this socket sent to before: no question. */
+		*ra = m.relay;
+		*rl = m.relaylen;
+		return 1;
+	}
 	if (!is_fake(&dst)) {
 		switch (known_verdict(&dst, &err)) {
 		case R_DIRECT:
@@ -1542,7 +1561,6 @@ static int relay_dest(int fd, const struct sockaddr *sa, socklen_t len, union vs
 	}
 	if (sys_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) < 0 || domain != sa->sa_family)
 		return 0; /* the kernel says what it says */
-	struct udpmap m;
 	memset(&m, 0, sizeof m);
 	if (sock_ino(fd, &m.ino) < 0)
 		return 0;
@@ -2509,19 +2527,21 @@ static void relayed_from(int fd, struct sockaddr *sa, socklen_t cap, socklen_t *
 {
 	struct vent e;
 	struct vaddr from;
+	struct udpmap m;
 	int st = entry_state(fd);
 	if (sa == NULL || len == NULL || *len == 0 || (st != ST_REDIRECTED && st != ST_UDPMAP) ||
-	    to_vaddr(sa, *len < cap ? *len : cap, &from) < 0 || !is_loopback(&from) || !entry_any(fd, &e))
+	    to_vaddr(sa, *len < cap ? *len : cap, &from) < 0 || !is_loopback(&from))
 		return;
-	if (e.state == ST_REDIRECTED && e.dgram && from.port == e.token) {
-		*len = cap;
-		copy_out(&e.orig, e.origlen, sa, len);
+	if (st == ST_UDPMAP) {
+		if (sock_ino(fd, &m.ino) == 0 && umap_find(m.ino, NULL, from.port, &m)) {
+			*len = cap;
+			copy_out(&m.orig, m.origlen, sa, len);
+		}
 		return;
 	}
-	struct udpmap m;
-	if (e.state == ST_UDPMAP && umap_find(e.ino, NULL, from.port, &m)) {
+	if (entry_any(fd, &e) && e.state == ST_REDIRECTED && e.dgram && from.port == e.token) {
 		*len = cap;
-		copy_out(&m.orig, m.origlen, sa, len);
+		copy_out(&e.orig, e.origlen, sa, len);
 	}
 }
 
