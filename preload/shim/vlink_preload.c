@@ -1499,14 +1499,18 @@ static int umap_find(ino_t ino, const struct vaddr *dst, uint16_t port, struct u
 			continue;
 		}
 		int ok = 0;
+		struct udpmap m;
 		unsigned n = __atomic_load_n(&g_used, __ATOMIC_RELAXED);
 		for (unsigned k = 0; k < n && !ok; k++) {
-			memcpy(out, &g_umap[k], sizeof *out);
-			ok = out->ino == ino && (dst ? memcmp(&out->dst, dst, sizeof *dst) == 0 : out->port == port);
+			memcpy(&m, &g_umap[k], sizeof m);
+			ok = m.ino == ino && (dst ? memcmp(&m.dst, dst, sizeof *dst) == 0 : m.port == port);
 		}
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&g_useq, __ATOMIC_RELAXED) == seq)
-			return ok;
+		if (__atomic_load_n(&g_useq, __ATOMIC_RELAXED) != seq)
+			continue;
+		if (ok)
+			*out = m; /* out is left alone on a miss: callers fill it in */
+		return ok;
 	}
 }
 
