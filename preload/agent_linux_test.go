@@ -150,6 +150,12 @@ func gateway(t testing.TB) (addr string, conns, lookups *atomic.Int64) {
 			mu.Lock()
 			targets = append(targets, h.Target)
 			mu.Unlock()
+			if strings.HasPrefix(h.Target, "slow.") { // a host that answers its SYN late
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+				}
+			}
 			to, err := mapTarget(h.Target)
 			if err == nil {
 				network := "tcp"
@@ -329,6 +335,60 @@ func TestUDPRefused(t *testing.T) {
 		t.Run(tc.host, func(t *testing.T) {
 			if out := lb.mustRun(t, "udprefused", tc.host, port); !strings.Contains(out, tc.sends) {
 				t.Errorf("want %q, got:\n%s", tc.sends, out)
+			}
+		})
+	}
+}
+
+// TestSendTimeout: a blocking connect with SO_SNDTIMEO returns EINPROGRESS
+// when its time runs out before the far side answers, and the connection
+// goes on, as the kernel's connect does; within the time it connects, or
+// fails with the far side's errno.
+func TestSendTimeout(t *testing.T) {
+	lb := newLab(t)
+	for _, tc := range []struct {
+		name, host, ms string
+		want           []string
+	}{
+		{"direct", "127.0.0.1", "2000", []string{"connect=connected after less than the timeout", "ok echo"}},
+		{"answers-in-time", "echo.far.test", "2000", []string{"connect=connected after less than the timeout", "ok echo"}},
+		{"answers-late", "slow.far.test", "300", []string{"connect=EINPROGRESS after the timeout", "later=connected", "ok echo"}},
+		{"fails-in-time", "unreach.far.test", "2000", []string{"connect=EHOSTUNREACH after less than the timeout"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, _ := lb.run(t, nil, "sndtimeo", tc.host, lb.port4, tc.ms)
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("no %q in:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+// TestUrgentByte: an urgent byte (MSG_OOB) does not cross vlink, and the
+// shim says so, once, on the connections vlink carries; a direct one is
+// left alone.
+func TestUrgentByte(t *testing.T) {
+	lb := newLab(t)
+	const said = "an urgent byte (MSG_OOB) does not cross vlink"
+	for _, tc := range []struct {
+		host string
+		says bool
+	}{
+		{"127.0.0.1", false},
+		{"127.0.0.2", true},       // relayed by the agent
+		{"echo.fdfar.test", true}, // the gateway's socket, passed
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			// Direct, the echo server (Go's) gets the urgent byte and
+			// stops at it: only the send is checked there.
+			out, _ := lb.run(t, nil, "oob", tc.host, lb.port4)
+			if !strings.Contains(out, "oob=sent") || tc.says && !strings.Contains(out, "ok echo") {
+				t.Errorf("the urgent byte's send, then the echo: got\n%s", out)
+			}
+			if n := strings.Count(out, said); n != map[bool]int{true: 1, false: 0}[tc.says] {
+				t.Errorf("said %d times %q:\n%s", n, said, out)
 			}
 		})
 	}

@@ -53,6 +53,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -159,6 +160,7 @@ static struct {
 	int (*gethostbyname_r)(const char *, struct hostent *, char *, size_t, struct hostent **, int *);
 	int (*gethostbyname2_r)(const char *, int, struct hostent *, char *, size_t, struct hostent **, int *);
 	int (*getnameinfo)(const struct sockaddr *, socklen_t, char *, socklen_t, char *, socklen_t, int);
+	ssize_t (*send)(int, const void *, size_t, int);
 	ssize_t (*sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
 	ssize_t (*sendmsg)(int, const struct msghdr *, int);
 	int (*sendmmsg)(int, struct mmsghdr *, unsigned int, int);
@@ -1606,6 +1608,8 @@ static int relay_dest(int fd, const struct sockaddr *sa, socklen_t len, union vs
 	return 1;
 }
 
+static int timed_wait(int fd, uint32_t ms, int saved);
+
 /* route_connect asks the agent about a TCP connect and does what it says. */
 static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int saved)
 {
@@ -1627,6 +1631,10 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 		if (sys_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &tl) == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
 			timeout_ms = (uint32_t)(tv.tv_sec * 1000 + tv.tv_usec / 1000 + 1);
 	}
+	/* A blocking connect with SO_SNDTIMEO returns EINPROGRESS when its
+	 * time runs out and goes on in the background: it is held as a
+	 * non-blocking one is, and waited for within the time (timed_wait). */
+	int timed = timeout_ms > 0, held = nonblock || timed;
 
 	int i = ask_chan(dst, fake, &verdict, &err);
 	if (i == -2)
@@ -1638,8 +1646,8 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	int nfd = -1;
 	put_addr(b, dst);
 	b[VL_ADDR] = sockfam == AF_INET6 ? 6 : 4;
-	b[VL_ADDR + 1] = nonblock ? MODE_ASYNC : MODE_SYNC;
-	put32(b + VL_ADDR + 2, timeout_ms);
+	b[VL_ADDR + 1] = held ? MODE_ASYNC : MODE_SYNC;
+	put32(b + VL_ADDR + 2, 0); /* the dial goes on past a timed connect's time, as the kernel's */
 	if (send_frame(i, M_CONNECT, b, VL_CONNECT) < 0 ||
 	    recv_frame(i, M_RESULT, b, VL_RESULT, VL_RESULT, &n, &nfd, !nonblock) < 0) {
 		int e = errno;
@@ -1691,15 +1699,21 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 		errno = saved;
 		return 0;
 	case R_RELAY: {
-		int r = relay_connect(i, fd, sockfam, token, nonblock);
+		if (timed)
+			sys_fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+		int r = relay_connect(i, fd, sockfam, token, held);
 		int e = errno;
+		if (timed)
+			sys_fcntl(fd, F_SETFL, fl);
 		put_chan(i, r == 0 || e == EINPROGRESS);
 		if (r < 0 && e != EINPROGRESS) {
 			errno = e;
 			return -1;
 		}
-		mark_redirected(fd, &orig, origlen, nonblock ? HELD_PENDING : HELD_NO, token);
+		mark_redirected(fd, &orig, origlen, held ? HELD_PENDING : HELD_NO, token);
 		debugf("connect fd %d: relayed (%s)", fd, r < 0 ? "in progress" : "connected");
+		if (timed && r < 0)
+			return timed_wait(fd, timeout_ms, saved);
 		errno = r < 0 ? e : saved;
 		return r;
 	}
@@ -1791,6 +1805,33 @@ static int held_error(int fd, int e)
 	}
 	held_set(fd, HELD_NO); /* EISCONN, or the kernel's own verdict (its SYN timed out) */
 	return e;
+}
+
+/* timed_wait waits for a held connect of a blocking socket with
+ * SO_SNDTIMEO, for up to ms, as the kernel's connect does: 0 once
+ * connected; -1 with the dial's errno if it failed, with EINPROGRESS if
+ * the time ran out (the connect goes on: the program polls, or connects
+ * again), with EINTR if a signal came first. */
+static int timed_wait(int fd, uint32_t ms, int saved)
+{
+	struct pollfd p = { fd, POLLOUT, 0 };
+	int r = poll(&p, 1, ms > INT_MAX ? INT_MAX : (int)ms);
+	if (r < 0)
+		return -1;
+	if (r == 0) {
+		errno = EINPROGRESS;
+		return -1;
+	}
+	int err = 0;
+	socklen_t l = sizeof err;
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+		return -1;
+	if ((err = held_error(fd, err)) != 0) {
+		errno = err;
+		return -1;
+	}
+	errno = saved;
+	return 0;
 }
 
 /* quick_direct reports whether a TCP connect to dst is known to be direct
@@ -2637,9 +2678,35 @@ static int needs_relay(int fd, const struct sockaddr *sa, socklen_t len)
 	return is_fake(&dst) || known_verdict(&dst, &err) != R_DIRECT || to_relayed(fd, sa, len);
 }
 
+/* urgent says, once per process, that an urgent byte (MSG_OOB) on a
+ * connection vlink carries does not reach the far side: each relay reads
+ * its socket's stream, from which TCP takes the urgent byte out, and
+ * vlink's stacks have nothing to carry it as. Carrying it in the stream
+ * instead would hand the far program a byte it never sees without vlink
+ * (unless it asked for SO_OOBINLINE); the send itself succeeds, as
+ * without vlink. */
+static void urgent(int fd, int flags)
+{
+	static int noted;
+	if (!(flags & MSG_OOB) || t_busy || entry_state(fd) != ST_REDIRECTED ||
+	    __atomic_load_n(&noted, __ATOMIC_RELAXED))
+		return;
+	struct vent e;
+	if (entry_copy(fd, ST_REDIRECTED, &e) && !e.dgram && !__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
+		note("an urgent byte (MSG_OOB) does not cross vlink: the far side does not get it");
+}
+
+EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+	ensure_init();
+	urgent(fd, flags);
+	return real.send ? real.send(fd, buf, n, flags) : syscall(SYS_sendto, fd, buf, n, flags, NULL, 0);
+}
+
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *sa, socklen_t len)
 {
 	ensure_init();
+	urgent(fd, flags);
 	if (!t_busy && sa) {
 		ssize_t r;
 		if (fastopen(fd, buf, n, flags, sa, len, &r))
@@ -2666,6 +2733,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 	struct msghdr relayed;
 	union vsockaddr ra;
 	socklen_t rl;
+	urgent(fd, flags);
 	if (!t_busy && m && m->msg_name) {
 		const struct sockaddr *sa = m->msg_name;
 		if ((flags & MSG_FASTOPEN) && m->msg_iovlen == 1) {
@@ -3098,6 +3166,7 @@ static void init(void)
 	real.gethostbyname_r = sym("gethostbyname_r");
 	real.gethostbyname2_r = sym("gethostbyname2_r");
 	real.getnameinfo = sym("getnameinfo");
+	real.send = sym("send");
 	real.sendto = sym("sendto");
 	real.sendmsg = sym("sendmsg");
 	real.sendmmsg = sym("sendmmsg");

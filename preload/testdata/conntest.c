@@ -33,6 +33,13 @@
  *                                      HOST and to 127.0.0.1 in turn (sendto,
  *                                      sendmsg, sendmmsg to both at once):
  *                                      prints "ok udp sendto" at the end
+ *   conntest sndtimeo HOST PORT MS     a blocking connect with SO_SNDTIMEO of
+ *                                      MS: prints "connect=ERRNO after the
+ *                                      timeout" (or "less than"), then, if
+ *                                      EINPROGRESS, "later=ERRNO" once
+ *                                      writable, and "ok echo" once echoed
+ *   conntest oob HOST PORT             an urgent byte (send MSG_OOB), then an
+ *                                      echo; prints "oob=sent" and the echo
  *   conntest udprefused HOST PORT      datagrams on a connected UDP socket to
  *                                      a port where nothing listens: prints
  *                                      "refused after N sends" once a send or
@@ -1003,6 +1010,57 @@ static int t_udpsendto(const char *fam, const char *host, const char *port)
 	return failed;
 }
 
+static int t_sndtimeo(const char *host, const char *port, const char *ms)
+{
+	struct addrinfo *ai = resolve(host, port, AF_INET);
+	if (!ai)
+		return 1;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	long m = atol(ms);
+	struct timeval tv = { m / 1000, (m % 1000) * 1000 };
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	int e = errno;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	long el = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+	printf("connect=%s after %s\n", r == 0 ? "connected" : ename(e), el >= m ? "the timeout" : "less than the timeout");
+	freeaddrinfo(ai);
+	if (r < 0 && e == EINPROGRESS) {
+		struct pollfd p = { fd, POLLOUT, 0 };
+		poll(&p, 1, 10000);
+		int err = -1;
+		socklen_t l = sizeof err;
+		getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+		printf("later=%s\n", err == 0 ? "connected" : ename(err));
+		r = err == 0 ? 0 : -1;
+	}
+	if (r == 0 && echo(fd, "after the timeout") == 0)
+		printf("ok echo\n");
+	close(fd);
+	return failed;
+}
+
+static int t_oob(const char *host, const char *port)
+{
+	struct addrinfo *ai = resolve(host, port, AF_INET);
+	if (!ai)
+		return 1;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		FAIL("connect: %s", ename(errno));
+		return 1;
+	}
+	freeaddrinfo(ai);
+	ssize_t n = send(fd, "!", 1, MSG_OOB);
+	printf("oob=%s\n", n == 1 ? "sent" : ename(errno));
+	if (echo(fd, "after the urgent byte") == 0)
+		printf("ok echo\n");
+	close(fd);
+	return failed;
+}
+
 static int t_udprefused(const char *host, const char *port)
 {
 	struct addrinfo *ai;
@@ -1105,6 +1163,10 @@ int main(int argc, char **argv)
 		return t_names(argv[2]);
 	if (!strcmp(t, "udpsendto") && argc == 5)
 		return t_udpsendto(argv[2], argv[3], argv[4]);
+	if (!strcmp(t, "oob") && argc == 4)
+		return t_oob(argv[2], argv[3]);
+	if (!strcmp(t, "sndtimeo") && argc == 5)
+		return t_sndtimeo(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "udprefused") && argc == 4)
 		return t_udprefused(argv[2], argv[3]);
 	if (!strcmp(t, "udpecho") && argc == 5)
