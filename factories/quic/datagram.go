@@ -11,6 +11,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/quicvarint"
 
+	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -36,6 +37,7 @@ const (
 
 var (
 	_ layer.DatagramCarrier = (*conn)(nil)
+	_ dgram.ReadyCarrier    = (*conn)(nil)
 
 	// datagramDrops counts the datagrams received and dropped: for a
 	// stream that is not open (unknown, or closed), whose queue was
@@ -227,6 +229,26 @@ func (c *conn) SendDatagram(b []byte) error {
 		return c.opError("write", err)
 	}
 	return nil
+}
+
+// TakeDatagram returns a datagram that arrived for the stream and waits,
+// if one does (dgram.ReadyCarrier).
+func (c *conn) TakeDatagram() ([]byte, bool) {
+	if c.p.dm == nil || c.dq == nil {
+		return nil, false
+	}
+	d, _ := c.p.dm.next(c.dq)
+	return d, d != nil
+}
+
+// DatagramReady receives once a datagram may wait for the stream, or its
+// queue closed (dgram.ReadyCarrier); nil, never ready, when the path
+// carries no datagrams.
+func (c *conn) DatagramReady() <-chan struct{} {
+	if c.p.dm == nil || c.dq == nil {
+		return nil
+	}
+	return c.dq.notify
 }
 
 // ReceiveDatagram returns the next datagram that arrived for the stream,

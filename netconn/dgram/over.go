@@ -24,6 +24,19 @@ type Carrier interface {
 	MaxDatagram() int
 }
 
+// A ReadyCarrier is a Carrier whose waiting datagrams Read takes itself,
+// with no goroutine between (factories/quic's): a hand-off less per
+// datagram.
+type ReadyCarrier interface {
+	Carrier
+	// TakeDatagram returns a datagram that waits, if one does; it never
+	// blocks.
+	TakeDatagram() ([]byte, bool)
+	// DatagramReady receives (its capacity is 1) once a datagram may
+	// wait, or the carrier closed.
+	DatagramReady() <-chan struct{}
+}
+
 // NewConnOver returns a Conn that carries datagrams over carrier where
 // they fit (MaxDatagram), and over stream, framed as NewConn frames
 // them, where they do not (or the carrier fails to take one): nothing
@@ -33,8 +46,9 @@ type Carrier interface {
 // either; the far side's socket errors and the stream's end still come
 // on the stream. A nil carrier is NewConn.
 //
-// Two goroutines read the stream and the carrier until Close, into a
-// queue of 64 datagrams that Read takes from: a Read deadline is the
+// A goroutine reads the stream until Close, into a queue of 64
+// datagrams that Read takes from, and another the carrier (unless it is
+// a ReadyCarrier, which Read takes from itself): a Read deadline is the
 // Conn's own (the stream's is never set), and a frame arrives whole or
 // not at all. The stream is not read while that queue is full, so a
 // reader that falls behind holds the stream's sender back as on
@@ -55,13 +69,18 @@ func NewConnOver(stream net.Conn, carrier Carrier, local, remote net.Addr) *Conn
 	}
 	c.over = o
 	go o.pumpStream(c)
-	go o.pumpCarrier(ctx)
+	if rc, ok := carrier.(ReadyCarrier); ok {
+		o.ready = rc
+	} else {
+		go o.pumpCarrier(ctx)
+	}
 	return c
 }
 
 // over is the state of a Conn with a Carrier.
 type over struct {
 	carrier Carrier
+	ready   ReadyCarrier // carrier, when Read takes from it itself; nil otherwise
 	cancel  context.CancelFunc
 	in      chan item
 	done    chan struct{} // closed by Close
@@ -137,19 +156,33 @@ func (o *over) read(c *Conn, b []byte) (int, error) {
 		return 0, c.opError("read", os.ErrDeadlineExceeded)
 	default:
 	}
-	select {
-	case it := <-o.in:
-		if it.err != nil {
-			if it.final {
-				c.rerr = it.err
+	var ready <-chan struct{} // nil: no carrier to take from here
+	if o.ready != nil {
+		ready = o.ready.DatagramReady()
+	}
+	for {
+		if o.ready != nil {
+			if d, ok := o.ready.TakeDatagram(); ok {
+				return copy(b, d), nil
 			}
-			return 0, it.err
 		}
-		return copy(b, it.d), nil
-	case <-o.done:
-		return 0, c.opError("read", net.ErrClosed)
-	case <-o.rdl.wait():
-		return 0, c.opError("read", os.ErrDeadlineExceeded)
+		select {
+		case it := <-o.in:
+			if it.err != nil {
+				if it.final {
+					c.rerr = it.err
+				}
+				return 0, it.err
+			}
+			return copy(b, it.d), nil
+		case <-ready:
+			// A datagram may wait (or the carrier closed: then none
+			// will, and the stream says how the session ends).
+		case <-o.done:
+			return 0, c.opError("read", net.ErrClosed)
+		case <-o.rdl.wait():
+			return 0, c.opError("read", os.ErrDeadlineExceeded)
+		}
 	}
 }
 

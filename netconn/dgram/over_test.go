@@ -20,6 +20,7 @@ type chanCarrier struct {
 	lose    int
 	mu      sync.Mutex
 	sent    int
+	wake    chan struct{} // the peer's readyCarrier's notify, if it is one
 }
 
 func (c *chanCarrier) SendDatagram(b []byte) error {
@@ -32,9 +33,33 @@ func (c *chanCarrier) SendDatagram(b []byte) error {
 	c.mu.Unlock()
 	if !lost {
 		c.out <- append([]byte(nil), b...)
+		if c.wake != nil {
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		}
 	}
 	return nil
 }
+
+// readyCarrier is a chanCarrier whose datagrams Read takes itself
+// (ReadyCarrier), as factories/quic's.
+type readyCarrier struct {
+	*chanCarrier
+	notify chan struct{}
+}
+
+func (c *readyCarrier) TakeDatagram() ([]byte, bool) {
+	select {
+	case b := <-c.in:
+		return b, true
+	default:
+		return nil, false
+	}
+}
+
+func (c *readyCarrier) DatagramReady() <-chan struct{} { return c.notify }
 
 func (c *chanCarrier) ReceiveDatagram(ctx context.Context) ([]byte, error) {
 	select {
@@ -48,23 +73,41 @@ func (c *chanCarrier) ReceiveDatagram(ctx context.Context) ([]byte, error) {
 func (c *chanCarrier) MaxDatagram() int { return c.max }
 
 // overPair returns two Conns over one TCP connection and a pair of
-// carriers, and the carriers.
-func overPair(t *testing.T, max, lose int) (*Conn, *Conn, *chanCarrier) {
+// carriers, ReadyCarriers if ready, and the first carrier.
+func overPair(t *testing.T, max, lose int, ready bool) (*Conn, *Conn, *chanCarrier) {
 	t.Helper()
 	a, b := pair(t)
 	ab, ba := make(chan []byte, 1024), make(chan []byte, 1024)
 	ca := &chanCarrier{out: ab, in: ba, max: max, lose: lose}
 	cb := &chanCarrier{out: ba, in: ab, max: max}
-	x, y := NewConnOver(a.stream, ca, nil, nil), NewConnOver(b.stream, cb, nil, nil)
+	var x, y *Conn
+	if ready {
+		ra := &readyCarrier{ca, make(chan struct{}, 1)}
+		rb := &readyCarrier{cb, make(chan struct{}, 1)}
+		ca.wake, cb.wake = rb.notify, ra.notify
+		x, y = NewConnOver(a.stream, ra, nil, nil), NewConnOver(b.stream, rb, nil, nil)
+	} else {
+		x, y = NewConnOver(a.stream, ca, nil, nil), NewConnOver(b.stream, cb, nil, nil)
+	}
 	t.Cleanup(func() { x.Close(); y.Close() })
 	return x, y, ca
+}
+
+// carriers runs test with a Carrier read by a goroutine, and with a
+// ReadyCarrier that Read takes from itself.
+func carriers(t *testing.T, test func(t *testing.T, ready bool)) {
+	for _, ready := range []bool{false, true} {
+		t.Run(map[bool]string{false: "pumped", true: "ready"}[ready], func(t *testing.T) { test(t, ready) })
+	}
 }
 
 // Datagrams that fit the carrier ride it, and may be lost there, alone;
 // larger ones ride the stream, whole; the far side's socket errors come
 // on the stream, once each; a Read returns one datagram.
-func TestOverCarrier(t *testing.T) {
-	a, b, ca := overPair(t, 100, 3)
+func TestOverCarrier(t *testing.T) { carriers(t, testOverCarrier) }
+
+func testOverCarrier(t *testing.T, ready bool) {
+	a, b, ca := overPair(t, 100, 3, ready)
 	sizes := []int{0, 10, 100, 101, 5000, 60000, 50, 99}
 	for i, n := range sizes {
 		if _, err := a.Write(bytes.Repeat([]byte{byte(i)}, n)); err != nil {
@@ -121,8 +164,10 @@ func TestOverCarrier(t *testing.T) {
 }
 
 // Close stops a Read in progress and the goroutines that read.
-func TestOverClose(t *testing.T) {
-	a, _, _ := overPair(t, 100, 0)
+func TestOverClose(t *testing.T) { carriers(t, testOverClose) }
+
+func testOverClose(t *testing.T, ready bool) {
+	a, _, _ := overPair(t, 100, 0, ready)
 	done := make(chan error, 1)
 	go func() {
 		_, err := a.Read(make([]byte, 10))
