@@ -823,7 +823,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
-				member: r.member, peerCert: r.peerCert, carrier: &r.carrier}
+				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport)}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -979,6 +979,24 @@ type helloDialer struct {
 	// certificate, and the accept must carry one it trusts.
 	member   *Member
 	peerCert PeerCertCallback
+	// cc is the congestion control the factories below use, for the
+	// listener's side to use too (Hello.CongestionControl); "" for none.
+	cc string
+}
+
+// congestionOf returns the congestion control a chain of factories sets
+// (layer.CongestionControlled), or "".
+func congestionOf(d layer.ContextDialer) string {
+	for {
+		fd, ok := d.(*factoryDialer)
+		if !ok {
+			return ""
+		}
+		if cc, ok := fd.f.(layer.CongestionControlled); ok && cc.CongestionControl() != "" {
+			return cc.CongestionControl()
+		}
+		d = fd.forward
+	}
 }
 
 func (d *helloDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -1010,7 +1028,7 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 			carrier = layer.DatagramCarrierOf(c)
 		}
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert}, key, binding)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert, cc: d.cc}, key, binding)
 	if err == nil && carrier != nil {
 		*d.carrier = carrier
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
@@ -101,6 +102,10 @@ const (
 	// and the datagrams that fit ride QUIC DATAGRAM frames beside the
 	// stream at the bottom (Hello.QUICDatagrams)
 	tagDatagram fieldTag = 16
+	// in a hello: the congestion control algorithm the dialer's TCP
+	// connection under it uses, for the listener's side to use too
+	// (Hello.CongestionControl; netconn.ValidCongestionControl)
+	tagCC fieldTag = 17
 )
 
 // The values of tagDatagram.
@@ -111,7 +116,7 @@ const (
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
 	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert},
@@ -145,6 +150,7 @@ type message struct {
 	qdgram bool     // and its datagrams ride QUIC's (Hello.QUICDatagrams)
 	family Families // in the accept of a lookup
 	cert   []byte   // the sender's certificate, undecoded (Member checks it)
+	cc     string   // in a hello: the congestion control to use (Hello.CongestionControl)
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -198,6 +204,7 @@ func (m *message) appendFrame(b []byte) []byte {
 	if m.family != 0 {
 		field(tagFamily, []byte{byte(m.family)})
 	}
+	str(tagCC, m.cc)
 	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
 	return b
 }
@@ -278,6 +285,10 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 				err = errors.New("lookup must be the byte 1")
 			}
 			m.lookup = true
+		case tagCC:
+			if m.cc = string(v); !netconn.ValidCongestionControl(m.cc) {
+				err = errors.New("congestion control must be 1 to 15 letters, digits, _ or -")
+			}
 		case tagDatagram:
 			if len(v) != 1 || v[0] != datagramStream && v[0] != datagramQUIC {
 				err = errors.New("datagram must be the byte 1 or 2")

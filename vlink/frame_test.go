@@ -23,6 +23,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		{typ: msgRefuse, code: CodeLoop, reason: "round", hop: 3},
 		{typ: msgHello, stack: "zstd", target: "db.internal:0", lookup: true},
 		{typ: msgAccept, proof: bytes.Repeat([]byte{4}, proofSize), family: FamilyIPv4},
+		{typ: msgHello, stack: "zstd", target: "db.internal:5432", cc: "bbr"},
 	}
 	for _, m := range msgs {
 		t.Run(m.typ.String(), func(t *testing.T) {
@@ -86,6 +87,8 @@ func TestFrameErrors(t *testing.T) {
 		{"static key in a hello", hello(field(tagStatic, make([]byte, identitySize))), ErrBadHello, "unexpected field 12"},
 		{"lookup not 1", hello(field(tagLookup, []byte{2})), ErrBadHello, "lookup must be"},
 		{"family in a hello", hello(field(tagFamily, []byte{1})), ErrBadHello, "unexpected field 14"},
+		{"cc not a name", hello(field(tagCC, []byte("bbr; rm"))), ErrBadHello, "congestion control must be"},
+		{"cc too long", hello(field(tagCC, []byte("sixteen-letters!"))), ErrBadHello, "congestion control must be"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -164,6 +165,16 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
 	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, QUICDatagrams: m.qdgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	if m.cc != "" && j == nil {
+		// The dialer's sender uses it; this side's, for what goes back,
+		// must too, or a download crawls where the upload flew.
+		h.CongestionControl = m.cc
+		if tc := netconn.TCPBelow(c); tc != nil {
+			if err := netconn.SetCongestionControl(tc, m.cc); err != nil {
+				return nil, sendRefusal(c, refuse(CodeParam, "%v", err))
+			}
+		}
+	}
 	if j == nil && via == nil && l.marked(c, m, helloBody) {
 		l.shed.markedRead(c) // a replayed hello could have a mark: the challenge decides
 	}

@@ -150,6 +150,12 @@ type Hello struct {
 	// dialer holds its key before the connection is handed out; Admit,
 	// which runs before, sees the name as claimed.
 	Cert *nodecert.Certificate
+	// CongestionControl is the congestion control algorithm the dialer
+	// asked for (tcp's cc parameter): its TCP connection's sender uses
+	// it, and the listener set it on its own side of that connection
+	// before it accepted, so that what goes back uses it too. Empty: the
+	// system's default.
+	CongestionControl string
 
 	carrier     layer.DatagramCarrier // QUICDatagrams': the stream's
 	key         []byte                // the key proven: Policy.Key, or Node's key derived from it

@@ -2,12 +2,18 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"net"
+	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func getsockopt(t *testing.T, c net.Conn, level, opt int) int {
@@ -30,17 +36,24 @@ func getsockopt(t *testing.T, c net.Conn, level, opt int) int {
 // TestSocketOptions reads the options back from the kernel on both the
 // dialed and the accepted socket.
 func TestSocketOptions(t *testing.T) {
+	def, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name      string
 		args      fakeArgs
 		nodelay   bool
 		keepalive time.Duration // 0: off
+		cc        string        // "": the system's default
 	}{
-		{"defaults", fakeArgs{}, true, DefaultKeepAlive},
-		{"nagle", fakeArgs{"nodelay": "false"}, false, DefaultKeepAlive},
-		{"keepalive-off", fakeArgs{"keepalive": "0s"}, true, 0},
-		{"keepalive-90s", fakeArgs{"keepalive": "90s"}, true, 90 * time.Second},
-		{"port-range", fakeArgs{"ports": freeRange(8).String(), "nodelay": "false", "keepalive": "1m"}, false, time.Minute},
+		{"defaults", fakeArgs{}, true, DefaultKeepAlive, ""},
+		{"nagle", fakeArgs{"nodelay": "false"}, false, DefaultKeepAlive, ""},
+		{"keepalive-off", fakeArgs{"keepalive": "0s"}, true, 0, ""},
+		{"keepalive-90s", fakeArgs{"keepalive": "90s"}, true, 90 * time.Second, ""},
+		{"port-range", fakeArgs{"ports": freeRange(8).String(), "nodelay": "false", "keepalive": "1m"}, false, time.Minute, ""},
+		// reno is built into every kernel, and the default of none.
+		{"cc", fakeArgs{"cc": "reno"}, true, DefaultKeepAlive, "reno"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,6 +65,13 @@ func TestSocketOptions(t *testing.T) {
 			defer ln.Close()
 			c, s := dialAccept(t, f, "tcp", ln)
 			for side, conn := range map[string]net.Conn{"dialed": c, "accepted": s} {
+				cc := tt.cc
+				if cc == "" {
+					cc = strings.TrimSpace(string(def))
+				}
+				if got, err := netconn.CongestionControl(conn.(*net.TCPConn)); got != cc {
+					t.Errorf("%s: TCP_CONGESTION %q (%v), want %q", side, got, err, cc)
+				}
 				if got := getsockopt(t, conn, unix.IPPROTO_TCP, unix.TCP_NODELAY) != 0; got != tt.nodelay {
 					t.Errorf("%s: TCP_NODELAY %v, want %v", side, got, tt.nodelay)
 				}
@@ -85,5 +105,27 @@ func TestSocketOptions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A congestion control the kernel does not offer fails the dial and the
+// listen with an error that names those it does; a name that cannot be
+// one is refused by New.
+func TestCongestionControlRefused(t *testing.T) {
+	f := mustFactory(t, fakeArgs{"cc": "nosuchcc"})
+	_, err := f.DialContext(context.Background(), "tcp", "127.0.0.1:9", nil)
+	if !errors.Is(err, netconn.ErrCongestionControl) || !strings.Contains(err.Error(), "this kernel offers: ") {
+		t.Errorf("dial: %v, want ErrCongestionControl naming what the kernel offers", err)
+	}
+	if ln, err := f.Listen(context.Background(), "tcp", "127.0.0.1:0", nil); !errors.Is(err, netconn.ErrCongestionControl) {
+		if err == nil {
+			ln.Close()
+		}
+		t.Errorf("listen: %v, want ErrCongestionControl", err)
+	}
+	for _, bad := range []string{"b b", "x/y", "waytoolongforacc"} {
+		if _, err := newFromArgs(fakeArgs{"cc": bad}); !errors.Is(err, layer.ErrBadParam) {
+			t.Errorf("cc=%q: %v, want ErrBadParam", bad, err)
+		}
 	}
 }

@@ -18,10 +18,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
@@ -53,6 +55,8 @@ func init() {
 				Doc: "source IP address to dial from; empty lets the kernel choose (it also restricts dialing to that address's family)"},
 			{Name: "ports", Type: layer.TypeString, Local: true,
 				Doc: `local port range like "40000-40100" (or one port): dialing binds a free port of the range, listening on port 0 picks one; empty means any port`},
+			{Name: "cc", Type: layer.TypeString, Local: true,
+				Doc: "congestion control of the connection's TCP sender, e.g. bbr for a lossy long path (Linux, TCP_CONGESTION); a gateway's hello asks it to use the same on its side, for what it sends back; empty: the system's default"},
 		},
 		New: func(a layer.Args) (any, error) { return newFromArgs(a) },
 	})
@@ -95,6 +99,7 @@ func newFromArgs(a args) (*Factory, error) {
 		}
 		o.Ports = r
 	}
+	o.CongestionControl = a.String("cc")
 	return New(o)
 }
 
@@ -117,6 +122,11 @@ type Options struct {
 	// Ports confines local ports: dialing binds a free port of the range
 	// and listening on port 0 picks one. Zero means any port.
 	Ports PortRange
+	// CongestionControl is the congestion control algorithm of the
+	// connections' TCP senders, "bbr" say (Linux only; see
+	// netconn.SetCongestionControl); a listener's accepted connections
+	// take it too. Zero: the system's default.
+	CongestionControl string
 }
 
 // A Factory dials and listens on TCP. It implements layer.ListenFactory.
@@ -125,7 +135,10 @@ type Factory struct {
 	o Options
 }
 
-var _ layer.ListenFactory = (*Factory)(nil)
+var (
+	_ layer.ListenFactory        = (*Factory)(nil)
+	_ layer.CongestionControlled = (*Factory)(nil)
+)
 
 // New returns a Factory with the given options. Errors match
 // layer.ErrBadParam.
@@ -151,6 +164,14 @@ func New(o Options) (*Factory, error) {
 		}
 		if o.Local.IsUnspecified() || o.Local.IsMulticast() {
 			return nil, fmt.Errorf("%w: local=%s cannot be a source address", layer.ErrBadParam, o.Local)
+		}
+	}
+	if cc := o.CongestionControl; cc != "" {
+		if !netconn.ValidCongestionControl(cc) {
+			return nil, fmt.Errorf("%w: cc=%q is not a congestion control name", layer.ErrBadParam, cc)
+		}
+		if runtime.GOOS != "linux" {
+			return nil, fmt.Errorf("%w: cc: only Linux lets a connection choose its congestion control", layer.ErrBadParam)
 		}
 	}
 	if !o.Ports.IsZero() {
@@ -193,11 +214,20 @@ func (f *Factory) userTimeout() time.Duration {
 // control sets the options a socket needs before it connects or
 // listens.
 func (f *Factory) control(_, _ string, rc syscall.RawConn) error {
+	if cc := f.o.CongestionControl; cc != "" {
+		if err := netconn.SetCongestionControlRaw(rc, cc); err != nil {
+			return err
+		}
+	}
 	if d := f.userTimeout(); d > 0 {
 		return setUserTimeout(rc, d)
 	}
 	return nil
 }
+
+// CongestionControl is the congestion control algorithm the factory's
+// connections use, "" for the system's default (layer.CongestionControlled).
+func (f *Factory) CongestionControl() string { return f.o.CongestionControl }
 
 // Options returns the factory's options, with defaults filled in.
 func (f *Factory) Options() Options { return f.o }

@@ -18,6 +18,10 @@
 #   perf_record FILE PID SECONDS  start `perf record -g` of PID for SECONDS
 #                        into FILE in the background; its pid is appended
 #                        to perfs (wait for them with perf_wait)
+#   lab_up PROFILE       bring the WAN lab up with PROFILE (lab_id is set;
+#                        cleanup takes it down), its server's iperf3 -s
+#                        on port 5201 started, and set server to its address
+#   lab_down             take it down now
 #   lab HOST CMD...      run CMD in a lab host (vlink-lab exec)
 #   lab_start HOST CMD...  start CMD in the background there, print its pid
 #   lab_wait_port HOST PORT  wait until something listens on PORT there
@@ -131,6 +135,22 @@ perf_wait() {
 }
 
 lab() { "$VLINK_LAB" exec "$@"; }
+
+lab_up() {
+  local out
+  out=$("$VLINK_LAB" up --detach "$1")
+  lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
+  server=10.77.0.2
+  lab server iperf3 -s -D -p 5201 -I "$work/iperf3.pid"
+}
+
+lab_down() {
+  # By its pid: a lab host shares the machine's processes, and pkill would
+  # reach every iperf3 there.
+  lab server kill "$(cat "$work/iperf3.pid")" || true
+  "$VLINK_LAB" down "$lab_id" >/dev/null
+  lab_id=
+}
 
 lab_start() {
   local host=$1

@@ -34,10 +34,7 @@ results=$work/results.txt
 : >"$results"
 
 for profile in $PROFILES; do
-  out=$("$VLINK_LAB" up --detach "$profile")
-  lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
-  server=10.77.0.2
-  lab server iperf3 -s -D -p 5201
+  lab_up "$profile"
   serve=$(lab_start server "$VLINK" serve --listen "$server:7000" --target 127.0.0.1:5201 --log-level warn)
   lab_wait_port server 7000
   declare -A port=()
@@ -67,10 +64,8 @@ for profile in $PROFILES; do
       esac
     done
   done
-  lab server pkill iperf3 || true
   kill "$serve" "${tunnels[@]}" 2>/dev/null || true
-  "$VLINK_LAB" down "$lab_id" >/dev/null
-  lab_id=
+  lab_down
   unset port
 done
 

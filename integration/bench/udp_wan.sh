@@ -34,10 +34,7 @@ build_vlink_lab
 results=$work/results.txt
 : >"$results"
 for profile in $PROFILES; do
-  out=$("$VLINK_LAB" up --detach "$profile")
-  lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
-  server=10.77.0.2
-  lab server iperf3 -s -D -p 5201 -I "$work/iperf3.pid"
+  lab_up "$profile"
   serve=$(lab_start server "$VLINK" serve --listen "$server:7000" --quic --allow "127.0.0.1:5201" --allow-udp "127.0.0.1:5201" --log-level warn)
   lab_wait_port server 7000
   declare -A port=([tcp]=8101 [parallel-8]=8108 [quic]=8109)
@@ -71,10 +68,8 @@ PY
       printf '  %-12s %s\n' "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s, %.2f%% lost", $3, $4}')" >&2
     done
   done
-  lab server kill "$(cat "$work/iperf3.pid")" || true
   kill "$serve" "${tunnels[@]}" 2>/dev/null || true
-  "$VLINK_LAB" down "$lab_id" >/dev/null
-  lab_id=
+  lab_down
   unset port stack
 done
 

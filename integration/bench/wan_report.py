@@ -20,15 +20,16 @@ def median(runs):
     return statistics.median(r[0] for r in runs)
 
 
-def report(rows):
+def report(rows, base="tcp"):
+    """base names the path the ratios are to (one TCP flow by default)."""
     for profile, paths in rows.items():
-        base = median(paths.get("tcp", [(float("nan"), 1, 0, 0)]))
+        b = median(paths.get(base, [(float("nan"), 1, 0, 0)]))
         print(f"{profile}")
-        print(f"  {'path':<12} {'Mbit/s':>8} {'min..max':>16} {'x tcp':>7} {'CPU s/GB':>9} {'(vlink)':>8}")
+        print(f"  {'path':<15} {'Mbit/s':>8} {'min..max':>16} {'x ' + base:>8} {'CPU s/GB':>9} {'(vlink)':>8}")
         for path, runs in paths.items():
             m = [r[0] for r in runs]
             gb = sum(r[1] for r in runs) / 1e9
             cpu = sum(r[2] + r[3] for r in runs) / gb if gb else float("nan")
             vcpu = sum(r[3] for r in runs) / gb if gb else float("nan")
             med = median(runs)
-            print(f"  {path:<12} {med:8.1f} {min(m):7.1f}..{max(m):7.1f} {med / base:7.2f} {cpu:9.2f} {vcpu:8.2f}")
+            print(f"  {path:<15} {med:8.1f} {min(m):7.1f}..{max(m):7.1f} {med / b:8.2f} {cpu:9.2f} {vcpu:8.2f}")

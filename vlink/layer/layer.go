@@ -59,6 +59,15 @@ type Factory interface {
 	DialContext(ctx context.Context, network, address string, forward ContextDialer) (net.Conn, error)
 }
 
+// A CongestionControlled factory makes its connections' TCP senders use
+// a congestion control algorithm (tcp's cc parameter): a dialer whose
+// stack's factories hold one asks the listener, in its hello, to use the
+// same on its side, so that both directions of a transfer do.
+type CongestionControlled interface {
+	// CongestionControl names the algorithm; "" for the system's default.
+	CongestionControl() string
+}
+
 // A ListenFactory is a Factory that can also accept connections. Like
 // DialContext, Listen reaches its next hop (the SSH server whose side
 // listens, say) through forward; a terminal factory gets a nil forward.

@@ -120,6 +120,9 @@ func printLinkTable(w io.Writer, est []linkEstimate) {
 			strconv.FormatFloat(e.Goodput[e.Best], 'f', 1, 64), strconv.FormatFloat(e.Goodput[e.Best]/raw, 'f', 2, 64), next})
 	}
 	printColumns(w, rows, 2)
+	fmt.Fprintln(w, "\n# These estimates take the link to carry what TCP sends. Over a long path with random loss (a WAN,\n"+
+		"# Wi-Fi) one TCP flow with the kernel's usual CUBIC carries a fraction of it: end the stack with\n"+
+		"# tcp:cc=bbr (Linux; the gateway's side follows), e.g. --stack zstd+tcp:cc=bbr (docs/GUIDE.md, bulk data).")
 }
 
 // plotPalette colours the stacks' lines, raw TCP first.
