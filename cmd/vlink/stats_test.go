@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,7 +79,7 @@ func TestStats(t *testing.T) {
 		t.Errorf("compression ratios reported for zstd on text: %v, want some above 3:\n%s", ratios, tun.stderr.String())
 	}
 	// serve logs in JSON, the same figures.
-	if !regexp.MustCompile(`\{"time":"[^"]+","level":"INFO","msg":"stats","over":"[^"]+","open":\d+,"new":\d+,"closed":\d+,"failed":0,"up":"[^"]+","down":"[^"]+","bytes_up":\d+,"bytes_down":\d+`).MatchString(srv.stderr.String()) {
+	if !regexp.MustCompile(`\{"time":"[^"]+","level":"INFO","msg":"stats","over":\d+,"open":\d+,"new":\d+,"closed":\d+,"failed":0,"up":"[^"]+","down":"[^"]+","bytes_up":\d+,"bytes_down":\d+`).MatchString(srv.stderr.String()) {
 		t.Errorf("serve --log-format json wrote no stats object:\n%s", srv.stderr.String())
 	}
 }
@@ -101,4 +107,127 @@ func TestStatsUDP(t *testing.T) {
 	}
 	tun.stderr.waitFor(t, `msg=stats over=\S+ open=1 `)
 	tun.stderr.waitFor(t, `msg=stats over=\S+ open=0 new=\d closed=1 failed=0 .*bytes_up=5000 bytes_down=5000`)
+}
+
+// TestJSONRecords: every record serve and tunnel write with --log-format
+// json parses with a strict parser (no key twice in an object), and
+// durations are numbers (nanoseconds, as slog writes a time.Duration),
+// as is a compression ratio: the stats lines, the SIGUSR1 snapshot of an
+// open connection, the connection's end.
+func TestJSONRecords(t *testing.T) {
+	be := newBackend(t)
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--target", be.addr(), "--stats", "50ms", "--log-format", "json", "--log-level", "debug")
+	gw := srv.stderr.waitFor(t, `"msg":"serving","addr":"([^"]+)"`)
+	tun := start(t, "tunnel", "--listen", "127.0.0.1:0", "--to", gw, "--stack", "zstd", "--stats", "50ms", "--log-format", "json", "--log-level", "debug")
+	tunAddr := tun.stderr.waitFor(t, `"msg":"listening","addr":"([^"]+)"`)
+	release := make(chan struct{})
+	be.handlers <- func(c net.Conn) {
+		io.Copy(c, io.LimitReader(c, 1000))
+		<-release
+	}
+	c, err := net.Dial("tcp", tunAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(bytes.Repeat([]byte("compressible "), 77)[:1000]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	// Both commands run in this process: one signal, two snapshots.
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	srv.stderr.waitFor(t, `"msg":"open connection"`)
+	tun.stderr.waitFor(t, `"msg":"open connection"`)
+	close(release)
+	c.Close()
+	tun.stderr.waitFor(t, `"msg":"connection closed"`)
+	tun.stderr.waitFor(t, `"msg":"stats"[^\n]*"closed":1`)
+	tun.stop(t)
+	srv.stop(t)
+	for name, out := range map[string]string{"serve": srv.stderr.String(), "tunnel": tun.stderr.String()} {
+		kinds := map[string]bool{}
+		for i, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			rec, err := strictJSON(line)
+			if err != nil {
+				t.Errorf("%s, record %d: %v:\n%s", name, i+1, err, line)
+				continue
+			}
+			kinds[fmt.Sprint(rec["msg"])] = true
+			for _, k := range []string{"took", "over", "age", "ratio"} {
+				if v, ok := rec[k]; ok {
+					if _, isNum := v.(json.Number); !isNum {
+						t.Errorf("%s, record %d: %q is %T %v, want a number:\n%s", name, i+1, k, v, v, line)
+					}
+				}
+			}
+		}
+		for _, k := range []string{"stats", "snapshot", "open connection"} {
+			if !kinds[k] {
+				t.Errorf("%s wrote no %q record:\n%s", name, k, out)
+			}
+		}
+	}
+}
+
+// strictJSON decodes one JSON object, refusing a key given twice (which
+// encoding/json lets through, keeping the last) and anything after it.
+func strictJSON(s string) (map[string]any, error) {
+	d := json.NewDecoder(strings.NewReader(s))
+	d.UseNumber()
+	var object func() (map[string]any, error)
+	var value func() (any, error)
+	value = func() (any, error) {
+		tok, err := d.Token()
+		if err != nil {
+			return nil, err
+		}
+		switch tok {
+		case json.Delim('{'):
+			return object()
+		case json.Delim('['):
+			var list []any
+			for d.More() {
+				v, err := value()
+				if err != nil {
+					return nil, err
+				}
+				list = append(list, v)
+			}
+			_, err := d.Token()
+			return list, err
+		}
+		return tok, nil
+	}
+	object = func() (map[string]any, error) {
+		m := map[string]any{}
+		for d.More() {
+			k, err := d.Token()
+			if err != nil {
+				return nil, err
+			}
+			key := k.(string)
+			if _, dup := m[key]; dup {
+				return nil, fmt.Errorf("key %q twice", key)
+			}
+			if m[key], err = value(); err != nil {
+				return nil, err
+			}
+		}
+		_, err := d.Token()
+		return m, err
+	}
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("not a JSON object: %v", err)
+	}
+	m, err := object()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return nil, errors.New("more after the object")
+	}
+	return m, nil
 }

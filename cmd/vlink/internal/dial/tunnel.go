@@ -330,7 +330,9 @@ func (o *dialOptions) open(ctx context.Context, e *base.Env) (*vlink.Dialer, fun
 // handle carries one local connection to --to through d, whose stack
 // the metrics call stack.
 func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer, stack string, c net.Conn) {
-	attrs := []any{"remote", c.RemoteAddr().String(), "to", o.to}
+	// listen names the forward (its own, bounded: from the command line
+	// or the forwards file).
+	attrs := []any{"remote", c.RemoteAddr().String(), "listen", c.LocalAddr().String(), "to", o.to}
 	e.Log.Debug("connection", attrs...)
 	start := time.Now()
 	rc, err := d.DialContext(t.Ctx, "tcp", o.to)

@@ -3,10 +3,11 @@ package forward
 import (
 	"context"
 	"flag"
-	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -212,8 +213,12 @@ func reportStats(ctx context.Context, log *slog.Logger, interval time.Duration, 
 			tot, open := src.snapshot()
 			log.Info("snapshot", statsAttrs(time.Since(start), len(open), tot, totals{})...)
 			for _, r := range open {
-				log.Info("open connection", append(append([]any{}, r.attrs...), "stack", r.stack,
-					"age", time.Since(r.start).Round(time.Second).String(), "bytes_up", r.seenUp, "bytes_down", r.seenDown)...)
+				attrs := append([]any{}, r.attrs...)
+				if !slices.Contains(attrs, any("stack")) { // serve's name it already
+					attrs = append(attrs, "stack", r.stack)
+				}
+				log.Info("open connection", append(attrs, "age", time.Since(r.start).Round(time.Second),
+					"bytes_up", r.seenUp, "bytes_down", r.seenDown)...)
 			}
 		}
 	}
@@ -230,12 +235,12 @@ func statsAttrs(span time.Duration, open int, to, from totals) []any {
 		return base.FormatRate(float64(to-from) * 8 / sec)
 	}
 	diff := func(to, from uint64) uint64 { return to - min(to, from) }
-	attrs := []any{"over", span.Round(time.Millisecond).String(), "open", open, "new", to.opened - from.opened,
+	attrs := []any{"over", span.Round(time.Millisecond), "open", open, "new", to.opened - from.opened,
 		"closed", to.done - from.done, "failed", to.failed - from.failed,
 		"up", rate(to.up, from.up), "down", rate(to.down, from.down),
 		"bytes_up", diff(to.up, from.up), "bytes_down", diff(to.down, from.down)}
 	if wire := to.wire - from.wire; to.wire > from.wire && to.sampledApp > from.sampledApp {
-		attrs = append(attrs, "ratio", fmt.Sprintf("%.2f", float64(to.sampledApp-from.sampledApp)/float64(wire)))
+		attrs = append(attrs, "ratio", math.Round(float64(to.sampledApp-from.sampledApp)/float64(wire)*100)/100)
 	}
 	return attrs
 }
