@@ -482,8 +482,11 @@ func TestBench(t *testing.T) {
 			t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 		}
 		tables := strings.Split(strings.TrimSpace(stdout), "\n\n")
-		if len(tables) != 2 {
-			t.Fatalf("want two tables, got:\n%s", stdout)
+		if len(tables) != 3 {
+			t.Fatalf("want two tables and a note, got:\n%s", stdout)
+		}
+		if !strings.Contains(tables[2], "tcp:cc=bbr") {
+			t.Errorf("the note after the link table does not say when to use tcp:cc=bbr:\n%s", tables[2])
 		}
 		lines := strings.Split(tables[0], "\n")
 		if len(lines) != 2+6 {
