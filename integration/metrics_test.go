@@ -95,3 +95,32 @@ func TestSnapshotOnSIGUSR1(t *testing.T) {
 		t.Fatalf("the tunnel exited on SIGUSR1")
 	}
 }
+
+// TestHangupWithoutForwards: SIGHUP to serve, tunnel and socks started
+// with flags only (no --forwards file to read again) is logged and
+// ignored, where its default action would kill them; each still carries
+// connections after it.
+func TestHangupWithoutForwards(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	serve, gw := startVLink(t, "serve", "--target", echo)
+	tun, addr := startVLink(t, "tunnel", "--to", gw, "--stack", "zstd")
+	socks, _ := startVLink(t, "socks")
+	for _, p := range []*proc{serve, tun, socks} {
+		if err := p.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		p.WaitFor(t, regexp.MustCompile(`msg="SIGHUP ignored: started without --forwards`), startTimeout)
+		if !p.Running() {
+			t.Fatalf("%s exited on SIGHUP:\n%s", p.Name, p.Output())
+		}
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got, err := echoOn(c, []byte("after SIGHUP")); err != nil || string(got) != "after SIGHUP" {
+		t.Fatalf("echo through tunnel and serve after SIGHUP: %q, %v", got, err)
+	}
+}

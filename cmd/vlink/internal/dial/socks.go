@@ -241,6 +241,7 @@ func (o *socksOptions) run(ctx context.Context, e *base.Env) error {
 	o.label = o.stackLabel()
 	t := forward.NewTracker(m)
 	defer forward.StartStats(e.Log, o.stats, t)() // before "listening": SIGUSR1 is ours then
+	defer forward.IgnoreHangup(e.Log)()
 	e.Log.Info("listening", "addr", l.Addr().String(), "route", route, "allow_from", strings.Join(allowed, ","), "auth", srv.User != "")
 	sem := make(chan struct{}, maxSOCKSHandshakes)
 	return t.AcceptLoop(ctx, e.Log, l, o.grace, func(c net.Conn) {

@@ -55,7 +55,8 @@ server) at info.
 With --forwards FILE, one process runs many tunnels, as ssh -L -L or frp's
 proxy list do: FILE is TOML, one [[forward]] table per tunnel, whose keys
 are the flags of one tunnel without their dashes, and name = "..." to name
-it in the log. SIGHUP rereads the file (see --forwards); the example unit
+it in the log. SIGHUP rereads the file (see --forwards); without
+--forwards it is logged and ignored. The example unit
 docs/systemd/vlink@.service runs it under systemd.
 `,
 	Examples: `

@@ -104,6 +104,7 @@ func (p *ProcessOptions) runOne(ctx context.Context, e *base.Env, f Forward) err
 	defer stopMetrics()
 	t := NewTracker(m)
 	defer StartStats(e.Log, p.stats, t)() // before the forward says it listens: SIGUSR1 is ours then
+	defer IgnoreHangup(e.Log)()
 	l, handle, release, err := f.Start(ctx, e, t)
 	if err != nil {
 		return err

@@ -263,3 +263,31 @@ func StartStats(log *slog.Logger, interval time.Duration, src statsSource) func(
 		<-done
 	}
 }
+
+// IgnoreHangup keeps SIGHUP, until the returned function runs, from
+// ending a command that has no file to read again (started without
+// --forwards): its default action would kill it, which a logrotate
+// script or a kill -HUP habit does to a service by accident. Each one is
+// logged, saying so.
+func IgnoreHangup(log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	notifyReload(hup)
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			select {
+			case <-hup:
+				log.Info("SIGHUP ignored: started without --forwards, so there is no file to read again")
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		stopReload(hup)
+		close(done)
+		<-ended
+	}
+}

@@ -73,8 +73,9 @@ key.
 With --forwards FILE, one process serves on many ports: FILE is TOML, one
 [[forward]] table per listener, whose keys are the flags of one listener
 without their dashes (a repeatable flag takes a list), and name = "..." to
-name it in the log. SIGHUP rereads the file (see --forwards); the example
-unit docs/systemd/vlink@.service runs it under systemd.
+name it in the log. SIGHUP rereads the file (see --forwards); without
+--forwards it is logged and ignored. The example unit
+docs/systemd/vlink@.service runs it under systemd.
 `,
 	Examples: `
   # Forward port 7000 to a local web server; tunnels may use any filter:
