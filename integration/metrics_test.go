@@ -124,3 +124,60 @@ func TestHangupWithoutForwards(t *testing.T) {
 		t.Fatalf("echo through tunnel and serve after SIGHUP: %q, %v", got, err)
 	}
 }
+
+// TestBytesWhileTheyMove scrapes serve's --metrics during a transfer that
+// lasts seconds: vlink_bytes_total counts the bytes as they cross (read
+// from the kernel at each scrape), not only when the connection ends, so
+// that rate() works on the long transfers vlink carries.
+func TestBytesWhileTheyMove(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	metrics := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	_, gw := startVLink(t, "serve", "--target", echo, "--metrics", metrics)
+	_, addr := startVLink(t, "tunnel", "--to", gw, "--stack", "zstd")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	go io.Copy(io.Discard, c)
+	go func() { // 256 KiB every 50 ms, until the test ends
+		chunk := genData(256<<10, 5)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	scrape := func() (up float64, open string) {
+		t.Helper()
+		out, _, err := run(10*time.Second, nil, "curl", "-sS", "--fail", "http://"+metrics+"/metrics")
+		if err != nil {
+			t.Fatalf("scrape: %v", err)
+		}
+		if m := regexp.MustCompile(`(?m)^vlink_bytes_total\{direction="up",stack="zstd"\} (\S+)$`).FindSubmatch(out); m != nil {
+			up, _ = strconv.ParseFloat(string(m[1]), 64)
+		}
+		if m := regexp.MustCompile(`(?m)^vlink_connections_open\{stack="zstd"\} (\S+)$`).FindSubmatch(out); m != nil {
+			open = string(m[1])
+		}
+		return up, open
+	}
+	time.Sleep(time.Second)
+	first, open1 := scrape()
+	time.Sleep(time.Second)
+	second, open2 := scrape()
+	if open1 != "1" || open2 != "1" {
+		t.Fatalf("connections open at the scrapes: %q, %q; want the one in progress", open1, open2)
+	}
+	if first < 1<<20 || second < first+1<<20 {
+		t.Errorf("bytes up at 1 s and 2 s into the transfer: %.0f, %.0f; want over 1 MiB, then over 1 MiB more", first, second)
+	}
+}

@@ -33,12 +33,30 @@ type Tracker struct {
 	stopping bool
 	live     map[*liveRelay]struct{} // the relays in progress
 	total    totals
+	// ended is the application bytes of the relays that ended, by
+	// stack, up and down: with the live ones', the metrics' bytes.
+	ended map[string]*[2]uint64
 }
 
 func NewTracker(m *metrics.Metrics) *Tracker {
-	t := &Tracker{conns: map[net.Conn]struct{}{}, Metrics: m}
+	t := &Tracker{conns: map[net.Conn]struct{}{}, Metrics: m, ended: map[string]*[2]uint64{}}
 	t.Ctx, t.cancel = context.WithCancel(context.Background())
+	m.AddBytes(t.bytes)
 	return t
+}
+
+// bytes is the tracker's metrics.ByteSource: the ended relays' bytes,
+// and the kernel's counts of those in progress, sampled now.
+func (t *Tracker) bytes(yield func(stack string, up, down uint64)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for stack, v := range t.ended {
+		yield(stack, v[0], v[1])
+	}
+	for r := range t.live {
+		r.sample()
+		yield(r.stack, r.seenUp, r.seenDown)
+	}
 }
 
 // AcceptLoop passes every connection l accepts to accept, which spawns
@@ -207,16 +225,16 @@ func (t *Tracker) RelayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	t.liveEnd(live, up, down, cut || idled || err != nil)
 	switch {
 	case cut:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeCut, up, down)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeCut)
 		log.Debug("connection cut at shutdown", attrs...)
 	case idled:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle, up, down)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle)
 		log.Info("connection reset: idle", append(attrs, "idle_timeout", idle)...)
 	case err != nil:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed, up, down)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed)
 		log.Info("connection failed", append(attrs, "err", err)...)
 	default:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeOK, up, down)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeOK)
 		log.Debug("connection closed", attrs...)
 	}
 }
@@ -259,17 +277,17 @@ func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, stack str
 	}
 	switch {
 	case cut:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeCut, up.Bytes, down.Bytes)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeCut)
 		log.Debug("datagram session cut at shutdown", attrs...)
 	case idled:
 		// A NAT's mapping ends so: nothing went wrong.
-		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle, up.Bytes, down.Bytes)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle)
 		log.Debug("datagram session ended: idle", append(attrs, "idle_timeout", idle)...)
 	case err != nil:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed, up.Bytes, down.Bytes)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed)
 		log.Info("datagram session failed", append(attrs, "err", err)...)
 	default:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeOK, up.Bytes, down.Bytes)
+		t.Metrics.RelayEnded(stack, metrics.OutcomeOK)
 		log.Debug("datagram session closed", attrs...)
 	}
 }

@@ -106,6 +106,15 @@ func (t *Tracker) liveEnd(r *liveRelay, up, down int64, failed bool) {
 	}
 	t.total.up += uint64(up)
 	t.total.down += uint64(down)
+	// What a scrape saw of it must not shrink: the kernel's counts and
+	// the relay's own may differ by what the other side never took.
+	e := t.ended[r.stack]
+	if e == nil {
+		e = new([2]uint64)
+		t.ended[r.stack] = e
+	}
+	e[0] += max(uint64(up), r.seenUp)
+	e[1] += max(uint64(down), r.seenDown)
 	if r.wire != nil {
 		t.total.sampledApp += r.seenUp + r.seenDown
 		t.total.wire += r.seenWire

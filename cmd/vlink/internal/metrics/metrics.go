@@ -36,7 +36,6 @@ type Metrics struct {
 	Reg       *prometheus.Registry
 	open      *prometheus.GaugeVec     // stack
 	conns     *prometheus.CounterVec   // stack, outcome
-	bytes     *prometheus.CounterVec   // stack, direction
 	refusals  *prometheus.CounterVec   // reason
 	handshake prometheus.Histogram     // accepted handshakes
 	dial      *prometheus.HistogramVec // stack
@@ -44,6 +43,59 @@ type Metrics struct {
 
 	mu     sync.Mutex
 	stacks map[string]bool // the stack labels given out
+
+	srcMu   sync.Mutex
+	sources []ByteSource // vlink_bytes_total's
+}
+
+// A ByteSource reports, each time it is called, the application bytes
+// its relays carried so far, by stack, up and down: those that ended
+// and, as far as the kernel has counted them, those in progress. Each
+// figure only ever grows, so that vlink_bytes_total, their sum, is a
+// counter.
+type ByteSource func(yield func(stack string, up, down uint64))
+
+// AddBytes counts src's bytes in vlink_bytes_total, for the rest of the
+// process: a source's bytes stay counted after its relays are gone.
+func (m *Metrics) AddBytes(src ByteSource) {
+	if m == nil {
+		return
+	}
+	m.srcMu.Lock()
+	m.sources = append(m.sources, src)
+	m.srcMu.Unlock()
+}
+
+var bytesDesc = prometheus.NewDesc("vlink_bytes_total",
+	"Application bytes relayed, by stack and direction (up: from the client toward the destination, down: back): "+
+		"as they cross, read from the kernel's counts at each scrape, for a relay whose client or target is a TCP socket of its own; "+
+		"as each connection ends for the rest (datagram sessions).",
+	[]string{"stack", "direction"}, nil)
+
+// bytesCollector sums the ByteSources at each scrape.
+type bytesCollector struct{ m *Metrics }
+
+func (c bytesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- bytesDesc }
+
+func (c bytesCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.srcMu.Lock()
+	sources := c.m.sources
+	c.m.srcMu.Unlock()
+	sums := map[string]*[2]uint64{}
+	for _, src := range sources {
+		src(func(stack string, up, down uint64) {
+			l := c.m.label(stack)
+			if sums[l] == nil {
+				sums[l] = new([2]uint64)
+			}
+			sums[l][0] += up
+			sums[l][1] += down
+		})
+	}
+	for stack, v := range sums {
+		ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(v[0]), stack, "up")
+		ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(v[1]), stack, "down")
+	}
 }
 
 // Outcomes of a connection (the outcome label).
@@ -67,10 +119,6 @@ func newMetrics() *Metrics {
 			Name: "vlink_connections_total",
 			Help: "Connections relayed or attempted, by stack and outcome (ok, failed, idle, cut, unreachable).",
 		}, []string{"stack", "outcome"}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "vlink_bytes_total",
-			Help: "Application bytes relayed, by stack and direction (up: from the client toward the destination, down: back), counted as each connection ends.",
-		}, []string{"stack", "direction"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vlink_refusals_total",
 			Help: "Accepted connections refused, or whose handshake (VLink or SOCKS) failed, by reason.",
@@ -90,7 +138,7 @@ func newMetrics() *Metrics {
 			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted.",
 		}, []string{"outcome"}),
 	}
-	m.Reg.MustRegister(m.open, m.conns, m.bytes, m.refusals, m.handshake, m.dial, m.connects, layerCollector{},
+	m.Reg.MustRegister(m.open, m.conns, bytesCollector{m}, m.refusals, m.handshake, m.dial, m.connects, layerCollector{},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector())
@@ -158,16 +206,14 @@ func (m *Metrics) RelayStarted(stack string) {
 	m.open.WithLabelValues(m.label(stack)).Inc()
 }
 
-// RelayEnded counts a relay's end, up and down bytes carried.
-func (m *Metrics) RelayEnded(stack, outcome string, up, down int64) {
+// RelayEnded counts a relay's end; its bytes are its ByteSource's.
+func (m *Metrics) RelayEnded(stack, outcome string) {
 	if m == nil {
 		return
 	}
 	stack = m.label(stack)
 	m.open.WithLabelValues(stack).Dec()
 	m.conns.WithLabelValues(stack, outcome).Inc()
-	m.bytes.WithLabelValues(stack, "up").Add(float64(up))
-	m.bytes.WithLabelValues(stack, "down").Add(float64(down))
 }
 
 // Dialed counts a dial through stack that took took and failed with err
