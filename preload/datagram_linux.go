@@ -3,6 +3,7 @@ package preload
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -93,10 +94,10 @@ func (a *Agent) datagram(pid int, req *datagramReq) result {
 	}
 	r := &dgramRelay{a: a, d: d, target: target, attrs: attrs, laddr: sock.LocalAddr().(*net.UDPAddr), prog: prog, sock: sock}
 	r.idle = time.AfterFunc(datagramIdle, r.checkIdle)
-	if !a.addDatagram(r) {
+	if err := a.addDatagram(r); err != nil {
 		r.idle.Stop()
 		sock.Close()
-		a.log.Info("too many datagram relays", append(attrs, "max", maxDatagramRelays)...)
+		a.log.Info("cannot open a datagram relay", append(attrs, "err", err)...)
 		return result{kind: resultError, errno: uint16(syscall.ENOBUFS)}
 	}
 	a.observed(ConnectRouted)
@@ -106,13 +107,15 @@ func (a *Agent) datagram(pid int, req *datagramReq) result {
 	return result{kind: resultDatagram, token: uint64(r.laddr.Port)}
 }
 
-// addDatagram registers r, making room by closing the longest idle relay
-// (one without a session) when the agent has maxDatagramRelays.
-func (a *Agent) addDatagram(r *dgramRelay) bool {
+// addDatagram registers r. At maxDatagramRelays it makes room by closing
+// a relay with no session open (none crossed it for datagramIdle at
+// least: its program's socket may well be gone), and fails if every one
+// has a session.
+func (a *Agent) addDatagram(r *dgramRelay) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
-		return false
+		return net.ErrClosed
 	}
 	if len(a.dgrams) >= maxDatagramRelays {
 		var victim *dgramRelay
@@ -123,14 +126,14 @@ func (a *Agent) addDatagram(r *dgramRelay) bool {
 			}
 		}
 		if victim == nil {
-			return false
+			return fmt.Errorf("%d relays, each with a session open", maxDatagramRelays)
 		}
 		delete(a.dgrams, victim)
 		go victim.Close()
 	}
 	a.dgrams[r] = struct{}{}
 	a.conns[r] = struct{}{}
-	return true
+	return nil
 }
 
 func (a *Agent) dropDatagram(r *dgramRelay) {
