@@ -2,9 +2,14 @@ package main
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,4 +100,54 @@ func TestMetrics(t *testing.T) {
 	if _, err := http.Get(tunMetrics); err == nil {
 		t.Errorf("the tunnel's metrics are still served after it stopped")
 	}
+}
+
+// TestMetricsHealthAndReload: /healthz answers ok, vlink_build_info is
+// served, and with --forwards the reload gauges follow each reading of
+// the file: 1 at the start, 0 for a file refused on SIGHUP, 1 again once
+// one applies.
+func TestMetricsHealthAndReload(t *testing.T) {
+	be := newBackend(t)
+	file := filepath.Join(t.TempDir(), "forwards.toml")
+	good := fmt.Sprintf("[[forward]]\nlisten = \"127.0.0.1:0\"\nto = %q\n", be.addr())
+	write := func(s string) {
+		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(good)
+	tun := start(t, "tunnel", "--forwards", file, "--metrics", "127.0.0.1:0")
+	url := tun.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
+	tun.stderr.waitFor(t, `msg="running forwards"()`) // SIGHUP is handled from here on
+	got := testnet.WaitMetrics(t, "tunnel", url, map[string]float64{"vlink_config_last_reload_successful": 1})
+	if at := got["vlink_config_last_reload_success_timestamp_seconds"]; at < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Errorf("last reload at %v, want about now", at)
+	}
+	built := false
+	for k, v := range got {
+		built = built || strings.HasPrefix(k, "vlink_build_info{") && strings.Contains(k, `goversion="go`) && v == 1
+	}
+	if !built {
+		t.Errorf("no vlink_build_info with the Go version")
+	}
+	resp, err := http.Get(strings.TrimSuffix(url, "/metrics") + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "ok\n" {
+		t.Errorf("/healthz: %d %q, want 200 ok", resp.StatusCode, body)
+	}
+
+	write("[[forward]]\nlisten = \"127.0.0.1:0\"\nto = \"no port\"\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testnet.WaitMetrics(t, "tunnel", url, map[string]float64{"vlink_config_last_reload_successful": 0})
+	write(good)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testnet.WaitMetrics(t, "tunnel", url, map[string]float64{"vlink_config_last_reload_successful": 1})
 }

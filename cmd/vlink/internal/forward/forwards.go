@@ -147,6 +147,7 @@ func (p *ProcessOptions) RunFile(ctx context.Context, e *base.Env, entry newForw
 		s.stopAll()
 		return err
 	}
+	m.Reloaded(true)
 	e.Log.Info("running forwards", "file", p.Forwards, "count", len(s.running))
 	notify(e, sdnotify.Ready, s.status())
 	for {
@@ -486,6 +487,7 @@ func (s *forwardSet) ended1(rf *runningForward) bool {
 func (s *forwardSet) reload(ctx context.Context) {
 	entries, err := Load(s.p.Forwards, s.e, s.entry)
 	if err != nil {
+		s.m.Reloaded(false)
 		s.e.Log.Error("reload refused: the forwards keep running as they were", "file", s.p.Forwards, "running", len(s.running), "err", err)
 		return
 	}
@@ -494,12 +496,15 @@ func (s *forwardSet) reload(ctx context.Context) {
 		before[rf.Id] = true
 	}
 	if changed, err := s.apply(ctx, entries); !changed {
+		s.m.Reloaded(false)
 		s.e.Log.Error("reload refused: the forwards keep running as they were", "file", s.p.Forwards, "running", len(s.running), "err", err)
 		return
 	} else if err != nil {
+		s.m.Reloaded(false)
 		s.e.Log.Error("reload incomplete: the forwards that could not start stay down until the next", "file", s.p.Forwards, "running", len(s.running), "err", err)
 		return
 	}
+	s.m.Reloaded(true)
 	kept := 0
 	for _, fe := range entries {
 		if before[fe.Id] {

@@ -9,9 +9,12 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +43,12 @@ type Metrics struct {
 	handshake prometheus.Histogram     // accepted handshakes
 	dial      *prometheus.HistogramVec // stack
 	connects  *prometheus.CounterVec   // outcome: vlink exec's agent
+	reloadOK  prometheus.Gauge         // --forwards: the last reading of the file
+	reloadAt  prometheus.Gauge
 
-	mu     sync.Mutex
-	stacks map[string]bool // the stack labels given out
+	mu      sync.Mutex
+	stacks  map[string]bool // the stack labels given out
+	reloads bool            // the reload metrics are registered
 
 	srcMu   sync.Mutex
 	sources []ByteSource // vlink_bytes_total's
@@ -138,7 +144,15 @@ func newMetrics() *Metrics {
 			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted.",
 		}, []string{"outcome"}),
 	}
-	m.Reg.MustRegister(m.open, m.conns, bytesCollector{m}, m.refusals, m.handshake, m.dial, m.connects, layerCollector{},
+	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "vlink_config_last_reload_successful",
+		Help: "Whether the last reading of the --forwards file (at the start, or on SIGHUP) applied it whole: 1, or 0 when it was refused or some forwards could not start. Absent without --forwards.",
+	})
+	m.reloadAt = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "vlink_config_last_reload_success_timestamp_seconds",
+		Help: "When the --forwards file was last applied whole, in seconds since the epoch.",
+	})
+	m.Reg.MustRegister(m.open, m.conns, bytesCollector{m}, m.refusals, m.handshake, m.dial, m.connects, layerCollector{}, buildInfo(),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector())
@@ -147,7 +161,7 @@ func newMetrics() *Metrics {
 
 // FlagVar defines --metrics.
 func FlagVar(fs *flag.FlagSet, p *string) {
-	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done by stack and outcome, bytes, refusals by reason, handshake and dial latency, vlink exec's connects by outcome, and the layers' own figures: compression bytes each way, the adaptive layer's settings, mux and parallel sessions and streams (default: none)")
+	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done by stack and outcome, bytes as they cross, refusals by reason, handshake and dial latency, vlink exec's connects by outcome, the build and the last --forwards reload, and the layers' own figures: compression bytes each way, the adaptive layer's settings, mux and parallel sessions and streams; and /healthz for probes (default: none)")
 }
 
 // Serve serves m on addr until the returned stop is called; with
@@ -167,6 +181,9 @@ func Serve(ctx context.Context, e *base.Env, addr string) (*Metrics, func(), err
 	m := newMetrics()
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Reg, promhttp.HandlerOpts{}))
+	// For a load balancer's or an orchestrator's probe: the process is
+	// up and serves (its listeners were opened before this one).
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	e.Log.Info("serving metrics", "addr", "http://"+l.Addr().String()+"/metrics")
@@ -204,6 +221,48 @@ func (m *Metrics) RelayStarted(stack string) {
 		return
 	}
 	m.open.WithLabelValues(m.label(stack)).Inc()
+}
+
+// Reloaded records a reading of the --forwards file: applied whole (ok),
+// or not. The first call registers the reload metrics.
+func (m *Metrics) Reloaded(ok bool) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	if !m.reloads {
+		m.reloads = true
+		m.Reg.MustRegister(m.reloadOK, m.reloadAt)
+	}
+	m.mu.Unlock()
+	if !ok {
+		m.reloadOK.Set(0)
+		return
+	}
+	m.reloadOK.Set(1)
+	m.reloadAt.SetToCurrentTime()
+}
+
+// buildInfo is vlink_build_info: vlink's version, revision and Go's.
+func buildInfo() prometheus.Collector {
+	version, revision := "(devel)", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value[:min(12, len(s.Value))]
+			}
+		}
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "vlink_build_info",
+		Help:        "Always 1: the vlink build serving these metrics, in its labels.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
 }
 
 // RelayEnded counts a relay's end; its bytes are its ByteSource's.
