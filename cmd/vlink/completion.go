@@ -12,9 +12,10 @@ import (
 )
 
 var completionCmd = &cli.Command{
-	Name:     "completion",
-	Summary:  "print a shell completion script (bash or zsh), made from the commands' flags",
-	Synopsis: "bash | zsh",
+	Name:      "completion",
+	Summary:   "print a shell completion script (bash or zsh), made from the commands' flags",
+	Synopsis:  "bash | zsh",
+	ArgValues: []string{"bash", "zsh"},
 	About: `
 Prints a completion script for bash or zsh: commands, each command's
 flags, the values of the flags that take a few (--log-level, --log-format,

@@ -43,6 +43,9 @@ type Command struct {
 	// Args says the command takes arguments after its flags; without it,
 	// an argument is a usage error.
 	Args bool
+	// ArgValues are the words its argument may be, for the completion
+	// scripts ("bash", "zsh"); nil completes file names.
+	ArgValues []string
 	// ExitCodes replaces the program's closing paragraph in this
 	// command's --help, for a command whose exit codes differ (one that
 	// passes on another program's status). Empty: the program's.

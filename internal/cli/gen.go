@@ -82,6 +82,9 @@ func (p *Program) BashCompletion() string {
 			}
 		}
 		fmt.Fprintf(&b, "\t%s)\n\t\tflags=%q\n", c.Name, strings.Join(names, " "))
+		if len(c.ArgValues) > 0 {
+			valued = append(valued, fmt.Sprintf("\t\t%s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return;;\n", c.Name, strings.Join(c.ArgValues, " ")))
+		}
 		if len(valued) > 0 {
 			b.WriteString("\t\tcase \"$prev\" in\n")
 			for _, v := range valued {
@@ -109,7 +112,8 @@ func (p *Program) ZshCompletion() string {
 		fmt.Fprintf(&b, "\t\t%s\n", zshQuote(c.Name+":"+c.Summary))
 	}
 	b.WriteString("\t)\n\tif (( CURRENT == 2 )); then\n\t\t_describe command commands\n\t\treturn\n\tfi\n")
-	b.WriteString("\tcase $words[2] in\n")
+	// The command's own words from here on, as _arguments counts them.
+	b.WriteString("\tlocal cmd=$words[2]\n\tshift words\n\t(( CURRENT-- ))\n\tcase $cmd in\n")
 	for _, c := range p.Commands {
 		fmt.Fprintf(&b, "\t%s)\n\t\t_arguments -s \\\n", c.Name)
 		for _, f := range c.flags() {
@@ -119,9 +123,15 @@ func (p *Program) ZshCompletion() string {
 				if len(f.values) > 0 {
 					action = "(" + strings.Join(f.values, " ") + ")"
 				}
-				spec += ":" + strings.ToLower(f.arg) + ":" + action
+				// The message may not hold a bare ':' (HOST:PORT): zsh
+				// would take what follows for the action.
+				spec += ":" + strings.ReplaceAll(strings.ToLower(f.arg), ":", `\:`) + ":" + action
 			}
 			fmt.Fprintf(&b, "\t\t\t%s \\\n", zshQuote(spec))
+		}
+		if len(c.ArgValues) > 0 {
+			fmt.Fprintf(&b, "\t\t\t%s\n\t\t;;\n", zshQuote("1:argument:("+strings.Join(c.ArgValues, " ")+")"))
+			continue
 		}
 		b.WriteString("\t\t\t'*:file:_files'\n\t\t;;\n")
 	}
@@ -194,10 +204,13 @@ func (p *Program) what() string {
 	return strings.TrimSpace(s)
 }
 
-// firstClause is a usage cut at its first ';', '(' or ':', for a short
-// description.
+// firstClause is a usage cut at its first ';', '(' or ": ", for a short
+// description: a colon within a word (http://, HOST:PORT) does not end it.
 func firstClause(s string) string {
-	if i := strings.IndexAny(s, ";(:"); i > 0 {
+	if i := strings.IndexAny(s, ";("); i > 0 {
+		s = s[:i]
+	}
+	if i := strings.Index(s, ": "); i > 0 {
 		s = s[:i]
 	}
 	return strings.TrimSpace(s)
