@@ -156,6 +156,12 @@ func TestManPage(t *testing.T) {
 			t.Errorf("the rendered page has no usage of %s", c.Name)
 		}
 	}
+	plain := regexp.MustCompile(`.\x08`).ReplaceAllString(text, "") // groff's overstrike, for bold
+	for _, want := range []string{"EXIT STATUS", "2  usage error", "ENVIRONMENT", "VLINK_CONFIG", "FILES", "known_nodes"} {
+		if !strings.Contains(plain, want) {
+			t.Errorf("the rendered page has no %q", want)
+		}
+	}
 	if !strings.Contains(text, "--stack STACK") {
 		t.Errorf("the rendered page lost the flags' dashes:\n%s", text[:2000])
 	}

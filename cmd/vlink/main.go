@@ -56,6 +56,28 @@ runs unmodified programs on them.
 `,
 	Commands: []*cli.Command{serve.Cmd, dial.TunnelCmd, dial.ConnectCmd, dial.SocksCmd, relayCmd, execcmd.Cmd, launcher.Cmd, routeCmd, keyCmd, ownerCmd, certCmd, bench.Cmd, layersCmd, versionCmd},
 	Aliases:  map[string]string{"-version": "version", "--version": "version"},
+	// As docs/REFERENCE.md lists them, in short.
+	Environment: []cli.Entry{
+		{Name: "VLINK_CONFIG", Doc: "the configuration file, instead of $XDG_CONFIG_HOME/vlink/config.toml"},
+		{Name: "VLINK_STACK, VLINK_VIA", Doc: "the stack, and its gateway, for destinations no route of the configuration matches"},
+		{Name: "VLINK_KEY_FILE", Doc: "the pre-shared key file (mode 600), as --key-file"},
+		{Name: "VLINK_NODE", Doc: "this host's node name, as the configuration's node"},
+		{Name: "VLINK_PATHS_ONLY, VLINK_PATHS_EXCLUDE", Doc: "narrow best-effort routes' ways, and the paths to nodes"},
+		{Name: "VLINK_SHM", Doc: "auto, on or off: shared memory between local processes, as the configuration's shm"},
+		{Name: "VLINK_PROXY_FROM_ENVIRONMENT", Doc: "1: take ALL_PROXY, HTTPS_PROXY and NO_PROXY, as the configuration's proxy_from_environment"},
+		{Name: "XDG_CONFIG_HOME", Doc: "the folder of vlink/config.toml and vlink/known_nodes (default ~/.config)"},
+		{Name: "VLINK_PRELOAD", Doc: "vlink exec: a prebuilt shim (vlink exec --build-shim), for machines without cc"},
+		{Name: "VLINK_AGENT, VLINK_AGENT_TOKEN", Doc: "set by vlink exec for the program: its agent's socket, and the secret of the program's processes"},
+		{Name: "VLINK_RANK, VLINK_SIZE, VLINK_RELAY, VLINK_NODE_KEY_FILE", Doc: "set by vlink launch for each worker"},
+		{Name: "VLINK_SPAWNER, VLINK_SSH_SERVERS, VLINK_SSH_OPTIONS, VLINK_REMOTE_DIR, VLINK_CSPAWN_CMD, VLINK_CSPAWN_SERVERS", Doc: "defaults of vlink launch's spawner flags"},
+	},
+	Files: []cli.Entry{
+		{Name: "$XDG_CONFIG_HOME/vlink/config.toml", Doc: "the routes and settings every command dialing with the user's configuration reads (docs/REFERENCE.md, Configuration file)"},
+		{Name: "$XDG_CONFIG_HOME/vlink/known_nodes", Doc: "the identities of the listeners and nodes met so far, pinned on first use (vlink owner)"},
+		{Name: "vlink.key", Doc: "a pre-shared key (vlink key), given with --key-file; mode 600"},
+		{Name: "~/.cache/vlink", Doc: "vlink exec's shim, built there with cc once per version"},
+		{Name: "docs/systemd/vlink@.service", Doc: "in the source: a unit running vlink tunnel or serve --forwards under systemd"},
+	},
 	// QUIC runs in this process: closing its connections tells each peer
 	// the path ended now, rather than at its idle timeout.
 	AtExit: quic.CloseAll,

@@ -56,6 +56,9 @@ type Command struct {
 	OwnSignals bool
 }
 
+// An Entry is a name and what it is, for a manual page's list.
+type Entry struct{ Name, Doc string }
+
 // A Program is a binary made of subcommands.
 type Program struct {
 	Name      string
@@ -64,6 +67,9 @@ type Program struct {
 	Examples  string // for the top-level --help
 	ExitCodes string // the closing paragraph of every --help
 	Commands  []*Command
+	// Environment and Files are the manual page's ENVIRONMENT and FILES
+	// sections: what the program reads, each with what it does.
+	Environment, Files []Entry
 	// Aliases maps top-level words to commands ("--version": "version").
 	Aliases map[string]string
 	// AtExit, if set, runs once the command returned, before Main exits:

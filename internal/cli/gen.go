@@ -162,7 +162,24 @@ func (p *Program) ManPage(section, date string) string {
 		p.commandUsage(&help, c, fs)
 		roffBlock(&b, help.String())
 	}
+	if p.ExitCodes != "" {
+		b.WriteString(".SH EXIT STATUS\n")
+		roffBlock(&b, p.ExitCodes)
+	}
+	roffList(&b, "ENVIRONMENT", p.Environment)
+	roffList(&b, "FILES", p.Files)
 	return b.String()
+}
+
+// roffList writes a section of tagged paragraphs, one per entry.
+func roffList(b *strings.Builder, section string, entries []Entry) {
+	if len(entries) == 0 {
+		return
+	}
+	fmt.Fprintf(b, ".SH %s\n", section)
+	for _, e := range entries {
+		fmt.Fprintf(b, ".TP\n.B %s\n%s\n", roffEscape(e.Name), roffEscape(e.Doc))
+	}
 }
 
 func (p *Program) commandNames() []string {
