@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -980,14 +981,39 @@ func TestAgentBadInput(t *testing.T) {
 }
 
 // freePort returns a TCP port nothing listens on, for a server to take.
+// freePort returns a TCP port free on every address, for a listener the
+// test opens later. It is below the kernel's ephemeral range (the port a
+// connect binds is taken from that range, by any process of the machine,
+// as a port the kernel just handed out would be: seen in CI, where
+// another package's tests connect meanwhile).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	for range 100 {
+		port := 10000 + mrand.IntN(max(1, low-10000))
+		l4, err := net.Listen("tcp4", net.JoinHostPort("0.0.0.0", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l6, err := net.Listen("tcp6", net.JoinHostPort("::", strconv.Itoa(port)))
+		l4.Close()
+		if errors.Is(err, syscall.EADDRINUSE) {
+			continue
+		}
+		if err == nil { // else no IPv6 here: the port is as free as it can be
+			l6.Close()
+		}
+		return port
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return 0
 }
 
 // An unmodified epoll server takes plain and VLink clients on its own port:
