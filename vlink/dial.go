@@ -823,7 +823,7 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
-				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport)}
+				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport), aeads: aeadOffer(seg)}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -982,6 +982,8 @@ type helloDialer struct {
 	// cc is the congestion control the factories below use, for the
 	// listener's side to use too (Hello.CongestionControl); "" for none.
 	cc string
+	// aeads is the hello's cipher offer (aeadOffer), nil for none.
+	aeads []byte
 }
 
 // congestionOf returns the congestion control a chain of factories sets
@@ -1028,7 +1030,7 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 			carrier = layer.DatagramCarrierOf(c)
 		}
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert, cc: d.cc}, key, binding)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert, cc: d.cc, aeads: d.aeads}, key, binding)
 	if err == nil && carrier != nil {
 		*d.carrier = carrier
 	}
@@ -1058,7 +1060,11 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	if d.lookup {
 		return &lookupAnswer{Conn: c, family: acc.family}, layer.Handshake{}, nil
 	}
-	return c, layer.Handshake{Key: key, Transcript: transcript, Static: own, PeerStatic: static}, nil
+	hs := layer.Handshake{Key: key, Transcript: transcript, Static: own, PeerStatic: static}
+	if acc.aeads != nil {
+		hs.AEAD = layer.AEAD(acc.aeads[0])
+	}
+	return c, hs, nil
 }
 
 // peerCertificate checks the certificate a member's peer answered with:

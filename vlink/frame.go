@@ -1,6 +1,7 @@
 package vlink
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vlink-dev/vlink/netconn"
+	"github.com/vlink-dev/vlink/vlink/layer"
 	"github.com/vlink-dev/vlink/vlink/nodecert"
 )
 
@@ -106,7 +108,17 @@ const (
 	// connection under it uses, for the listener's side to use too
 	// (Hello.CongestionControl; netconn.ValidCongestionControl)
 	tagCC fieldTag = 17
+	// in a hello: the ciphers the dialer offers its encryption layer,
+	// one byte each (layer.AEAD), fastest first; in its accept: the one
+	// the listener chose, one byte (layer.AEADNegotiator)
+	tagAEAD fieldTag = 18
+
+	lastTag = tagAEAD // the newest field this side knows
 )
+
+// maxAEADOffer bounds an offer: room for ciphers not yet known, which a
+// listener ignores.
+const maxAEADOffer = 8
 
 // The values of tagDatagram.
 const (
@@ -116,10 +128,10 @@ const (
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC, tagAEAD},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
-	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert},
+	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert, tagAEAD},
 	msgRefuse:    {tagCode, tagReason, tagHop},
 }
 
@@ -151,6 +163,7 @@ type message struct {
 	family Families // in the accept of a lookup
 	cert   []byte   // the sender's certificate, undecoded (Member checks it)
 	cc     string   // in a hello: the congestion control to use (Hello.CongestionControl)
+	aeads  []byte   // in a hello: the ciphers offered (layer.AEAD); in an accept: the one chosen
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -205,6 +218,9 @@ func (m *message) appendFrame(b []byte) []byte {
 		field(tagFamily, []byte{byte(m.family)})
 	}
 	str(tagCC, m.cc)
+	if len(m.aeads) > 0 {
+		field(tagAEAD, m.aeads)
+	}
 	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
 	return b
 }
@@ -229,6 +245,9 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 		v := body[:n]
 		body = body[n:]
 		if !tagIn(tag, ok) {
+			if tag > lastTag {
+				return nil, fmt.Errorf("%w: %s: unexpected field %d, newer than this side (upgrade it: listeners first)", ErrBadHello, t, tag)
+			}
 			return nil, fmt.Errorf("%w: %s: unexpected field %d", ErrBadHello, t, tag)
 		}
 		if seen&(1<<tag) != 0 {
@@ -289,6 +308,8 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			if m.cc = string(v); !netconn.ValidCongestionControl(m.cc) {
 				err = errors.New("congestion control must be 1 to 15 letters, digits, _ or -")
 			}
+		case tagAEAD:
+			m.aeads, err = decodeAEADs(t, v)
 		case tagDatagram:
 			if len(v) != 1 || v[0] != datagramStream && v[0] != datagramQUIC {
 				err = errors.New("datagram must be the byte 1 or 2")
@@ -314,6 +335,27 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 		}
 	}
 	return m, nil
+}
+
+// decodeAEADs checks a cipher offer (a hello's: 1..maxAEADOffer distinct
+// non-zero values, unknown ones allowed) or choice (an accept's: one
+// known value).
+func decodeAEADs(t msgType, v []byte) ([]byte, error) {
+	if t == msgAccept {
+		if len(v) != 1 || (layer.AEAD(v[0]) != layer.AEADChaChaPoly && layer.AEAD(v[0]) != layer.AEADAESGCM) {
+			return nil, errors.New("the chosen cipher must be one known byte")
+		}
+		return []byte{v[0]}, nil
+	}
+	if len(v) == 0 || len(v) > maxAEADOffer {
+		return nil, fmt.Errorf("a cipher offer holds 1..%d bytes, not %d", maxAEADOffer, len(v))
+	}
+	for i, a := range v {
+		if a == 0 || bytes.IndexByte(v[:i], a) >= 0 {
+			return nil, errors.New("a cipher offer holds distinct non-zero bytes")
+		}
+	}
+	return bytes.Clone(v), nil
 }
 
 // decodeHops parses the hops field: 1..MaxHops distinct host:port, the

@@ -89,6 +89,10 @@ func TestFrameErrors(t *testing.T) {
 		{"family in a hello", hello(field(tagFamily, []byte{1})), ErrBadHello, "unexpected field 14"},
 		{"cc not a name", hello(field(tagCC, []byte("bbr; rm"))), ErrBadHello, "congestion control must be"},
 		{"cc too long", hello(field(tagCC, []byte("sixteen-letters!"))), ErrBadHello, "congestion control must be"},
+		{"empty cipher offer", hello(field(tagAEAD, nil)), ErrBadHello, "cipher offer holds 1..8"},
+		{"cipher offer too long", hello(field(tagAEAD, []byte{1, 2, 3, 4, 5, 6, 7, 8, 9})), ErrBadHello, "cipher offer holds 1..8"},
+		{"cipher offered twice", hello(field(tagAEAD, []byte{2, 1, 2})), ErrBadHello, "distinct non-zero"},
+		{"cipher zero", hello(field(tagAEAD, []byte{0})), ErrBadHello, "distinct non-zero"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,6 +101,21 @@ func TestFrameErrors(t *testing.T) {
 				t.Fatalf("readFrame = %v, want %v mentioning %q", err, tt.is, tt.mention)
 			}
 		})
+	}
+}
+
+// TestAcceptCipher: an accept chooses one cipher it knows.
+func TestAcceptCipher(t *testing.T) {
+	for _, v := range [][]byte{nil, {3}, {1, 2}, {0}} {
+		b := []byte{protoVersion, byte(msgAccept), 0, byte(3 + len(v)), byte(tagAEAD), 0, byte(len(v))}
+		_, _, err := readFrame(bytes.NewReader(append(b, v...)), msgAccept)
+		if !errors.Is(err, ErrBadHello) || !strings.Contains(err.Error(), "chosen cipher") {
+			t.Errorf("accept choosing %v: %v, want ErrBadHello about the chosen cipher", v, err)
+		}
+	}
+	m, _, err := readFrame(bytes.NewReader((&message{typ: msgAccept, aeads: []byte{2}}).appendFrame(nil)), msgAccept)
+	if err != nil || !bytes.Equal(m.aeads, []byte{2}) {
+		t.Errorf("accept choosing AES-256-GCM: %v, %v", m, err)
 	}
 }
 
@@ -115,6 +134,8 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgAccept, family: FamilyIPv4 | FamilyIPv6, proof: make([]byte, proofSize)}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, stack: "noise", cert: bytes.Repeat([]byte{7}, 300)}).appendFrame(nil))
 	f.Add((&message{typ: msgAccept, cert: []byte{1}}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "noise", aeads: []byte{2, 1, 77}}).appendFrame(nil))
+	f.Add((&message{typ: msgAccept, aeads: []byte{2}}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -133,7 +154,7 @@ func FuzzReadFrame(f *testing.F) {
 		}
 		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason ||
 			strings.Join(again.hops, ",") != strings.Join(m.hops, ",") || again.origin != m.origin || !bytes.Equal(again.trail, m.trail) || again.hop != m.hop ||
-			again.lookup != m.lookup || again.family != m.family || !bytes.Equal(again.cert, m.cert) {
+			again.lookup != m.lookup || again.family != m.family || !bytes.Equal(again.cert, m.cert) || !bytes.Equal(again.aeads, m.aeads) {
 			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
 		}
 	})

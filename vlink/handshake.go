@@ -1,6 +1,7 @@
 package vlink
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -103,6 +104,9 @@ func clientHandshake(c net.Conn, hello *message, key, binding []byte) (transcrip
 	if hello.lookup && m.family == 0 {
 		return nil, nil, fmt.Errorf("%w: the accept of a lookup names no address family", ErrBadHello)
 	}
+	if m.aeads != nil && !bytes.Contains(hello.aeads, m.aeads) {
+		return nil, nil, fmt.Errorf("%w: the listener chose cipher %d, which the hello did not offer", ErrBadHello, m.aeads[0])
+	}
 	return appendFrameBytes(transcript, m.typ, body), m, nil
 }
 
@@ -165,6 +169,9 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello,
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
 	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, QUICDatagrams: m.qdgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	if m.aeads != nil {
+		h.AEAD = layer.ChooseAEAD(aeadsOf(m.aeads))
+	}
 	if m.cc != "" && j == nil {
 		// The dialer's sender uses it; this side's, for what goes back,
 		// must too, or a download crawls where the upload flew.
@@ -402,6 +409,9 @@ func accept(c net.Conn, h *Hello) error {
 	if h.Cert != nil && !h.nested {
 		m.cert = h.listener.cfg.Policy.Member.Cert.Marshal()
 	}
+	if h.AEAD != layer.AEADDefault {
+		m.aeads = []byte{byte(h.AEAD)}
+	}
 	b := m.appendFrame(nil)
 	h.transcript = append(h.transcript, b...)
 	_, err := c.Write(b)
@@ -414,6 +424,35 @@ func accept(c net.Conn, h *Hello) error {
 func appendFrameBytes(b []byte, t msgType, body []byte) []byte {
 	b = append(b, protoVersion, byte(t), byte(len(body)>>8), byte(len(body)))
 	return append(b, body...)
+}
+
+// aeadOffer returns what a hello for seg offers: the ciphers of seg's
+// first filter that negotiates its cipher (layer.AEADNegotiator), nil if
+// none does.
+func aeadOffer(seg []Layer) []byte {
+	for _, l := range seg {
+		if spec := lookup(l.Name); spec != nil && spec.Kind == layer.KindFilter {
+			if _, v, err := l.build(); err == nil {
+				if n, ok := v.(layer.AEADNegotiator); ok {
+					var b []byte
+					for _, a := range n.AEADs() {
+						b = append(b, byte(a))
+					}
+					return b
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// aeadsOf converts an offer's bytes.
+func aeadsOf(b []byte) []layer.AEAD {
+	a := make([]layer.AEAD, len(b))
+	for i, v := range b {
+		a[i] = layer.AEAD(v)
+	}
+	return a
 }
 
 // keyedLayer returns the name of the first layer that needs the
@@ -446,7 +485,7 @@ func keyedLayer(layers []Layer) string {
 // named one, as the dialer hands its side) and h's transcript.
 func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn, error) {
 	if hf, ok := f.(layer.HandshakeFilter); ok {
-		hs := layer.Handshake{Key: h.key, Transcript: h.transcript}
+		hs := layer.Handshake{Key: h.key, Transcript: h.transcript, AEAD: h.AEAD}
 		if h.static {
 			hs.Static = layer.KeyPair{Private: l.cfg.Policy.Identity, Public: l.static}
 		}

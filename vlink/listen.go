@@ -156,6 +156,11 @@ type Hello struct {
 	// before it accepted, so that what goes back uses it too. Empty: the
 	// system's default.
 	CongestionControl string
+	// AEAD is the cipher the hello agreed on for the stack's encryption
+	// layer (layer.AEADNegotiator): the first this listener runs well
+	// among those the dialer offered. AEADDefault when the hello offered
+	// none (an older wire version of the layer, or no such layer).
+	AEAD layer.AEAD
 
 	carrier     layer.DatagramCarrier // QUICDatagrams': the stream's
 	key         []byte                // the key proven: Policy.Key, or Node's key derived from it

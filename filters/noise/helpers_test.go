@@ -21,8 +21,13 @@ var (
 
 // pair runs the handshake between a and b and returns the two ends.
 func pair(tb testing.TB, a, b net.Conn) (client, server net.Conn) {
+	return pairWith(tb, a, b, layer.AEADDefault)
+}
+
+// pairWith is pair with the cipher a hello agreed on.
+func pairWith(tb testing.TB, a, b net.Conn, aead layer.AEAD) (client, server net.Conn) {
 	tb.Helper()
-	hs := layer.Handshake{Key: testKey, Transcript: testTranscript}
+	hs := layer.Handshake{Key: testKey, Transcript: testTranscript, AEAD: aead}
 	type res struct {
 		c   net.Conn
 		err error
@@ -42,10 +47,13 @@ func pair(tb testing.TB, a, b net.Conn) (client, server net.Conn) {
 
 // states returns the two ends of one direction, as a handshake leaves
 // them, under a fixed key, for hand-made streams.
-func states() (send, recv *cipherState) {
+func states() (send, recv *cipherState) { return statesOf(layer.AEADChaChaPoly) }
+
+// statesOf is states with another cipher.
+func statesOf(aead layer.AEAD) (send, recv *cipherState) {
 	k := [32]byte{1, 2, 3}
-	s, _ := newCipherState(flynn.UnsafeNewCipherState(suite, k, 0))
-	r, _ := newCipherState(flynn.UnsafeNewCipherState(suite, k, 0))
+	s, _ := newCipherState(flynn.UnsafeNewCipherState(suite, k, 0), aead)
+	r, _ := newCipherState(flynn.UnsafeNewCipherState(suite, k, 0), aead)
 	return s, r
 }
 

@@ -32,6 +32,10 @@ type Handshake struct {
 	// private half, or fail.
 	Static     KeyPair
 	PeerStatic []byte
+	// AEAD is the cipher the hello agreed on for an [AEADNegotiator]:
+	// the listener's answer to the dialer's offer. AEADDefault if the
+	// hello offered none.
+	AEAD AEAD
 }
 
 // A KeyPair is an X25519 key pair, 32 bytes each half.
