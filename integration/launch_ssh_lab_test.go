@@ -132,6 +132,22 @@ func TestLaunchSSH(t *testing.T) {
 	marker := fmt.Sprintf("306.%d", time.Now().UnixNano()%1e6)
 	script := `echo started on $(hostname) in "$VLINK_NODE"; sleep ` + marker + ` & wait`
 	started := regexp.MustCompile(`\] started on `)
+	t.Run("nothing escapes", func(t *testing.T) {
+		// The agents here run where no cgroup can be made (the lab's
+		// hosts have a /sys of their own): each holds its worker's
+		// processes as their subreaper, and a setsid escapes none.
+		p := j.launch(t, 2, "--log-level", "info", "--", "sh", "-c", `setsid sleep `+marker+`9 & sleep 0.3`)
+		p.Strict = false
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs:\n%s", p.Output())
+		}
+		if p.Err() != nil || !strings.Contains(p.Output(), "held by vlink launch as their subreaper") {
+			t.Fatalf("vlink launch: %v, and the agents' log should say the subreaper holds the job:\n%s", p.Err(), p.Output())
+		}
+		waitGone(t, "^sleep "+marker+"9")
+	})
 	t.Run("an ssh connection drops", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		p.Strict = false

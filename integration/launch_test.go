@@ -114,9 +114,10 @@ func TestLaunchExit(t *testing.T) {
 	}
 }
 
-// TestLaunchSignals: SIGTERM to vlink launch reaches every worker, whose
-// status then ends the job; vlink launch killed with SIGKILL leaves no
-// worker, nor what the workers started, behind.
+// TestLaunchSignals: SIGTERM to vlink launch reaches every worker as
+// SIGTERM, SIGINT as SIGINT, and the workers' status then ends the job;
+// a second SIGINT kills them at once; vlink launch killed with SIGKILL
+// leaves no worker, nor what the workers started, behind.
 func TestLaunchSignals(t *testing.T) {
 	testenv.Programs(t, "pgrep")
 	marker := fmt.Sprintf("304.%d", time.Now().UnixNano()%1e6)
@@ -140,6 +141,55 @@ func TestLaunchSignals(t *testing.T) {
 		}
 		waitGone(t, "sleep "+marker)
 	})
+	t.Run("SIGINT", func(t *testing.T) {
+		// A program's Ctrl-C handler is for SIGINT: the workers get it,
+		// not SIGTERM.
+		p := startProc(t, vlinkBin, "launch", "-n", "3", "--join-timeout", "0", "--", "sh", "-c",
+			`trap 'echo got INT; exit 4' INT; trap 'echo got TERM; exit 3' TERM; echo started; sleep `+marker+` & wait`)
+		p.Strict = false
+		waitCount(t, p, regexp.MustCompile(`\] started`), 3, startTimeout)
+		p.Cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs after SIGINT:\n%s", p.Output())
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.Err(), &ee) || ee.ExitCode() != 4 {
+			t.Errorf("exit: %v, want status 4 (the workers' on SIGINT)", p.Err())
+		}
+		if n := strings.Count(p.Output(), "] got INT"); n != 3 || strings.Contains(p.Output(), "got TERM") {
+			t.Errorf("%d workers got SIGINT, want 3, and none SIGTERM; output:\n%s", n, p.Output())
+		}
+		waitGone(t, "sleep "+marker)
+	})
+	t.Run("second SIGINT", func(t *testing.T) {
+		// Workers that ignore SIGINT and SIGTERM, and a process each
+		// that left their group and ignores SIGTERM: the first Ctrl-C
+		// leaves them the 60 s grace, the second kills them all at once.
+		p := startProc(t, vlinkBin, "launch", "-n", "2", "--join-timeout", "0", "--grace", "60s", "--", "sh", "-c",
+			`trap '' INT TERM; setsid sh -c "trap '' TERM; sleep `+marker+`" & echo started; while :; do sleep `+marker+`; done`)
+		p.Strict = false
+		waitCount(t, p, regexp.MustCompile(`\] started`), 2, startTimeout)
+		p.Cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-p.Done():
+			t.Fatalf("vlink launch ended at the first SIGINT, with workers that ignore it:\n%s", p.Output())
+		case <-time.After(300 * time.Millisecond):
+		}
+		start := time.Now()
+		p.Cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs %v after a second SIGINT:\n%s", startTimeout, p.Output())
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.Err(), &ee) || ee.ExitCode() != 128+int(syscall.SIGKILL) {
+			t.Errorf("exit: %v after %v, want status 137 (the workers were killed)", p.Err(), time.Since(start))
+		}
+		waitGone(t, "sleep "+marker) // the setsid one too, well within the grace
+	})
 	t.Run("SIGKILL", func(t *testing.T) {
 		p := startProc(t, vlinkBin, "launch", "-n", "3", "--join-timeout", "0", "--", "sh", "-c", `echo started "$VLINK_NODE_KEY_FILE"; sleep `+marker+` & wait`)
 		keyFile := startedKeyFile(t, p)
@@ -159,6 +209,43 @@ func TestLaunchSignals(t *testing.T) {
 				t.Fatalf("the job's key files outlive vlink launch: %s", filepath.Dir(keyFile))
 			}
 		}
+	})
+}
+
+// TestLaunchNothingEscapes: a worker's process that leaves its process
+// group (setsid) or forks twice still ends with the job: when the job
+// ends, and when vlink launch is killed (its guard ends the job's
+// cgroup; with the subreaper only the first holds, and the log says so).
+func TestLaunchNothingEscapes(t *testing.T) {
+	testenv.Programs(t, "pgrep", "setsid")
+	marker := fmt.Sprintf("305.%d", time.Now().UnixNano()%1e6)
+	escape := `setsid sleep ` + marker + ` & (sleep ` + marker + `1 &) ; `
+	t.Run("job ends", func(t *testing.T) {
+		out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "2", "--log-level", "info", "--", "sh", "-c", escape+`sleep 0.3`)
+		if err != nil {
+			t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+		}
+		if !strings.Contains(string(stderr), "the job's processes are held") {
+			t.Errorf("the log does not say how the job's processes are held:\n%s", stderr)
+		}
+		waitGone(t, "sleep "+marker)
+	})
+	t.Run("SIGKILL", func(t *testing.T) {
+		p := startProc(t, vlinkBin, "launch", "-n", "2", "--join-timeout", "0", "--log-level", "info", "--", "sh", "-c", escape+`echo started; wait`)
+		p.Strict = false
+		waitCount(t, p, regexp.MustCompile(`\] started`), 2, startTimeout)
+		if !strings.Contains(p.Output(), "held in a cgroup of its own") {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("no cgroup for the job in CI:\n%s", p.Output())
+			}
+			p.Kill()
+			t.Skipf("no cgroup for the job here (the subreaper does not outlive vlink launch):\n%s", p.Output())
+		}
+		if n := leftovers(t, "sleep "+marker); n < 4 {
+			t.Fatalf("%d of the escaped sleeps found, want 4", n)
+		}
+		p.Kill()
+		waitGone(t, "sleep "+marker)
 	})
 }
 

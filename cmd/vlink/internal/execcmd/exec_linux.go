@@ -10,14 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/internal/procs"
 	"github.com/vlink-dev/vlink/preload"
 	"github.com/vlink-dev/vlink/vlink"
 )
@@ -109,7 +108,7 @@ func execProgram(ctx context.Context, e *base.Env, o *execOptions, cfg *vlink.Co
 	code, done := waitProgram(ctx.Done(), cmd, sigs)
 
 	// The processes it left behind (reparented to us) still use the agent.
-	if left := children(); len(left) > 0 {
+	if left := procs.Children(os.Getpid()); len(left) > 0 {
 		e.Log.Info("the program exited; waiting for the processes it left running", "pids", fmt.Sprint(left))
 	}
 	waitLeftBehind(done, sigs)
@@ -184,14 +183,14 @@ func waitLeftBehind(done <-chan struct{}, sigs <-chan os.Signal) {
 	for {
 		select {
 		case s := <-sigs:
-			for _, pid := range children() {
+			for _, pid := range procs.Children(os.Getpid()) {
 				if !sentByTerminal(s, pid) {
 					syscall.Kill(pid, s.(syscall.Signal))
 				}
 			}
 		case <-done:
 			done = nil
-			for _, pid := range children() {
+			for _, pid := range procs.Children(os.Getpid()) {
 				syscall.Kill(pid, syscall.SIGTERM)
 			}
 		case <-reaped:
@@ -266,31 +265,4 @@ func foregroundGroup() int {
 		return -1
 	}
 	return pgrp
-}
-
-// children lists our child processes, from /proc.
-func children() []int {
-	me := os.Getpid()
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 2 && f[1] == strconv.Itoa(me) && f[0] != "Z" {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }

@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -89,16 +90,21 @@ others (SIGTERM, then SIGKILL after --grace), says which rank failed and
 how, and exits with that worker's status (128+N for a signal N). A
 worker still running after --join-timeout without having joined fails
 the job, and the message names the missing ranks. A worker that exits
-without joining does not. SIGINT and SIGTERM reach every worker.
+without joining does not. SIGINT reaches every worker as SIGINT, SIGTERM
+as SIGTERM; a second one kills them at once (SIGKILL).
 
 Nothing outlives the job: what a worker leaves running is stopped when
-the job ends. If vlink launch itself is killed, the kernel kills the
-local workers, and a guard process stops what they started and removes
-the job's key files; a remote worker's agent stops the worker, and what
-it started, when its SSH session or its connection to vlink launch ends
-(an SSH connection that drops fails the job), and a guard of its own
-does if the agent is killed. Workers
-read nothing: their standard input is /dev/null.
+the job ends, even a process that left its process group (setsid, a
+daemon): the job's processes run in a cgroup of their own where vlink
+launch may make one (cgroup v2), else vlink launch is their subreaper
+(--log-level info says which). If vlink launch itself is killed, the
+kernel kills the local workers, and a guard process stops what they
+started (all of the cgroup; only their process groups without one) and
+removes the job's key files; a remote worker's agent stops the worker,
+and what it started, when its SSH session or its connection to vlink
+launch ends (an SSH connection that drops fails the job), and a guard of
+its own does if the agent is killed. Workers read nothing: their
+standard input is /dev/null.
 `,
 	Examples: `
   # Four workers, each saying where it is in the job:
@@ -117,6 +123,9 @@ read nothing: their standard input is /dev/null.
 	// The workers' output is the output: vlink launch adds warnings and
 	// errors only, unless told otherwise.
 	Flags: base.WithEnvAt(slog.LevelWarn, "", launchFlags),
+	// SIGINT reaches the workers as SIGINT, SIGTERM as SIGTERM, and a
+	// second one kills them at once, as under mpirun and srun.
+	OwnSignals: true,
 }
 
 type launchOptions struct {
@@ -134,6 +143,7 @@ type launchOptions struct {
 	customServers      string
 	guard              bool
 	worker             string
+	signals            <-chan os.Signal // SIGINT and SIGTERM to vlink launch; nil in tests that cancel the context
 }
 
 func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
@@ -147,19 +157,28 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.custom, "custom", "", "the custom spawner's `COMMAND`, run once by sh -c to start N workers that each run %C: %N is N, %C the worker's command, %D this folder, %P the program, %M the first N --custom-servers, %% a %; $VLINK_CSPAWN_CMD, $GASNET_CSPAWN_CMD, $CSPAWN_CMD")
 	fs.StringVar(&o.customServers, "custom-servers", "", "the `SERVERS` %M lists, separated by spaces; $VLINK_CSPAWN_SERVERS, $CSPAWN_SERVERS")
 	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network; 0: never")
-	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after SIGTERM before SIGKILL")
+	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
 	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
 	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
 	fs.BoolVar(&o.guard, "guard", false, "(internal) be the guard of a launch: see runGuard")
 	fs.StringVar(&o.worker, "worker", "", "(internal) be the agent of a remote worker, talking to vlink launch at `ADDR`, or on standard input and output for -: see runWorker")
 	return func(ctx context.Context, e *base.Env) int {
 		if o.guard {
+			// It ends when its input does: that is when it must clean up.
+			signal.Ignore(os.Interrupt, syscall.SIGTERM)
 			runGuard(e.Stdin, o.grace)
 			return base.ExitOK
 		}
 		if o.worker != "" {
+			// vlink launch's signals come as frames; its own stop it.
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+			defer stop()
 			return runWorker(ctx, e, o)
 		}
+		sigs := make(chan os.Signal, 2)
+		signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+		defer signal.Stop(sigs)
+		o.signals = sigs
 		routeSet := false
 		fs.Visit(func(f *flag.Flag) {
 			routeSet = routeSet || f.Name == "route-output"
@@ -244,6 +263,8 @@ type job struct {
 	relayL  net.Listener
 	dir     string // the job's key files on this machine
 	guard   *guard
+	jail    *jail // the local workers' (nil: none)
+	hurry   bool  // a second signal: what is left goes without grace
 	workers []*worker
 	ended   chan ending // one per worker, and one per spawner that fails
 	route   bool
@@ -317,6 +338,16 @@ func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) err
 	j.guard = startGuard(e, o.grace)
 	defer j.guard.done() // once the job has ended
 	j.guard.remove(j.dir)
+	if _, local := sp.(localSpawner); local {
+		j.jail = holdJob(e, j.guard)
+		defer func() { // after the spawner's wait, before the guard's end
+			grace := o.grace
+			if j.hurry {
+				grace = 0
+			}
+			j.jail.stop(grace)
+		}()
+	}
 	j.workers = make([]*worker, o.n)
 	for r := range j.workers {
 		j.workers[r] = &worker{rank: r}
@@ -352,15 +383,15 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	stop := func(why string) {
+	stop := func(why string, sig syscall.Signal) {
 		if stopping {
 			return
 		}
 		stopping = true
-		e.Log.Info("stopping the job", "why", why, "grace", o.grace)
+		e.Log.Info("stopping the job", "why", why, "signal", sig, "grace", o.grace)
 		for _, w := range j.workers {
 			if !w.exited {
-				w.kill(syscall.SIGTERM)
+				w.kill(sig)
 			}
 		}
 		sp.stop()
@@ -384,7 +415,7 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 			if stopping { // SIGINT or SIGTERM reached vlink launch
 				failed.why += ", stopped by vlink launch"
 			}
-			stop(failed.why)
+			stop(failed.why, syscall.SIGTERM)
 		case <-tick.C:
 			if allJoined {
 				continue
@@ -423,11 +454,26 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 			}
 			if len(whys) > 0 && failed == nil {
 				failed = &jobFailed{code: base.ExitFailure, why: strings.Join(whys, "; ")}
-				stop(failed.why)
+				stop(failed.why, syscall.SIGTERM)
 			}
 		case <-done:
 			done = nil
-			stop("vlink launch was asked to stop")
+			stop("vlink launch was asked to stop", syscall.SIGTERM)
+		case sig := <-o.signals:
+			if !stopping {
+				// The workers get what vlink launch got: a program's
+				// handler for Ctrl-C is for SIGINT.
+				stop("vlink launch got "+sig.String(), sig.(syscall.Signal))
+				continue
+			}
+			// A second one: the user does not want to wait.
+			killAt, j.hurry = nil, true
+			e.Log.Warn("a second signal: killing the workers now", "signal", sig)
+			for _, w := range j.workers {
+				if !w.exited {
+					w.kill(syscall.SIGKILL)
+				}
+			}
 		case <-killAt:
 			killAt = nil
 			for _, w := range j.workers {
@@ -464,7 +510,7 @@ func (localSpawner) start(ctx context.Context, j *job) error {
 		cmd.WaitDelay = 200 * time.Millisecond
 		var flush func()
 		cmd.Stdout, cmd.Stderr, flush = j.outputs(r)
-		if err := cmd.Start(); err != nil {
+		if err := j.jail.start(cmd); err != nil {
 			return fmt.Errorf("starting rank %d: %w", r, err)
 		}
 		j.guard.watch(cmd.Process.Pid)
@@ -599,6 +645,22 @@ func (g *guard) watch(pgid int) {
 	}
 }
 
+// cgroup has the guard end what is left in a job's cgroup, and remove
+// it, should vlink launch die first.
+func (g *guard) cgroup(dir string) {
+	if g.in != nil {
+		fmt.Fprintf(g.in, "cg %s\n", dir)
+	}
+}
+
+// pid returns the guard's process id, 0 if there is none.
+func (g *guard) pid() int {
+	if g.cmd == nil {
+		return 0
+	}
+	return g.cmd.Process.Pid
+}
+
 // remove has the guard remove dir, the job's key files, should vlink
 // launch die before removing it.
 func (g *guard) remove(dir string) {
@@ -618,10 +680,14 @@ func (g *guard) done() {
 // runGuard is the guard's side (vlink launch --guard).
 func runGuard(in io.Reader, grace time.Duration) {
 	var pgids []int
-	var dirs []string
+	var dirs, cgroups []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		line := sc.Text()
+		if dir, ok := strings.CutPrefix(line, "cg "); ok {
+			cgroups = append(cgroups, dir)
+			continue
+		}
 		if dir, ok := strings.CutPrefix(line, "rm "); ok {
 			// Only what startGuard's caller made: a vlink-launch- folder
 			// of the temporary directory.
@@ -636,6 +702,9 @@ func runGuard(in io.Reader, grace time.Duration) {
 	}
 	for _, d := range dirs {
 		os.RemoveAll(d)
+	}
+	for _, cg := range cgroups {
+		guardCgroup(cg, grace)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		alive := false

@@ -760,7 +760,9 @@ func runWorker(ctx context.Context, e *base.Env, o *launchOptions) int {
 	cmd.SysProcAttr = workerAttr()
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = 200 * time.Millisecond
-	if err := cmd.Start(); err != nil {
+	jl := holdJob(e, g)
+	defer jl.stop(o.grace) // what the worker left, after its group below
+	if err := jl.start(cmd); err != nil {
 		fmt.Fprintf(stderr, "vlink launch --worker on %s: %v\n", host, err)
 		return exit(jobwire.Exit{Code: 126})
 	}
