@@ -148,6 +148,27 @@ func TestLaunchSSH(t *testing.T) {
 		}
 		waitGone(t, "^sleep "+marker+"9")
 	})
+	t.Run("a rank fails at once", func(t *testing.T) {
+		// Rank 0 fails before other ranks' agents said hello: they must
+		// get the SIGTERM too, not be killed only after the grace.
+		for range 3 {
+			start := time.Now()
+			p := labProc(t, j.Lab, "l", vlinkBin, "launch", "-n", "4", "--grace", "20s", "--join-timeout", "0",
+				"--ssh-servers", j.servers, "--ssh-options", j.options, "--",
+				"sh", "-c", `test "$VLINK_RANK" != 0 || exit 3; sleep `+marker+`7`)
+			p.Strict = false
+			select {
+			case <-p.Done():
+			case <-time.After(30 * time.Second):
+				t.Fatalf("vlink launch still runs:\n%s", p.Output())
+			}
+			var ee *exec.ExitError
+			if took := time.Since(start); !errors.As(p.Err(), &ee) || ee.ExitCode() != 3 || took > 10*time.Second {
+				t.Fatalf("exit: %v after %v, want status 3 well within the 20 s grace:\n%s", p.Err(), took, p.Output())
+			}
+			waitGone(t, "^sleep "+marker+"7")
+		}
+	})
 	t.Run("an ssh connection drops", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		p.Strict = false

@@ -384,11 +384,14 @@ func (s *sshSpawner) start(ctx context.Context, j *job) error {
 				return
 			}
 			// Until the agent says hello, a signal cannot reach the
-			// worker: the last one, SIGKILL, ends the session instead.
+			// worker: it waits for the hello (setSignal then delivers
+			// it), and the last one, SIGKILL, ends the session instead.
 			w.setSignal(func(sig syscall.Signal) {
 				if sig == syscall.SIGKILL {
 					cmd.Close()
+					return
 				}
+				w.pending = sig // w.mu is held: kill calls this
 			})
 			s.wg.Add(1)
 			go func() {
