@@ -249,6 +249,24 @@ func TestLaunchNothingEscapes(t *testing.T) {
 	})
 }
 
+// TestLaunchTimeLimit: --time ends a job that runs past it, with
+// status 124 and a message naming the limit, and nothing left behind;
+// a job within its time is not touched.
+func TestLaunchTimeLimit(t *testing.T) {
+	testenv.Programs(t, "pgrep")
+	marker := fmt.Sprintf("307.%d", time.Now().UnixNano()%1e6)
+	start := time.Now()
+	_, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "2", "--time", "1s", "--join-timeout", "0", "--", "sh", "-c", "sleep "+marker)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 124 || !strings.Contains(string(stderr), "ran out of its time (--time 1s)") {
+		t.Fatalf("vlink launch: %v after %v, want status 124 naming --time 1s; stderr:\n%s", err, time.Since(start), stderr)
+	}
+	waitGone(t, "sleep "+marker)
+	if out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "2", "--time", "30s", "--", "true"); err != nil {
+		t.Fatalf("a job within its --time: %v\n%s%s", err, out, stderr)
+	}
+}
+
 // startedKeyFile waits until the three workers of p said they started, and
 // returns the key file the last one named.
 func startedKeyFile(t *testing.T, p *proc) string {

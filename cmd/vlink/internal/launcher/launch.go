@@ -90,8 +90,10 @@ others (SIGTERM, then SIGKILL after --grace), says which rank failed and
 how, and exits with that worker's status (128+N for a signal N). A
 worker still running after --join-timeout without having joined fails
 the job, and the message names the missing ranks. A worker that exits
-without joining does not. SIGINT reaches every worker as SIGINT, SIGTERM
-as SIGTERM; a second one kills them at once (SIGKILL).
+without joining does not. A job that runs past --time is stopped the
+same way, and vlink launch exits with status 124. SIGINT reaches every
+worker as SIGINT, SIGTERM as SIGTERM; a second one kills them at once
+(SIGKILL).
 
 Nothing outlives the job: what a worker leaves running is stopped when
 the job ends, even a process that left its process group (setsid, a
@@ -132,6 +134,7 @@ type launchOptions struct {
 	n                  int
 	nSet               bool // --n was given: 0 is then out of range rather than missing
 	joinTimeout, grace time.Duration
+	timeLimit          time.Duration
 	listen             string
 	routeOutput        bool
 	spawner            string
@@ -156,7 +159,8 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.workerVLink, "worker-vlink", "", "the vlink executable the ssh and custom spawners run on the servers, at `PATH` there (default: this one's path)")
 	fs.StringVar(&o.custom, "custom", "", "the custom spawner's `COMMAND`, run once by sh -c to start N workers that each run %C: %N is N, %C the worker's command, %D this folder, %P the program, %M the first N --custom-servers, %% a %; $VLINK_CSPAWN_CMD, $GASNET_CSPAWN_CMD, $CSPAWN_CMD")
 	fs.StringVar(&o.customServers, "custom-servers", "", "the `SERVERS` %M lists, separated by spaces; $VLINK_CSPAWN_SERVERS, $CSPAWN_SERVERS")
-	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network; 0: never")
+	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network (a program that never joins, as under pdsh: 0); 0: never")
+	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
 	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
 	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
@@ -196,6 +200,10 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 		return base.ExitOK
 	}
 }
+
+// exitTimeLimit is vlink launch's status when --time ended the job, as
+// timeout(1)'s.
+const exitTimeLimit = 124
 
 // jobFailed is a job that ended with a worker's failure: the launcher
 // exits with code, having said why.
@@ -305,8 +313,8 @@ func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) err
 		return base.Usagef("--n N is required: how many workers to start, 1 to %d", launch.MaxSize)
 	case o.n < 1 || o.n > launch.MaxSize:
 		return base.Usagef("--n %d: want 1 to %d workers", o.n, launch.MaxSize)
-	case o.joinTimeout < 0 || o.grace < 0:
-		return base.Usagef("--join-timeout and --grace want durations of 0 or more")
+	case o.joinTimeout < 0 || o.grace < 0 || o.timeLimit < 0:
+		return base.Usagef("--join-timeout, --grace and --time want durations of 0 or more")
 	}
 	if err := base.CheckHostPort(o.listen); err != nil {
 		return base.Usagef("--relay-listen %v", err)
@@ -381,6 +389,12 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 		defer t.Stop()
 		joinLimit = t.C
 	}
+	var timeUp <-chan time.Time
+	if o.timeLimit > 0 {
+		t := time.NewTimer(o.timeLimit)
+		defer t.Stop()
+		timeUp = t.C
+	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	stop := func(why string, sig syscall.Signal) {
@@ -445,7 +459,7 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 			}
 			var whys []string
 			if len(missing) > 0 {
-				whys = append(whys, fmt.Sprintf("rank %s did not join the job's network within %v (joining: launch.Join, or vlink exec --node \"$VLINK_NODE\" ...)",
+				whys = append(whys, fmt.Sprintf("rank %s did not join the job's network within %v (joining: launch.Join, or vlink exec --node \"$VLINK_NODE\" ...; for a program that never joins: --join-timeout 0)",
 					strings.Join(missing, ", rank "), o.joinTimeout))
 			}
 			if len(unstarted) > 0 {
@@ -454,6 +468,11 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 			}
 			if len(whys) > 0 && failed == nil {
 				failed = &jobFailed{code: base.ExitFailure, why: strings.Join(whys, "; ")}
+				stop(failed.why, syscall.SIGTERM)
+			}
+		case <-timeUp:
+			if failed == nil {
+				failed = &jobFailed{code: exitTimeLimit, why: fmt.Sprintf("the job ran out of its time (--time %v)", o.timeLimit)}
 				stop(failed.why, syscall.SIGTERM)
 			}
 		case <-done:
