@@ -261,6 +261,9 @@ func TestLaunchTimeLimit(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 124 || !strings.Contains(string(stderr), "ran out of its time (--time 1s)") {
 		t.Fatalf("vlink launch: %v after %v, want status 124 naming --time 1s; stderr:\n%s", err, time.Since(start), stderr)
 	}
+	if !strings.Contains(string(stderr), "vlink launch: every rank: ranks 0-1: killed by signal terminated\n") {
+		t.Errorf("no summary of how each rank ended; stderr:\n%s", stderr)
+	}
 	waitGone(t, "sleep "+marker)
 	if out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "2", "--time", "30s", "--", "true"); err != nil {
 		t.Fatalf("a job within its --time: %v\n%s%s", err, out, stderr)

@@ -87,7 +87,8 @@ brackets ("[3] ..."; --route-output=false passes it through as it is;
 the custom spawner's default is false, as udp-conduit's). The job
 succeeds when every worker exits 0. Otherwise vlink launch stops the
 others (SIGTERM, then SIGKILL after --grace), says which rank failed and
-how, and exits with that worker's status (128+N for a signal N). A
+how, then how every rank ended, and exits with that worker's status
+(128+N for a signal N). A
 worker still running after --join-timeout without having joined fails
 the job, and the message names the missing ranks. A worker that exits
 without joining does not. A job that runs past --time is stopped the
@@ -192,6 +193,9 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 		var jf *jobFailed
 		if errors.As(err, &jf) {
 			fmt.Fprintf(e.Stderr, "vlink launch: %s\n", jf.why)
+			if jf.summary != "" {
+				fmt.Fprintf(e.Stderr, "vlink launch: every rank: %s\n", jf.summary)
+			}
 			return jf.code
 		}
 		if err != nil {
@@ -208,8 +212,9 @@ const exitTimeLimit = 124
 // jobFailed is a job that ended with a worker's failure: the launcher
 // exits with code, having said why.
 type jobFailed struct {
-	code int
-	why  string
+	code    int
+	why     string
+	summary string // how each rank ended (summarize)
 }
 
 func (j *jobFailed) Error() string { return j.why }
@@ -217,8 +222,9 @@ func (j *jobFailed) Error() string { return j.why }
 // A worker is one process of the job, wherever it runs.
 type worker struct {
 	rank   int
-	joined bool // seen at the relay (the main loop's)
-	exited bool // its ending came (the main loop's)
+	joined bool   // seen at the relay (the main loop's)
+	exited bool   // its ending came (the main loop's)
+	how    string // how it ended, once it did (the main loop's)
 
 	mu      sync.Mutex
 	signal  func(syscall.Signal) // nil until the worker runs
@@ -417,7 +423,10 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 		case end := <-j.ended:
 			if end.w != nil {
 				running--
-				end.w.exited = true
+				end.w.exited, end.w.how = true, end.why
+				if end.code == 0 {
+					end.w.how = "exited with status 0"
+				}
 			}
 			if end.code == 0 || failed != nil {
 				continue // a job fails once: with its first failure
@@ -504,9 +513,61 @@ func (j *job) loop(ctx context.Context, sp spawner) error {
 		}
 	}
 	if failed != nil {
+		if o.n > 1 {
+			failed.summary = summarize(j.workers)
+		}
 		return failed
 	}
 	return nil
+}
+
+// summarize says how each worker ended, ranks that ended alike together:
+// "ranks 0-3, 5: exited with status 0; rank 4: killed by signal
+// terminated".
+func summarize(workers []*worker) string {
+	var hows []string
+	ranks := map[string][]int{}
+	for _, w := range workers {
+		how := strings.TrimPrefix(w.how, "was ")
+		if how == "" {
+			how = "no end reported"
+		}
+		if _, seen := ranks[how]; !seen {
+			hows = append(hows, how)
+		}
+		ranks[how] = append(ranks[how], w.rank)
+	}
+	parts := make([]string, len(hows))
+	for i, how := range hows {
+		rs := ranks[how]
+		word := "rank "
+		if len(rs) > 1 {
+			word = "ranks "
+		}
+		parts[i] = word + rankRanges(rs) + ": " + how
+	}
+	return strings.Join(parts, "; ")
+}
+
+// rankRanges writes sorted ranks as ranges: "0-3, 5, 7-8".
+func rankRanges(rs []int) string {
+	var b strings.Builder
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", rs[i], rs[j])
+		} else {
+			fmt.Fprintf(&b, "%d", rs[i])
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 // localSpawner starts every worker on this machine.

@@ -60,3 +60,17 @@ func TestShellWord(t *testing.T) {
 		}
 	}
 }
+
+// TestSummarize: ranks that ended alike are told together, in ranges.
+func TestSummarize(t *testing.T) {
+	hows := []string{"exited with status 0", "exited with status 0", "exited with status 0", "was killed by signal terminated",
+		"exited with status 0", "", "exited with status 0", "exited with status 0"}
+	var ws []*worker
+	for r, how := range hows {
+		ws = append(ws, &worker{rank: r, how: how})
+	}
+	want := "ranks 0-2, 4, 6-7: exited with status 0; rank 3: killed by signal terminated; rank 5: no end reported"
+	if got := summarize(ws); got != want {
+		t.Fatalf("summarize = %q\nwant        %q", got, want)
+	}
+}
