@@ -270,6 +270,27 @@ func TestLaunchTimeLimit(t *testing.T) {
 	}
 }
 
+// TestLaunchOutputDir: --output-dir puts each rank's output and error in
+// files of their own, not in vlink launch's.
+func TestLaunchOutputDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "out")
+	out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "3", "--output-dir", dir, "--", "sh", "-c", `echo "out $VLINK_RANK"; echo "err $VLINK_RANK" >&2`)
+	if err != nil {
+		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+	}
+	if strings.Contains(string(out)+string(stderr), "out ") {
+		t.Errorf("the workers' output reached vlink launch's:\n%s%s", out, stderr)
+	}
+	for r := range 3 {
+		for ext, want := range map[string]string{".out": fmt.Sprintf("out %d\n", r), ".err": fmt.Sprintf("err %d\n", r)} {
+			got, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank%d%s", r, ext)))
+			if err != nil || string(got) != want {
+				t.Errorf("rank%d%s holds %q (%v), want %q", r, ext, got, err, want)
+			}
+		}
+	}
+}
+
 // startedKeyFile waits until the three workers of p said they started, and
 // returns the key file the last one named.
 func startedKeyFile(t *testing.T, p *proc) string {

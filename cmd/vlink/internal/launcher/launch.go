@@ -136,6 +136,7 @@ type launchOptions struct {
 	nSet               bool // --n was given: 0 is then out of range rather than missing
 	joinTimeout, grace time.Duration
 	timeLimit          time.Duration
+	outputDir          string
 	listen             string
 	routeOutput        bool
 	spawner            string
@@ -161,6 +162,7 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.custom, "custom", "", "the custom spawner's `COMMAND`, run once by sh -c to start N workers that each run %C: %N is N, %C the worker's command, %D this folder, %P the program, %M the first N --custom-servers, %% a %; $VLINK_CSPAWN_CMD, $GASNET_CSPAWN_CMD, $CSPAWN_CMD")
 	fs.StringVar(&o.customServers, "custom-servers", "", "the `SERVERS` %M lists, separated by spaces; $VLINK_CSPAWN_SERVERS, $CSPAWN_SERVERS")
 	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network (a program that never joins, as under pdsh: 0); 0: never")
+	fs.StringVar(&o.outputDir, "output-dir", "", "write each rank's standard output and error to `DIR`/rankR.out and DIR/rankR.err (DIR made if missing) instead of vlink's, as mpirun --output-filename")
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
 	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
@@ -277,8 +279,9 @@ type job struct {
 	relayL  net.Listener
 	dir     string // the job's key files on this machine
 	guard   *guard
-	jail    *jail // the local workers' (nil: none)
-	hurry   bool  // a second signal: what is left goes without grace
+	jail    *jail         // the local workers' (nil: none)
+	hurry   bool          // a second signal: what is left goes without grace
+	files   [][2]*os.File // with --output-dir: each rank's output and error
 	workers []*worker
 	ended   chan ending // one per worker, and one per spawner that fails
 	route   bool
@@ -290,12 +293,37 @@ type job struct {
 // outputs returns where rank r's standard output and error go, and
 // the writers to flush once it ended.
 func (j *job) outputs(r int) (stdout, stderr io.Writer, flush func()) {
+	if j.files != nil {
+		return j.files[r][0], j.files[r][1], func() {}
+	}
 	if !j.route {
 		return j.e.Stdout, j.e.Stderr, func() {}
 	}
 	prefix := fmt.Sprintf("[%*d] ", j.width, r)
 	so, se := &rankWriter{w: j.e.Stdout, mu: &j.outMu, prefix: prefix}, &rankWriter{w: j.e.Stderr, mu: &j.outMu, prefix: prefix}
 	return so, se, func() { so.flush(); se.flush() }
+}
+
+// openOutputs makes dir and each rank's files in it (--output-dir).
+func openOutputs(dir string, n int) ([][2]*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("--output-dir: %w", err)
+	}
+	files := make([][2]*os.File, n)
+	for r := range files {
+		for i, ext := range []string{".out", ".err"} {
+			f, err := os.Create(filepath.Join(dir, launch.RankName(r)+ext))
+			if err != nil {
+				for _, g := range files[:r+1] {
+					g[0].Close() // a nil *os.File returns ErrInvalid
+					g[1].Close()
+				}
+				return nil, fmt.Errorf("--output-dir: %w", err)
+			}
+			files[r][i] = f
+		}
+	}
+	return files, nil
 }
 
 // A spawner starts the job's workers.
@@ -349,6 +377,17 @@ func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) err
 		return err
 	}
 	defer os.RemoveAll(j.dir)
+	if o.outputDir != "" {
+		if j.files, err = openOutputs(o.outputDir, o.n); err != nil {
+			return err
+		}
+		defer func() {
+			for _, f := range j.files {
+				f[0].Close()
+				f[1].Close()
+			}
+		}()
+	}
 	j.guard = startGuard(e, o.grace)
 	defer j.guard.done() // once the job has ended
 	j.guard.remove(j.dir)
