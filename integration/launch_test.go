@@ -235,11 +235,8 @@ func TestLaunchNothingEscapes(t *testing.T) {
 		p.Strict = false
 		waitCount(t, p, regexp.MustCompile(`\] started`), 2, startTimeout)
 		if !strings.Contains(p.Output(), "held in a cgroup of its own") {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("no cgroup for the job in CI:\n%s", p.Output())
-			}
 			p.Kill()
-			t.Skipf("no cgroup for the job here (the subreaper does not outlive vlink launch):\n%s", p.Output())
+			testenv.Missing(t, "a cgroup for the job (the subreaper does not outlive vlink launch); vlink launch said:\n%s", p.Output())
 		}
 		if n := leftovers(t, "sleep "+marker); n < 4 {
 			t.Fatalf("%d of the escaped sleeps found, want 4", n)
