@@ -27,6 +27,7 @@ packages=(
   zsh:zsh groff-base:groff systemd:systemd-analyze procps:pgrep util-linux:setsid
   haproxy:haproxy proxychains4:proxychains4 microsocks:microsocks
   dnsmasq:dnsmasq bind9-dnsutils:dig dante-client:socksify
+  slurmctld:slurmctld slurmd:slurmd slurm-client:sbatch munge:munged
 )
 
 if [ "${1:-}" = --list ]; then

@@ -22,13 +22,13 @@ import (
 // Wire format, integers big-endian:
 //
 //	frame  = type u8 | length u32 | payload
-//	hello  = version u8 | len u8 | host
+//	hello  = version u8 | len u8 | host | task u32 (version 2)
 //	assign = rank u32 | size u32 | len u8 | relay | len u8 | key
 //	output = the bytes (stdout and stderr frames)
 //	exit   = code u8 | signal u8
 //	signal = signal u8
 const (
-	Version    = 1
+	Version    = 2
 	headerSize = 5
 	// MaxPayload bounds a frame's payload, and so what a peer can make
 	// the other side allocate for one frame.
@@ -122,13 +122,25 @@ func WriteFrame(w io.Writer, t Type, payload []byte) error {
 type Hello struct {
 	Version uint8
 	Host    string // the machine's name, for messages
+	// Task is the worker's place as the scheduler that started it
+	// numbered it, plus one (SLURM_PROCID+1): vlink launch gives it that
+	// rank if it can. 0: none.
+	Task uint32
 }
 
-func (h Hello) Encode() []byte { return appendField(append([]byte(nil), h.Version), h.Host) }
+func (h Hello) Encode() []byte {
+	return binary.BigEndian.AppendUint32(appendField(append([]byte(nil), h.Version), h.Host), h.Task)
+}
 
+// DecodeHello decodes a hello. A hello of another version decodes to
+// its version alone, for the launcher to say which.
 func DecodeHello(p []byte) (Hello, error) {
 	d := decoder{p: p}
-	h := Hello{Version: d.u8(), Host: d.field()}
+	h := Hello{Version: d.u8()}
+	if !d.short && h.Version != Version {
+		return Hello{Version: h.Version}, nil
+	}
+	h.Host, h.Task = d.field(), d.u32()
 	return h, d.end(TypeHello)
 }
 

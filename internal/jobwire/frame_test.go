@@ -9,7 +9,7 @@ import (
 
 func TestRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
-	hello := Hello{Version: Version, Host: "node07"}
+	hello := Hello{Version: Version, Host: "node07", Task: 5}
 	assign := Assign{Rank: 3, Size: 8, Relay: "127.0.0.1:4000", Key: bytes.Repeat([]byte{7}, 32)}
 	exit := Exit{Code: 0, Signal: 15}
 	for _, f := range []struct {
@@ -71,8 +71,9 @@ func TestMalformed(t *testing.T) {
 		decode func([]byte) error
 		p      []byte
 	}{
-		{"hello short", func(p []byte) error { _, err := DecodeHello(p); return err }, []byte{1, 5, 'a'}},
-		{"hello left over", func(p []byte) error { _, err := DecodeHello(p); return err }, []byte{1, 1, 'a', 'b'}},
+		{"hello short", func(p []byte) error { _, err := DecodeHello(p); return err }, []byte{Version, 5, 'a'}},
+		{"hello without its task", func(p []byte) error { _, err := DecodeHello(p); return err }, []byte{Version, 1, 'a', 'b'}},
+		{"hello left over", func(p []byte) error { _, err := DecodeHello(p); return err }, []byte{Version, 1, 'a', 0, 0, 0, 1, 'b'}},
 		{"assign rank past size", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{Rank: 4, Size: 4}.Encode()},
 		{"assign size 0", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{}.Encode()},
 		{"exit short", func(p []byte) error { _, err := DecodeExit(p); return err }, []byte{1}},
@@ -92,6 +93,7 @@ func FuzzReadFrame(f *testing.F) {
 	WriteFrame(&b, TypeAssign, Assign{Rank: 1, Size: 2, Relay: "h:1", Key: []byte("k")}.Encode())
 	f.Add(b.Bytes())
 	f.Add([]byte{1, 0, 0, 0, 3, 1, 1, 'h'})
+	f.Add([]byte{1, 0, 0, 0, 7, Version, 1, 'h', 0, 0, 0, 3})
 	f.Add([]byte{5, 0, 0, 0, 2, 0, 9})
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		r := bytes.NewReader(raw)
@@ -105,8 +107,14 @@ func FuzzReadFrame(f *testing.F) {
 			}
 			switch fr.Type {
 			case TypeHello:
-				if h, err := DecodeHello(fr.Payload); err == nil && !bytes.Equal(h.Encode(), fr.Payload) {
+				// One of this version encodes back; one of another
+				// decodes to its version alone, for the message.
+				h, err := DecodeHello(fr.Payload)
+				if err == nil && h.Version == Version && !bytes.Equal(h.Encode(), fr.Payload) {
 					t.Fatalf("hello %+v does not encode back to %x", h, fr.Payload)
+				}
+				if err == nil && h.Version != Version && (h != Hello{Version: fr.Payload[0]}) {
+					t.Fatalf("hello of version %d decoded to %+v", fr.Payload[0], h)
 				}
 			case TypeAssign:
 				if a, err := DecodeAssign(fr.Payload); err == nil && (!bytes.Equal(a.Encode(), fr.Payload) || a.Rank >= a.Size) {

@@ -119,8 +119,9 @@ standard input is /dev/null.
   # Over SSH, on two servers that have this vlink at the same path:
   vlink launch --n 4 --ssh-servers 'node1 node2' -- ./allreduce
 
-  # Through SLURM:
-  vlink launch --n 64 --custom 'srun -n %N %C' -- ./allreduce
+  # In a Slurm batch script (sbatch -n 64 job.sh): one srun step of
+  # SLURM_NTASKS workers, rank R on Slurm's task R:
+  vlink launch -- ./allreduce
 `,
 	Args: true,
 	// The workers' output is the output: vlink launch adds warnings and
@@ -154,7 +155,7 @@ type launchOptions struct {
 func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	o := &launchOptions{}
 	fs.IntVar(&o.n, "n", 0, fmt.Sprintf("start `N` workers, 1 to %d (required)", launch.MaxSize))
-	fs.StringVar(&o.spawner, "spawner", "", "start the workers with `SPAWNER`: local (on this machine), ssh (on the --ssh-servers) or custom (with the --custom command); default: custom with --custom, ssh with --ssh-servers, else local; $VLINK_SPAWNER, or $GASNET_SPAWNFN's L, S or C")
+	fs.StringVar(&o.spawner, "spawner", "", "start the workers with `SPAWNER`: local (on this machine), ssh (on the --ssh-servers), custom (with the --custom command) or slurm (one srun step in the Slurm allocation vlink launch runs in: --n defaults to its SLURM_NTASKS, and rank R is Slurm's task R); default: custom with --custom, ssh with --ssh-servers, $VLINK_SPAWNER, $GASNET_SPAWNFN's L, S or C, slurm inside an allocation (SLURM_JOB_ID), else local")
 	fs.StringVar(&o.sshServers, "ssh-servers", "", "the ssh spawner's `SERVERS`, [user@]host[:port] separated by spaces or commas: rank R runs on server R modulo their number; $VLINK_SSH_SERVERS, $GASNET_SSH_SERVERS, $SSH_SERVERS")
 	fs.StringVar(&o.sshOptions, "ssh-options", "", "the ssh layer's `PARAMS` for every server, as in a stack: identity=FILE,known-hosts=FILE,host-key-check=accept-new,... (vlink layers ssh); $VLINK_SSH_OPTIONS")
 	fs.StringVar(&o.remoteDir, "remote-dir", "", "the ssh spawner runs the workers in `DIR` on the servers (default: this folder); $VLINK_REMOTE_DIR, $SSH_REMOTE_PATH")
@@ -165,7 +166,7 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.outputDir, "output-dir", "", "write each rank's standard output and error to `DIR`/rankR.out and DIR/rankR.err (DIR made if missing) instead of vlink's, as mpirun --output-filename")
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
-	fs.StringVar(&o.listen, "relay-listen", "127.0.0.1:0", "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
+	fs.StringVar(&o.listen, "relay-listen", defaultRelayListen, "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
 	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
 	fs.BoolVar(&o.guard, "guard", false, "(internal) be the guard of a launch: see runGuard")
 	fs.StringVar(&o.worker, "worker", "", "(internal) be the agent of a remote worker, talking to vlink launch at `ADDR`, or on standard input and output for -: see runWorker")
@@ -206,6 +207,10 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 		return base.ExitOK
 	}
 }
+
+// defaultRelayListen is where the job's relay listens unless told: on
+// loopback, for the local spawner's workers and ssh's forwarded ports.
+const defaultRelayListen = "127.0.0.1:0"
 
 // exitTimeLimit is vlink launch's status when --time ended the job, as
 // timeout(1)'s.
@@ -340,6 +345,9 @@ type spawner interface {
 }
 
 func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) error {
+	if err := o.slurmDefaults(e); err != nil {
+		return err
+	}
 	switch {
 	case len(e.Args) == 0:
 		return base.Usagef("give the program to start after --: vlink launch --n N -- PROGRAM [ARGS...]")

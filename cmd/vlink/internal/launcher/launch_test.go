@@ -74,3 +74,17 @@ func TestSummarize(t *testing.T) {
 		t.Fatalf("summarize = %q\nwant        %q", got, want)
 	}
 }
+
+// TestPick: an agent gets the rank its scheduler gave it when that one
+// is free, else the lowest free rank, and none once all are given.
+func TestPick(t *testing.T) {
+	s := &customSpawner{taken: make([]bool, 4)}
+	for i, tc := range []struct{ want, got int }{{2, 2}, {2, 0}, {-1, 1}, {9, 3}, {0, -1}} {
+		if r := s.pick(tc.want); r != tc.got {
+			t.Fatalf("pick %d: asked for %d, got %d, want %d", i, tc.want, r, tc.got)
+		}
+	}
+	if s.started != 4 {
+		t.Fatalf("started = %d, want 4", s.started)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,34 +64,79 @@ func seedEnv(vlinkName, seedName string) string {
 	return firstEnv("VLINK_"+vlinkName, "GASNET_"+seedName, "AMUDP_"+seedName, seedName)
 }
 
+// spawnerName returns the spawner the flags, then the environment,
+// choose: inside a Slurm allocation (SLURM_JOB_ID), slurm unless told
+// otherwise; else local.
+func (o *launchOptions) spawnerName() string {
+	switch {
+	case o.spawner != "":
+		return o.spawner
+	case o.custom != "":
+		return "custom"
+	case o.sshServers != "":
+		return "ssh"
+	case os.Getenv("VLINK_SPAWNER") != "":
+		return os.Getenv("VLINK_SPAWNER")
+	}
+	switch strings.ToUpper(firstEnv("GASNET_SPAWNFN", "AMUDP_SPAWNFN")) {
+	case "S":
+		return "ssh"
+	case "C":
+		return "custom"
+	}
+	if os.Getenv("SLURM_JOB_ID") != "" {
+		return "slurm"
+	}
+	return "local"
+}
+
+// slurmDefaults takes what a Slurm allocation says when the slurm
+// spawner runs: --n from SLURM_NTASKS unless given, and a relay the
+// allocation's other nodes reach when it spans more than one (the
+// default relay listens on loopback).
+func (o *launchOptions) slurmDefaults(e *base.Env) error {
+	if o.spawnerName() != "slurm" {
+		return nil
+	}
+	if os.Getenv("SLURM_JOB_ID") == "" {
+		return base.Usagef("the slurm spawner runs inside a Slurm allocation (sbatch, salloc): SLURM_JOB_ID is not set")
+	}
+	if !o.nSet {
+		n, err := strconv.Atoi(os.Getenv("SLURM_NTASKS"))
+		if err != nil {
+			return base.Usagef("--n N is required: SLURM_NTASKS does not say how many tasks the allocation has (sbatch -n N)")
+		}
+		o.n, o.nSet = n, true
+	}
+	if nodes, _ := strconv.Atoi(os.Getenv("SLURM_JOB_NUM_NODES")); nodes > 1 && o.listen == defaultRelayListen {
+		o.listen = "0.0.0.0:0" // reached at this node's name; the relay and the agents' listener take the job's keys only
+		e.Log.Info("the allocation spans several nodes: the job's relay listens on every address", "nodes", nodes)
+	}
+	return nil
+}
+
+// slurmCommand is the slurm spawner's command: one srun step of N tasks
+// in the allocation, each an agent, whose failures vlink launch handles
+// itself (--kill-on-bad-exit=0).
+const slurmCommand = "srun --ntasks=%N --kill-on-bad-exit=0 --export=ALL %C"
+
 // pickSpawner chooses the spawner from the flags, then the environment,
 // and says whether the workers' output is routed.
 func (o *launchOptions) pickSpawner(e *base.Env, routeSet bool) (spawner, bool, error) {
-	name := o.spawner
-	switch {
-	case name != "":
-	case o.custom != "":
-		name = "custom"
-	case o.sshServers != "":
-		name = "ssh"
-	case os.Getenv("VLINK_SPAWNER") != "":
-		name = os.Getenv("VLINK_SPAWNER")
-	default:
-		switch strings.ToUpper(firstEnv("GASNET_SPAWNFN", "AMUDP_SPAWNFN")) {
-		case "S":
-			name = "ssh"
-		case "C":
-			name = "custom"
-		}
-	}
+	name := o.spawnerName()
 	o.sshServers = cmp.Or(o.sshServers, seedEnv("SSH_SERVERS", "SSH_SERVERS"))
 	o.sshOptions = cmp.Or(o.sshOptions, os.Getenv("VLINK_SSH_OPTIONS"))
 	o.remoteDir = cmp.Or(o.remoteDir, seedEnv("REMOTE_DIR", "SSH_REMOTE_PATH"))
 	o.custom = cmp.Or(o.custom, seedEnv("CSPAWN_CMD", "CSPAWN_CMD"))
 	o.customServers = cmp.Or(o.customServers, seedEnv("CSPAWN_SERVERS", "CSPAWN_SERVERS"))
 	switch name {
-	case "", "local":
+	case "local":
 		return localSpawner{}, o.routeOutput, nil
+	case "slurm":
+		// vlink routes the output, so that it looks as with any other
+		// spawner ("[R] "), and srun's step carries none.
+		e.Log.Info("starting the workers with Slurm", "job", os.Getenv("SLURM_JOB_ID"), "command", slurmCommand)
+		return &customSpawner{template: slurmCommand}, o.routeOutput, nil
 	case "ssh":
 		s, err := newSSHSpawner(o)
 		return s, o.routeOutput, err
@@ -110,7 +156,7 @@ func (o *launchOptions) pickSpawner(e *base.Env, routeSet bool) (spawner, bool, 
 		}
 		return &customSpawner{template: o.custom, servers: strings.Fields(o.customServers)}, route, nil
 	}
-	return nil, false, base.Usagef("--spawner %q: want local, ssh or custom", name)
+	return nil, false, base.Usagef("--spawner %q: want local, ssh, custom or slurm", name)
 }
 
 // workerCommand is the shell command that runs a worker's agent,
@@ -210,6 +256,7 @@ func expandTemplate(t string, n int, command, dir string, servers []string, prog
 type agent struct {
 	j     *job
 	where string // the agent's machine, for messages
+	task  uint32 // its hello's (jobwire.Hello.Task)
 	r     io.Reader
 	w     io.Writer
 	wmu   sync.Mutex
@@ -240,6 +287,7 @@ func (a *agent) hello() error {
 	if a.where == "" {
 		a.where = h.Host
 	}
+	a.task = h.Task
 	return nil
 }
 
@@ -472,10 +520,24 @@ func (s *sshSpawner) stop() {}
 
 func (s *sshSpawner) wait() { s.wg.Wait() }
 
+// schedulerTask returns this agent's place as the scheduler that
+// started it numbered it, plus one, for vlink launch to make it the
+// worker's rank: Slurm's SLURM_PROCID, PMIx's PMIX_RANK, Open MPI's
+// OMPI_COMM_WORLD_RANK or MPICH's PMI_RANK; 0 for none.
+func schedulerTask() uint32 {
+	for _, v := range []string{"SLURM_PROCID", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"} {
+		if n, err := strconv.ParseUint(os.Getenv(v), 10, 31); err == nil {
+			return uint32(n) + 1
+		}
+	}
+	return 0
+}
+
 // customSpawner runs the user's command once, which starts the N
 // agents (srun, mpirun, a script of the user's); each agent connects
-// back to vlink launch, proves the job's secret, and is given the next
-// rank.
+// back to vlink launch, proves the job's secret, and is given the rank
+// its scheduler gave it (jobwire.Hello.Task) if that one is free, else
+// the lowest free one.
 type customSpawner struct {
 	template string
 	servers  []string
@@ -485,13 +547,15 @@ type customSpawner struct {
 	exited   chan struct{} // the command is gone
 
 	mu      sync.Mutex
-	next    int  // the next rank to give
-	stopped bool // the job is stopping: no more ranks
+	taken   []bool // the ranks given
+	started int    // how many
+	stopped bool   // the job is stopping: no more ranks
 	wg      sync.WaitGroup
 }
 
 func (s *customSpawner) start(ctx context.Context, j *job) error {
 	s.j = j
+	s.taken = make([]bool, j.o.n)
 	secret := make([]byte, 32)
 	rand.Read(secret)
 	host, _, _ := net.SplitHostPort(j.o.listen)
@@ -552,7 +616,7 @@ func (s *customSpawner) waitCommand() {
 	close(s.exited)
 	st := s.cmd.ProcessState
 	s.mu.Lock()
-	started, stopped := s.next, s.stopped
+	started, stopped := s.started, s.stopped
 	s.mu.Unlock()
 	switch {
 	case stopped:
@@ -590,12 +654,12 @@ func (s *customSpawner) serve(c net.Conn, relay string) {
 		return
 	}
 	s.mu.Lock()
-	r := s.next
-	if r < s.j.o.n && !s.stopped {
-		s.next++
+	r := -1
+	if !s.stopped {
+		r = s.pick(int(a.task) - 1)
 	}
 	s.mu.Unlock()
-	if r >= s.j.o.n {
+	if r < 0 {
 		log.Warn("refused a worker beyond the job's size: the custom command started more than %N", "size", s.j.o.n)
 		return
 	}
@@ -625,14 +689,30 @@ func (s *customSpawner) serve(c net.Conn, relay string) {
 	s.j.ended <- *end
 }
 
+// pick gives an agent rank want if it is free, else the lowest free
+// rank; -1 when every rank is given. s.mu is held.
+func (s *customSpawner) pick(want int) int {
+	if want < 0 || want >= len(s.taken) || s.taken[want] {
+		want = slices.Index(s.taken, false)
+	}
+	if want >= 0 {
+		s.taken[want] = true
+		s.started++
+	}
+	return want
+}
+
 // stop takes no more workers, counts the ones never started as ended,
 // and stops the custom command.
 func (s *customSpawner) stop() {
 	s.boot.Close()
 	s.mu.Lock()
 	s.stopped = true
-	for ; s.next < s.j.o.n; s.next++ {
-		s.j.ended <- ending{w: s.j.workers[s.next], code: base.ExitFailure, why: "was never started by the custom command"}
+	for r, taken := range s.taken {
+		if !taken {
+			s.taken[r] = true
+			s.j.ended <- ending{w: s.j.workers[r], code: base.ExitFailure, why: "was never started by the custom command"}
+		}
 	}
 	s.mu.Unlock()
 	signalWorker(s.cmd.Process, syscall.SIGTERM)
@@ -706,7 +786,7 @@ func runWorker(ctx context.Context, e *base.Env, o *launchOptions) int {
 		defer wmu.Unlock()
 		return jobwire.WriteFrame(rw, t, p)
 	}
-	if err := send(jobwire.TypeHello, jobwire.Hello{Version: jobwire.Version, Host: host}.Encode()); err != nil {
+	if err := send(jobwire.TypeHello, jobwire.Hello{Version: jobwire.Version, Host: host, Task: schedulerTask()}.Encode()); err != nil {
 		return failed(err)
 	}
 	f, err := jobwire.ReadFrame(rw)

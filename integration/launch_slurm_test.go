@@ -1,0 +1,218 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vlink-dev/vlink/internal/realserver"
+	"github.com/vlink-dev/vlink/internal/testenv"
+)
+
+// startSlurm runs a one-node Slurm cluster for the test, as root: munged
+// with a key of its own, slurmctld and slurmd, all in the foreground, on
+// free ports, configured by a slurm.conf that SLURM_CONF names for the
+// test and what it starts. The node claims 8 CPUs (config_overrides), so
+// that jobs of up to 8 tasks run on a 2-core machine.
+func startSlurm(t *testing.T) {
+	t.Helper()
+	testenv.Root(t, "to run slurmctld, slurmd and munged")
+	testenv.Programs(t, "munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo")
+	dir := t.TempDir()
+	for _, d := range []string{"state", "spool"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := make([]byte, 1024)
+	for i := range key {
+		key[i] = byte(i*7 + 3)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "munge.key"), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ = strings.Cut(host, ".")
+	ports := freePorts(t, 2)
+	conf := fmt.Sprintf(`ClusterName=vlinktest
+SlurmctldHost=%[1]s(127.0.0.1)
+AuthType=auth/munge
+AuthInfo=socket=%[2]s/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=%[2]s/state
+SlurmdSpoolDir=%[2]s/spool
+SlurmctldPidFile=%[2]s/slurmctld.pid
+SlurmdPidFile=%[2]s/slurmd.pid
+SlurmctldPort=%[3]d
+SlurmdPort=%[4]d
+SlurmctldLogFile=%[2]s/slurmctld.log
+SlurmdLogFile=%[2]s/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+SlurmdParameters=config_overrides
+KillWait=5
+NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+`, host, dir, ports[0], ports[1])
+	confFile := filepath.Join(dir, "slurm.conf")
+	if err := os.WriteFile(confFile, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SLURM_CONF", confFile)
+	realserver.Start(t, "munged", "-F", "--force", "--socket="+dir+"/munge.sock", "--key-file="+dir+"/munge.key",
+		"--pid-file="+dir+"/munged.pid", "--log-file="+dir+"/munged.log", "--seed-file="+dir+"/munge.seed")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(dir + "/munge.sock"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("munged did not make its socket")
+		}
+	}
+	realserver.Start(t, "slurmctld", "-D")
+	realserver.Start(t, "slurmd", "-D")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, _ := exec.Command("sinfo", "-h", "-o", "%T").Output()
+		if strings.TrimSpace(string(out)) == "idle" {
+			return
+		}
+		if time.Now().After(deadline) {
+			ctl, _ := os.ReadFile(dir + "/slurmctld.log")
+			d, _ := os.ReadFile(dir + "/slurmd.log")
+			t.Fatalf("the Slurm node is not idle after 30 s (sinfo: %q)\nslurmctld.log:\n%s\nslurmd.log:\n%s", out,
+				realserver.Tail(string(ctl), 2000), realserver.Tail(string(d), 2000))
+		}
+	}
+}
+
+// freePorts returns n TCP ports free on loopback now.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// sbatch submits command as a batch job of n tasks (sbatch --wrap, as
+// the README shows) and waits for it: it returns the job's output and
+// sbatch's error (its status is the job's).
+func sbatch(t *testing.T, n int, command string) (string, error) {
+	t.Helper()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "job.out")
+	b, err := exec.Command("sbatch", "--wait", "--quiet", "-n", fmt.Sprint(n), "-o", out, "--chdir", dir, "--wrap", command).CombinedOutput()
+	got, rerr := os.ReadFile(out)
+	if rerr != nil {
+		t.Fatalf("sbatch: %v\n%s(no output file: %v)", err, b, rerr)
+	}
+	return string(got), err
+}
+
+// TestLaunchSlurm runs vlink launch as a Slurm batch job on a real
+// slurmctld and slurmd: it finds the allocation, starts the workers as
+// one srun step, gives rank R to Slurm's task R, the workers exchange
+// bytes all to all (checked by SHA-256), and a failing rank's status is
+// the job's, which sbatch --wait returns.
+func TestLaunchSlurm(t *testing.T) {
+	startSlurm(t)
+	worker := buildWorker(t)
+	t.Run("ranks are Slurm's tasks", func(t *testing.T) {
+		out, err := sbatch(t, 4, vlinkBin+` launch -- sh -c 'echo "rank $VLINK_RANK task $SLURM_PROCID of $VLINK_SIZE"'`)
+		if err != nil {
+			t.Fatalf("the job: %v\n%s", err, out)
+		}
+		for r := range 4 {
+			if line := fmt.Sprintf("[%d] rank %d task %d of 4\n", r, r, r); !strings.Contains(out, line) {
+				t.Errorf("no %q in the job's output:\n%s", line, out)
+			}
+		}
+	})
+	t.Run("all to all", func(t *testing.T) {
+		out, err := sbatch(t, 4, vlinkBin+" launch -- "+worker)
+		if err != nil {
+			t.Fatalf("the job: %v\n%s", err, out)
+		}
+		for r := range 4 {
+			if line := fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r); !strings.Contains(out, line) {
+				t.Errorf("no %q in the job's output:\n%s", line, out)
+			}
+		}
+	})
+	t.Run("a rank fails", func(t *testing.T) {
+		out, err := sbatch(t, 3, vlinkBin+` launch --join-timeout 0 -- sh -c 'test "$VLINK_RANK" != 2 || exit 5; sleep 30'`)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 5 {
+			t.Errorf("sbatch --wait: %v, want status 5 (rank 2's)\n%s", err, out)
+		}
+		if !strings.Contains(out, "vlink launch: rank 2 exited with status 5") {
+			t.Errorf("the job's output does not name the failed rank:\n%s", out)
+		}
+	})
+	t.Run("scancel", func(t *testing.T) {
+		// Slurm ends a job (scancel, or its time limit) with SIGTERM to
+		// its steps: each worker gets it, through its agent, as it would
+		// under srun alone.
+		dir := t.TempDir()
+		file, outFile := filepath.Join(dir, "job.sh"), filepath.Join(dir, "job.out")
+		script := "#!/bin/sh\n" + vlinkBin + ` launch --join-timeout 0 -- sh -c 'trap "echo got TERM; exit 3" TERM; echo started; sleep 60 & wait'` + "\n"
+		if err := os.WriteFile(file, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b, err := exec.Command("sbatch", "--parsable", "-n", "2", "-o", outFile, "--chdir", dir, file).Output()
+		if err != nil {
+			t.Fatalf("sbatch: %v", err)
+		}
+		job := strings.TrimSpace(string(b))
+		out := func() string { b, _ := os.ReadFile(outFile); return string(b) }
+		for deadline := time.Now().Add(30 * time.Second); strings.Count(out(), "] started") < 2; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				exec.Command("scancel", job).Run()
+				t.Fatalf("the job's workers did not start:\n%s", out())
+			}
+		}
+		if b, err := exec.Command("scancel", job).CombinedOutput(); err != nil {
+			t.Fatalf("scancel: %v\n%s", err, b)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			b, _ := exec.Command("squeue", "-h", "-j", job).Output()
+			if strings.TrimSpace(string(b)) == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("job %s still queued 30 s after scancel:\n%s", job, out())
+			}
+		}
+		if n := strings.Count(out(), "] got TERM"); n != 2 {
+			t.Errorf("%d workers got SIGTERM, want 2; the job's output:\n%s", n, out())
+		}
+	})
+}
