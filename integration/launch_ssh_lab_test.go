@@ -132,6 +132,24 @@ func TestLaunchSSH(t *testing.T) {
 	marker := fmt.Sprintf("306.%d", time.Now().UnixNano()%1e6)
 	script := `echo started on $(hostname) in "$VLINK_NODE"; sleep ` + marker + ` & wait`
 	started := regexp.MustCompile(`\] started on `)
+	t.Run("exported variables", func(t *testing.T) {
+		// The servers' sessions carry none of this machine's
+		// environment: -x is how a variable reaches remote ranks.
+		t.Setenv("VLINK_TEST_FROM_HERE", "by name")
+		p := j.launch(t, 2, "-x", "VLINK_TEST_FROM_HERE", "-x", "VLINK_TEST_X=by value", "--", "sh", "-c",
+			`echo "x=$VLINK_TEST_X, here=$VLINK_TEST_FROM_HERE"`)
+		p.Strict = false
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs:\n%s", p.Output())
+		}
+		for r := range 2 {
+			if line := fmt.Sprintf("[%d] x=by value, here=by name\n", r); p.Err() != nil || !strings.Contains(p.Output(), line) {
+				t.Errorf("vlink launch: %v; no %q in its output:\n%s", p.Err(), line, p.Output())
+			}
+		}
+	})
 	t.Run("nothing escapes", func(t *testing.T) {
 		// The agents here run where no cgroup can be made (the lab's
 		// hosts have a /sys of their own): each holds its worker's

@@ -17,13 +17,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Wire format, integers big-endian:
 //
 //	frame  = type u8 | length u32 | payload
 //	hello  = version u8 | len u8 | host | task u32 (version 2)
-//	assign = rank u32 | size u32 | len u8 | relay | len u8 | key
+//	assign = rank u32 | size u32 | len u8 | relay | len u8 | key | count u16 | (len u16 | NAME=VALUE)*
 //	output = the bytes (stdout and stderr frames)
 //	exit   = code u8 | signal u8
 //	signal = signal u8
@@ -150,17 +151,45 @@ type Assign struct {
 	Rank, Size uint32
 	Relay      string // the job's relay, host:port as the agent's machine reaches it
 	Key        []byte
+	// Env is what the worker's environment gets besides the agent's:
+	// NAME=VALUE entries (vlink launch -x).
+	Env []string
 }
+
+// MaxEnv bounds the size of an assignment's environment, so that it fits
+// in a frame.
+const MaxEnv = 32 << 10
 
 func (a Assign) Encode() []byte {
 	b := binary.BigEndian.AppendUint32(nil, a.Rank)
 	b = binary.BigEndian.AppendUint32(b, a.Size)
-	return appendField(appendField(b, a.Relay), string(a.Key))
+	b = appendField(appendField(b, a.Relay), string(a.Key))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(a.Env)))
+	for _, kv := range a.Env {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(kv)))
+		b = append(b, kv...)
+	}
+	return b
 }
 
 func DecodeAssign(p []byte) (Assign, error) {
 	d := decoder{p: p}
 	a := Assign{Rank: d.u32(), Size: d.u32(), Relay: d.field(), Key: []byte(d.field())}
+	n := int(d.u16())
+	size := 0
+	for range n {
+		kv := string(d.take(int(d.u16())))
+		if d.short {
+			break
+		}
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || strings.ContainsRune(kv, 0) {
+			return a, fmt.Errorf("%w: assign: environment entry %q is not NAME=VALUE", ErrFrame, kv)
+		}
+		if size += len(kv); size > MaxEnv {
+			return a, fmt.Errorf("%w: assign: an environment of more than %d bytes", ErrFrame, MaxEnv)
+		}
+		a.Env = append(a.Env, kv)
+	}
 	if err := d.end(TypeAssign); err != nil {
 		return a, err
 	}
@@ -221,6 +250,7 @@ func (d *decoder) take(n int) []byte {
 }
 
 func (d *decoder) u8() uint8   { return d.take(1)[0] }
+func (d *decoder) u16() uint16 { return binary.BigEndian.Uint16(d.take(2)) }
 func (d *decoder) u32() uint32 { return binary.BigEndian.Uint32(d.take(4)) }
 
 func (d *decoder) field() string {

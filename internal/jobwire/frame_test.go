@@ -4,13 +4,15 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
+	"strings"
 	"testing"
 )
 
 func TestRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
 	hello := Hello{Version: Version, Host: "node07", Task: 5}
-	assign := Assign{Rank: 3, Size: 8, Relay: "127.0.0.1:4000", Key: bytes.Repeat([]byte{7}, 32)}
+	assign := Assign{Rank: 3, Size: 8, Relay: "127.0.0.1:4000", Key: bytes.Repeat([]byte{7}, 32), Env: []string{"OMP_NUM_THREADS=4", "EMPTY=", "LONG=" + strings.Repeat("x", 300)}}
 	exit := Exit{Code: 0, Signal: 15}
 	for _, f := range []struct {
 		t Type
@@ -31,7 +33,7 @@ func TestRoundTrip(t *testing.T) {
 	if h, err := DecodeHello(read(TypeHello)); err != nil || h != hello {
 		t.Errorf("hello: %+v, %v", h, err)
 	}
-	if a, err := DecodeAssign(read(TypeAssign)); err != nil || a.Rank != 3 || a.Size != 8 || a.Relay != assign.Relay || !bytes.Equal(a.Key, assign.Key) {
+	if a, err := DecodeAssign(read(TypeAssign)); err != nil || a.Rank != 3 || a.Size != 8 || a.Relay != assign.Relay || !bytes.Equal(a.Key, assign.Key) || !slices.Equal(a.Env, assign.Env) {
 		t.Errorf("assign: %+v, %v", a, err)
 	}
 	if p := read(TypeStdout); string(p) != "out\n" {
@@ -76,6 +78,10 @@ func TestMalformed(t *testing.T) {
 		{"hello left over", func(p []byte) error { _, err := DecodeHello(p); return err }, []byte{Version, 1, 'a', 0, 0, 0, 1, 'b'}},
 		{"assign rank past size", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{Rank: 4, Size: 4}.Encode()},
 		{"assign size 0", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{}.Encode()},
+		{"assign env not NAME=VALUE", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{Size: 1, Env: []string{"PATH"}}.Encode()},
+		{"assign env without a name", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{Size: 1, Env: []string{"=x"}}.Encode()},
+		{"assign env too large", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{Size: 1, Env: []string{"A=" + strings.Repeat("x", 20000), "B=" + strings.Repeat("x", 20000)}}.Encode()},
+		{"assign env cut", func(p []byte) error { _, err := DecodeAssign(p); return err }, Assign{Size: 1, Env: []string{"A=1"}}.Encode()[:15]},
 		{"exit short", func(p []byte) error { _, err := DecodeExit(p); return err }, []byte{1}},
 		{"signal 0", func(p []byte) error { _, err := DecodeSignal(p); return err }, []byte{0}},
 		{"signal 65", func(p []byte) error { _, err := DecodeSignal(p); return err }, []byte{65}},
@@ -90,7 +96,7 @@ func TestMalformed(t *testing.T) {
 
 func FuzzReadFrame(f *testing.F) {
 	var b bytes.Buffer
-	WriteFrame(&b, TypeAssign, Assign{Rank: 1, Size: 2, Relay: "h:1", Key: []byte("k")}.Encode())
+	WriteFrame(&b, TypeAssign, Assign{Rank: 1, Size: 2, Relay: "h:1", Key: []byte("k"), Env: []string{"A=1"}}.Encode())
 	f.Add(b.Bytes())
 	f.Add([]byte{1, 0, 0, 0, 3, 1, 1, 'h'})
 	f.Add([]byte{1, 0, 0, 0, 7, Version, 1, 'h', 0, 0, 0, 3})

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/internal/cli"
+	"github.com/vlink-dev/vlink/internal/jobwire"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/control"
 	"github.com/vlink-dev/vlink/vlink/launch"
@@ -138,6 +140,7 @@ type launchOptions struct {
 	joinTimeout, grace time.Duration
 	timeLimit          time.Duration
 	outputDir          string
+	export             []string // -x: NAME=VALUE for every worker
 	listen             string
 	routeOutput        bool
 	spawner            string
@@ -163,6 +166,13 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.custom, "custom", "", "the custom spawner's `COMMAND`, run once by sh -c to start N workers that each run %C: %N is N, %C the worker's command, %D this folder, %P the program, %M the first N --custom-servers, %% a %; $VLINK_CSPAWN_CMD, $GASNET_CSPAWN_CMD, $CSPAWN_CMD")
 	fs.StringVar(&o.customServers, "custom-servers", "", "the `SERVERS` %M lists, separated by spaces; $VLINK_CSPAWN_SERVERS, $CSPAWN_SERVERS")
 	fs.DurationVar(&o.joinTimeout, "join-timeout", time.Minute, "fail the job when a worker has run for `DURATION` without joining its network (a program that never joins, as under pdsh: 0); 0: never")
+	fs.Func("x", "give every worker, remote ones too, the environment variable `NAME` with its value here, or NAME=VALUE (repeatable), as mpirun -x", func(v string) error {
+		kv, err := exportEntry(v)
+		if err == nil {
+			o.export = append(o.export, kv)
+		}
+		return err
+	})
 	fs.StringVar(&o.outputDir, "output-dir", "", "write each rank's standard output and error to `DIR`/rankR.out and DIR/rankR.err (DIR made if missing) instead of vlink's, as mpirun --output-filename")
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
@@ -355,6 +365,8 @@ func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) err
 		return base.Usagef("--n N is required: how many workers to start, 1 to %d", launch.MaxSize)
 	case o.n < 1 || o.n > launch.MaxSize:
 		return base.Usagef("--n %d: want 1 to %d workers", o.n, launch.MaxSize)
+	case exportSize(o.export) > jobwire.MaxEnv:
+		return base.Usagef("-x: the variables add up to %d bytes, at most %d", exportSize(o.export), jobwire.MaxEnv)
 	case o.joinTimeout < 0 || o.grace < 0 || o.timeLimit < 0:
 		return base.Usagef("--join-timeout, --grace and --time want durations of 0 or more")
 	}
@@ -629,7 +641,7 @@ func (localSpawner) start(ctx context.Context, j *job) error {
 			return err
 		}
 		cmd := exec.Command(j.path, e.Args[1:]...)
-		cmd.Env = append(os.Environ(), workerEnv(r, j.o.n, j.relayL.Addr().String(), keyFile)...)
+		cmd.Env = slices.Concat(os.Environ(), j.o.export, workerEnv(r, j.o.n, j.relayL.Addr().String(), keyFile))
 		cmd.SysProcAttr = workerAttr()
 		// A worker that leaves a process behind holding its output open
 		// has still exited: Wait returns a moment after it (the guard
@@ -660,6 +672,31 @@ func (localSpawner) stop() {}
 func (localSpawner) wait() {}
 
 // workerEnv is the environment that tells a worker its place in the job.
+func exportSize(env []string) (n int) {
+	for _, kv := range env {
+		n += len(kv)
+	}
+	return n
+}
+
+// exportEntry makes -x's value a NAME=VALUE entry: NAME alone takes its
+// value here. The variables vlink launch sets for each worker are not
+// for the user to set.
+func exportEntry(v string) (string, error) {
+	name, value, hasValue := strings.Cut(v, "=")
+	switch {
+	case name == "" || strings.ContainsRune(v, 0):
+		return "", fmt.Errorf("%q: want NAME or NAME=VALUE", v)
+	case slices.Contains([]string{launch.EnvRank, launch.EnvSize, launch.EnvNode, launch.EnvRelay, launch.EnvNodeKeyFile}, name):
+		return "", fmt.Errorf("%s: vlink launch sets it for each worker", name)
+	case !hasValue:
+		if value, hasValue = os.LookupEnv(name); !hasValue {
+			return "", fmt.Errorf("%s is not set here: give -x %s=VALUE", name, name)
+		}
+	}
+	return name + "=" + value, nil
+}
+
 func workerEnv(rank, size int, relay, keyFile string) []string {
 	return []string{
 		launch.EnvRank + "=" + strconv.Itoa(rank), launch.EnvSize + "=" + strconv.Itoa(size),

@@ -88,3 +88,23 @@ func TestPick(t *testing.T) {
 		t.Fatalf("started = %d, want 4", s.started)
 	}
 }
+
+// TestExportEntry: -x takes NAME=VALUE, or NAME with its value here, and
+// refuses what vlink launch sets itself.
+func TestExportEntry(t *testing.T) {
+	t.Setenv("VLINK_TEST_EXPORT", "from here")
+	for _, tc := range []struct{ in, want, err string }{
+		{"A=1", "A=1", ""},
+		{"A=", "A=", ""},
+		{"A=b=c", "A=b=c", ""},
+		{"VLINK_TEST_EXPORT", "VLINK_TEST_EXPORT=from here", ""},
+		{"VLINK_TEST_UNSET_X", "", "is not set here"},
+		{"=x", "", "want NAME"},
+		{"VLINK_RANK=3", "", "sets it for each worker"},
+	} {
+		got, err := exportEntry(tc.in)
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("exportEntry(%q) = %q, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

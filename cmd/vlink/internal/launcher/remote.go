@@ -294,7 +294,7 @@ func (a *agent) hello() error {
 // assign gives the agent rank r, and the relay as its machine reaches it.
 func (a *agent) assign(r int, relay string) error {
 	return a.send(jobwire.TypeAssign, jobwire.Assign{Rank: uint32(r), Size: uint32(a.j.o.n), Relay: relay,
-		Key: vlink.NodeKey(a.j.key, launch.RankName(r))}.Encode())
+		Key: vlink.NodeKey(a.j.key, launch.RankName(r)), Env: a.j.o.export}.Encode())
 }
 
 // follow passes rank w's output on, and returns how it ended, from the
@@ -839,7 +839,7 @@ func runWorker(ctx context.Context, e *base.Env, o *launchOptions) int {
 		return exit(jobwire.Exit{Code: 127})
 	}
 	cmd := exec.Command(path, e.Args[1:]...)
-	cmd.Env = append(os.Environ(), workerEnv(int(a.Rank), int(a.Size), a.Relay, keyFile)...)
+	cmd.Env = slices.Concat(os.Environ(), a.Env, workerEnv(int(a.Rank), int(a.Size), a.Relay, keyFile))
 	cmd.SysProcAttr = workerAttr()
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = 200 * time.Millisecond
