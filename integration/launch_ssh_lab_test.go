@@ -132,6 +132,30 @@ func TestLaunchSSH(t *testing.T) {
 	marker := fmt.Sprintf("306.%d", time.Now().UnixNano()%1e6)
 	script := `echo started on $(hostname) in "$VLINK_NODE"; sleep ` + marker + ` & wait`
 	started := regexp.MustCompile(`\] started on `)
+	t.Run("hostfile", func(t *testing.T) {
+		// The first server takes 3 slots: ranks 0-2 run there, rank 3 on
+		// the second, as mpirun maps by slot. sshd tells a session its
+		// server's address (SSH_CONNECTION).
+		hosts := strings.Fields(j.servers)
+		file := filepath.Join(t.TempDir(), "hosts")
+		if err := os.WriteFile(file, []byte("# the lab\n"+hosts[0]+" slots=3\n"+hosts[1]+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := labProc(t, j.Lab, "l", vlinkBin, "launch", "-n", "4", "--hostfile", file, "--ssh-options", j.options, "--",
+			"sh", "-c", `set -- $SSH_CONNECTION; echo "on $3"`)
+		p.Strict = false
+		select {
+		case <-p.Done():
+		case <-time.After(startTimeout):
+			t.Fatalf("vlink launch still runs:\n%s", p.Output())
+		}
+		for r, host := range []string{hosts[0], hosts[0], hosts[0], hosts[1]} {
+			addr := host[strings.LastIndexByte(host, '@')+1:]
+			if line := fmt.Sprintf("[%d] on %s\n", r, addr); p.Err() != nil || !strings.Contains(p.Output(), line) {
+				t.Errorf("vlink launch: %v; no %q in its output:\n%s", p.Err(), line, p.Output())
+			}
+		}
+	})
 	t.Run("exported variables", func(t *testing.T) {
 		// The servers' sessions carry none of this machine's
 		// environment: -x is how a variable reaches remote ranks.

@@ -64,6 +64,25 @@ func seedEnv(vlinkName, seedName string) string {
 	return firstEnv("VLINK_"+vlinkName, "GASNET_"+seedName, "AMUDP_"+seedName, seedName)
 }
 
+// splitHosts splits a list of servers at spaces, and at commas outside
+// a range's brackets ("a,node[1-3,7]" is a and node[1-3,7]).
+func splitHosts(list string) []string {
+	depth := 0
+	return strings.FieldsFunc(list, func(r rune) bool {
+		switch r {
+		case '[':
+			depth++
+		case ']':
+			depth--
+		case ',':
+			return depth == 0
+		case ' ', '\t', '\n':
+			return true
+		}
+		return false
+	})
+}
+
 // spawnerName returns the spawner the flags, then the environment,
 // choose: inside a Slurm allocation (SLURM_JOB_ID), slurm unless told
 // otherwise; else local.
@@ -73,7 +92,7 @@ func (o *launchOptions) spawnerName() string {
 		return o.spawner
 	case o.custom != "":
 		return "custom"
-	case o.sshServers != "":
+	case o.sshServers != "" || o.hostfile != "":
 		return "ssh"
 	case os.Getenv("VLINK_SPAWNER") != "":
 		return os.Getenv("VLINK_SPAWNER")
@@ -126,6 +145,7 @@ func (o *launchOptions) pickSpawner(e *base.Env, routeSet bool) (spawner, bool, 
 	name := o.spawnerName()
 	o.sshServers = cmp.Or(o.sshServers, seedEnv("SSH_SERVERS", "SSH_SERVERS"))
 	o.sshOptions = cmp.Or(o.sshOptions, os.Getenv("VLINK_SSH_OPTIONS"))
+	o.hostfile = cmp.Or(o.hostfile, os.Getenv("VLINK_HOSTFILE"))
 	o.remoteDir = cmp.Or(o.remoteDir, seedEnv("REMOTE_DIR", "SSH_REMOTE_PATH"))
 	o.custom = cmp.Or(o.custom, seedEnv("CSPAWN_CMD", "CSPAWN_CMD"))
 	o.customServers = cmp.Or(o.customServers, seedEnv("CSPAWN_SERVERS", "CSPAWN_SERVERS"))
@@ -340,9 +360,24 @@ type sshSpawner struct {
 }
 
 func newSSHSpawner(o *launchOptions) (*sshSpawner, error) {
-	servers := strings.FieldsFunc(o.sshServers, func(r rune) bool { return r == ' ' || r == ',' || r == '\t' || r == '\n' })
+	// Spaces separate the servers; commas too, outside a range's [].
+	var servers []string
+	for _, word := range splitHosts(o.sshServers) {
+		hosts, err := expandHosts(word)
+		if err != nil {
+			return nil, base.Usagef("--ssh-servers: %v", err)
+		}
+		servers = append(servers, hosts...)
+	}
+	if o.hostfile != "" {
+		hosts, err := readHostfile(o.hostfile)
+		if err != nil {
+			return nil, base.Usagef("--hostfile: %v", err)
+		}
+		servers = append(servers, hosts...)
+	}
 	if len(servers) == 0 {
-		return nil, base.Usagef("the ssh spawner needs servers to run the workers on: --ssh-servers 'host1 host2', or $VLINK_SSH_SERVERS")
+		return nil, base.Usagef("the ssh spawner needs servers to run the workers on: --ssh-servers 'host1 host2', --hostfile FILE, or $VLINK_SSH_SERVERS")
 	}
 	params := map[string]string{}
 	if o.sshOptions != "" {
