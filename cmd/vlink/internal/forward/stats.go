@@ -48,9 +48,13 @@ func (r *liveRelay) sample() {
 	if !ok {
 		return
 	}
-	up, down := app.Received, app.Acked // from the client, back to it
+	// The kernel counts the SYN (the dialer's, in Acked) and each FIN
+	// as a byte: leave them out, so that no sample exceeds the bytes the
+	// relay counts by the end, which would make a counter go back.
+	acked, received := app.Acked-min(app.Acked, 2), app.Received-min(app.Received, 1)
+	up, down := received, acked // from the client, back to it
 	if !r.appIsA {
-		up, down = app.Acked, app.Received // to the target, back from it
+		up, down = acked, received // to the target, back from it
 	}
 	r.seenUp, r.seenDown = max(r.seenUp, up), max(r.seenDown, down)
 	if r.wire != nil {
