@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ import (
 // free ports, configured by a slurm.conf that SLURM_CONF names for the
 // test and what it starts. The node claims 8 CPUs (config_overrides), so
 // that jobs of up to 8 tasks run on a 2-core machine.
-func startSlurm(t *testing.T) {
+func startSlurm(t testing.TB) {
 	t.Helper()
 	testenv.Root(t, "to run slurmctld, slurmd and munged")
 	testenv.Programs(t, "munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo")
@@ -104,7 +105,7 @@ PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP OverSubscri
 }
 
 // freePorts returns n TCP ports free on loopback now.
-func freePorts(t *testing.T, n int) []int {
+func freePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ports []int
 	var ls []net.Listener
@@ -215,4 +216,44 @@ func TestLaunchSlurm(t *testing.T) {
 			t.Errorf("%d workers got SIGTERM, want 2; the job's output:\n%s", n, out())
 		}
 	})
+}
+
+// BenchmarkLaunchSlurm measures how long vlink launch takes to start a
+// job of 4 workers as a Slurm step that each join the job's network
+// (launch.Join) and exit, against srun starting the same program (told
+// only to start and exit), inside one allocation (salloc -n 4), in
+// interleaved rounds: the median of each and their ratio.
+func BenchmarkLaunchSlurm(b *testing.B) {
+	startSlurm(b)
+	worker := buildWorker(b)
+	rounds := max(b.N, 3)
+	script := fmt.Sprintf(`for i in $(seq %d); do
+  t0=$(date +%%s%%N); %s launch -- %s join >/dev/null || exit 1
+  t1=$(date +%%s%%N); srun -n 4 %s start >/dev/null || exit 1
+  t2=$(date +%%s%%N); echo "round $((t1 - t0)) $((t2 - t1))"
+done`, rounds, vlinkBin, worker, worker)
+	b.ResetTimer()
+	out, err := exec.Command("salloc", "-n", "4", "sh", "-c", script).CombinedOutput()
+	b.StopTimer()
+	if err != nil {
+		b.Fatalf("salloc: %v\n%s", err, out)
+	}
+	var launch, srun []time.Duration
+	for line := range strings.Lines(string(out)) {
+		var a, c int64
+		if _, err := fmt.Sscanf(line, "round %d %d", &a, &c); err == nil {
+			launch, srun = append(launch, time.Duration(a)), append(srun, time.Duration(c))
+		}
+	}
+	if len(launch) != rounds {
+		b.Fatalf("%d rounds of %d in the output:\n%s", len(launch), rounds, out)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+	med := func(v []time.Duration) time.Duration { slices.Sort(v); return v[len(v)/2] }
+	ml, ms2 := med(launch), med(srun)
+	b.Logf("launch median %7.1f ms (min %.1f .. max %.1f), %d rounds", ms(ml), ms(launch[0]), ms(launch[len(launch)-1]), rounds)
+	b.Logf("srun   median %7.1f ms (min %.1f .. max %.1f)", ms(ms2), ms(srun[0]), ms(srun[len(srun)-1]))
+	b.ReportMetric(ms(ml), "launch-ms")
+	b.ReportMetric(ms(ms2), "srun-ms")
+	b.ReportMetric(float64(ml)/float64(ms2), "ratio")
 }
