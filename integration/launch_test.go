@@ -288,6 +288,30 @@ func TestLaunchOutputDir(t *testing.T) {
 	}
 }
 
+// TestLaunchMPI: Open MPI's mpirun as the custom spawner's command, the
+// job's secret exported to its processes with -x as the guide shows:
+// each agent's rank is its MPI rank (OMPI_COMM_WORLD_RANK), and the
+// workers exchange bytes all to all.
+func TestLaunchMPI(t *testing.T) {
+	testenv.Programs(t, "mpirun")
+	worker := buildWorker(t)
+	t.Setenv("OMPI_ALLOW_RUN_AS_ROOT", "1") // the tests run as root in CI
+	t.Setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+	custom := "mpirun --oversubscribe -x VLINK_LAUNCH_SECRET -np %N %C"
+	out, stderr, err := run(2*time.Minute, nil, vlinkBin, "launch", "-n", "4", "--route-output", "--custom", custom, "--",
+		"sh", "-c", `echo "rank $VLINK_RANK is MPI rank $OMPI_COMM_WORLD_RANK"; exec `+worker)
+	if err != nil {
+		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+	}
+	for r := range 4 {
+		for _, line := range []string{fmt.Sprintf("[%d] rank %d is MPI rank %d\n", r, r, r), fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r)} {
+			if !strings.Contains(string(out), line) {
+				t.Errorf("no %q in the output:\n%s", line, out)
+			}
+		}
+	}
+}
+
 // startedKeyFile waits until the three workers of p said they started, and
 // returns the key file the last one named.
 func startedKeyFile(t *testing.T, p *proc) string {
