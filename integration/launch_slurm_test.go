@@ -212,8 +212,12 @@ func TestLaunchSlurm(t *testing.T) {
 				t.Fatalf("job %s still queued 30 s after scancel:\n%s", job, out())
 			}
 		}
-		if n := strings.Count(out(), "] got TERM"); n != 2 {
-			t.Errorf("%d workers got SIGTERM, want 2; the job's output:\n%s", n, out())
+		// Slurm signals every process of its steps, the workers too, and
+		// their agents pass vlink launch's on: a worker may print twice.
+		for r := range 2 {
+			if !strings.Contains(out(), fmt.Sprintf("[%d] got TERM", r)) {
+				t.Errorf("rank %d did not get SIGTERM; the job's output:\n%s", r, out())
+			}
 		}
 	})
 }

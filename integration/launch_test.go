@@ -442,6 +442,29 @@ func TestLaunchCustomBad(t *testing.T) {
 	}
 }
 
+// TestLaunchSSHNoForwarding: a server whose sshd refuses TCP forwarding
+// still runs its workers when --relay-listen says where they reach the
+// job's relay themselves.
+func TestLaunchSSHNoForwarding(t *testing.T) {
+	s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: false})
+	opts := fmt.Sprintf("port=%d,user=%s,identity=%s,known-hosts=%s,agent=false,config=none",
+		s.Port, s.User, s.UserKey.Private, s.KnownHosts)
+	worker := buildWorker(t)
+	out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "--n", "2", "--relay-listen", "127.0.0.1:0", "--log-level", "info",
+		"--ssh-servers", s.Host, "--ssh-options", opts, "--", worker)
+	if err != nil {
+		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+	}
+	for r := range 2 {
+		if line := fmt.Sprintf("[%d] rank %d: all 1 peers ok\n", r, r); !strings.Contains(string(out), line) {
+			t.Errorf("no %q in the output:\n%s", line, out)
+		}
+	}
+	if !strings.Contains(stderr, "refuses TCP forwarding: its workers reach the job's relay themselves") {
+		t.Errorf("the log does not say the workers reach the relay themselves:\n%s", stderr)
+	}
+}
+
 // TestLaunchSSHErrors checks that the ssh spawner blames what failed: a
 // host key it cannot check is no TCP forwarding refused, and a refused
 // forwarding says what the server must allow.
@@ -456,7 +479,7 @@ func TestLaunchSSHErrors(t *testing.T) {
 		{"unknown host key", true, func(*realserver.SSHD) string { return filepath.Join(t.TempDir(), "known_hosts") },
 			[]string{"reaching 127.0.0.1 over SSH", "host key unknown", "ssh-keyscan -p "}, "TCP forwarding"},
 		{"forwarding refused", false, func(s *realserver.SSHD) string { return s.KnownHosts },
-			[]string{"its sshd must allow TCP forwarding", "refused to listen"}, "host key"},
+			[]string{"its sshd must allow TCP forwarding, or give --relay-listen", "refused to listen"}, "host key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := realserver.StartSSHD(t, realserver.SSHDOptions{Forwarding: tc.forwarding})

@@ -137,6 +137,7 @@ standard input is /dev/null.
 type launchOptions struct {
 	n                  int
 	nSet               bool // --n was given: 0 is then out of range rather than missing
+	listenSet          bool // --relay-listen was given: the workers may reach the relay there
 	joinTimeout, grace time.Duration
 	timeLimit          time.Duration
 	outputDir          string
@@ -178,7 +179,7 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.outputDir, "output-dir", "", "write each rank's standard output and error to `DIR`/rankR.out and DIR/rankR.err (DIR made if missing) instead of vlink's, as mpirun --output-filename")
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
-	fs.StringVar(&o.listen, "relay-listen", defaultRelayListen, "run the job's relay on `ADDR` (host:port); the custom spawner's workers must reach it (and a port beside it)")
+	fs.StringVar(&o.listen, "relay-listen", defaultRelayListen, "run the job's relay on `ADDR` (host:port); the custom and slurm spawners' workers must reach it (and a port beside it), and once given, the ssh spawner's workers reach it there when a server's sshd refuses TCP forwarding; under Slurm on several nodes, every address")
 	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
 	fs.BoolVar(&o.guard, "guard", false, "(internal) be the guard of a launch: see runGuard")
 	fs.StringVar(&o.worker, "worker", "", "(internal) be the agent of a remote worker, talking to vlink launch at `ADDR`, or on standard input and output for -: see runWorker")
@@ -203,6 +204,7 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 		fs.Visit(func(f *flag.Flag) {
 			routeSet = routeSet || f.Name == "route-output"
 			o.nSet = o.nSet || f.Name == "n"
+			o.listenSet = o.listenSet || f.Name == "relay-listen"
 		})
 		err := o.run(ctx, e, routeSet)
 		var jf *jobFailed

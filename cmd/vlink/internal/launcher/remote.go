@@ -127,7 +127,7 @@ func (o *launchOptions) slurmDefaults(e *base.Env) error {
 		}
 		o.n, o.nSet = n, true
 	}
-	if nodes, _ := strconv.Atoi(os.Getenv("SLURM_JOB_NUM_NODES")); nodes > 1 && o.listen == defaultRelayListen {
+	if nodes, _ := strconv.Atoi(os.Getenv("SLURM_JOB_NUM_NODES")); nodes > 1 && !o.listenSet {
 		o.listen = "0.0.0.0:0" // reached at this node's name; the relay and the agents' listener take the job's keys only
 		e.Log.Info("the allocation spans several nodes: the job's relay listens on every address", "nodes", nodes)
 	}
@@ -437,11 +437,18 @@ func (s *sshSpawner) start(ctx context.Context, j *job) error {
 		go func() {
 			defer wg.Done()
 			addr, err := s.forwardRelay(ctx, j, f)
+			if errors.Is(err, sshf.ErrListenRefused) && j.o.listenSet {
+				// Told where the relay listens: the workers there reach
+				// it themselves, as the custom spawner's do.
+				if addr, err = j.relayAddr(); err == nil {
+					j.e.Log.Info("the server's sshd refuses TCP forwarding: its workers reach the job's relay themselves", "server", server, "relay", addr)
+				}
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case errors.Is(err, sshf.ErrListenRefused):
-				errs = append(errs, fmt.Errorf("forwarding the job's relay to %s (its sshd must allow TCP forwarding): %w", server, err))
+				errs = append(errs, fmt.Errorf("forwarding the job's relay to %s (its sshd must allow TCP forwarding, or give --relay-listen an address the servers reach, e.g. 0.0.0.0:0, for the workers to reach the relay themselves): %w", server, err))
 			case err != nil: // the login itself: a host key, the user's keys, the network
 				errs = append(errs, fmt.Errorf("reaching %s over SSH: %w", server, err))
 			}
@@ -485,6 +492,20 @@ func (s *sshSpawner) start(ctx context.Context, j *job) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// relayAddr is where workers that connect themselves reach the job's
+// relay: its host as --relay-listen gave it, or this machine's name when
+// it listens on every address.
+func (j *job) relayAddr() (string, error) {
+	host, _, _ := net.SplitHostPort(j.o.listen)
+	if ip, err := netip.ParseAddr(host); host == "" || err == nil && ip.IsUnspecified() {
+		if host, err = os.Hostname(); err != nil {
+			return "", err
+		}
+	}
+	_, port, _ := net.SplitHostPort(j.relayL.Addr().String())
+	return net.JoinHostPort(host, port), nil
 }
 
 // forwardRelay has server listen on a loopback port for the job's relay,
@@ -602,15 +623,13 @@ func (s *customSpawner) start(ctx context.Context, j *job) error {
 	s.boot = boot
 	// The workers reach the relay, and this listener, at the relay's
 	// host, or this machine's name when it listens on every address.
-	if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
-		if host, err = os.Hostname(); err != nil {
-			boot.Close()
-			return err
-		}
+	relay, err := j.relayAddr()
+	if err != nil {
+		boot.Close()
+		return err
 	}
-	_, relayPort, _ := net.SplitHostPort(j.relayL.Addr().String())
+	host, _, _ = net.SplitHostPort(relay)
 	_, bootPort, _ := net.SplitHostPort(boot.Addr().String())
-	relay := net.JoinHostPort(host, relayPort)
 	command, err := j.workerCommand(net.JoinHostPort(host, bootPort))
 	if err != nil {
 		boot.Close()
