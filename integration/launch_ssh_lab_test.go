@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -218,6 +219,7 @@ func TestLaunchSSH(t *testing.T) {
 		if n := leftovers(t, "^sleep "+marker); n != 4 {
 			t.Fatalf("%d workers' sleeps running, want 4", n)
 		}
+		ours := j.jobPids()
 		j.cutSSH(t, "s2")
 		select {
 		case <-p.Done():
@@ -232,13 +234,14 @@ func TestLaunchSSH(t *testing.T) {
 			t.Errorf("the job's failure does not name a rank of s2 lost with its connection:\n%s", p.Output())
 		}
 		waitGone(t, "^sleep "+marker)
-		waitGone(t, "launch --worker")
+		waitPidsGone(t, ours)
 	})
 	t.Run("SIGTERM", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c",
 			`trap 'echo got TERM; exit 3' TERM; `+script)
 		p.Strict = false
 		waitCount(t, p, started, 4, startTimeout)
+		ours := j.jobPids()
 		p.Cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.Done():
@@ -253,12 +256,14 @@ func TestLaunchSSH(t *testing.T) {
 			t.Errorf("%d workers got SIGTERM, want 4; output:\n%s", n, p.Output())
 		}
 		waitGone(t, "^sleep "+marker)
-		waitGone(t, "launch --worker")
+		waitPidsGone(t, ours)
 	})
 	t.Run("a worker fails", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c",
 			`if [ "$VLINK_RANK" = 3 ]; then sleep 0.5; echo failing; exit 7; fi; `+script)
 		p.Strict = false
+		waitCount(t, p, started, 3, startTimeout)
+		ours := j.jobPids()
 		select {
 		case <-p.Done():
 		case <-time.After(time.Minute):
@@ -272,14 +277,17 @@ func TestLaunchSSH(t *testing.T) {
 			t.Errorf("no %q in the output:\n%s", want, p.Output())
 		}
 		waitGone(t, "^sleep "+marker)
-		waitGone(t, "launch --worker")
+		waitPidsGone(t, ours)
 	})
 	t.Run("an agent is killed", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		p.Strict = false
 		waitCount(t, p, started, 4, startTimeout)
 		// One of s2's agents, killed as the OOM killer would: the kernel
-		// kills its worker, its guard what the worker started.
+		// kills its worker, its guard what the worker started. The
+		// job's agents and guards are known by their process ids, as
+		// other tests' may run meanwhile.
+		ours := j.jobPids()
 		var agent int
 		for _, pid := range realserver.Descendants(j.sshd["s2"].Pid()) {
 			if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmdline), "--worker") {
@@ -300,16 +308,53 @@ func TestLaunchSSH(t *testing.T) {
 			t.Errorf("the job's failure does not name the rank whose agent was killed:\n%s", p.Output())
 		}
 		waitGone(t, "^sleep "+marker)
-		waitGone(t, "launch --worker")
-		waitGone(t, "launch --guard")
+		waitPidsGone(t, ours)
 	})
 	t.Run("vlink launch is killed", func(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		waitCount(t, p, started, 4, startTimeout)
+		ours := j.jobPids()
 		p.Kill()
 		waitGone(t, "^sleep "+marker)
-		waitGone(t, "launch --worker")
+		waitPidsGone(t, ours)
 	})
+}
+
+// jobPids returns the process ids of the agents and guards under the
+// servers' sshd: the running job's, told apart from other tests' by
+// where they run.
+func (j *sshJobLab) jobPids() []int {
+	var pids []int
+	for _, server := range []string{"s1", "s2"} {
+		for _, pid := range realserver.Descendants(j.sshd[server].Pid()) {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if bytes.Contains(cmdline, []byte("--worker")) || bytes.Contains(cmdline, []byte("--guard")) {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// waitPidsGone waits until none of pids runs (a zombie has ended).
+func waitPidsGone(t *testing.T, pids []int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var left []string
+		for _, pid := range pids {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if i := strings.LastIndexByte(string(stat), ')'); err == nil && i > 0 && !strings.HasPrefix(string(stat[i+1:]), " Z") {
+				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				left = append(left, fmt.Sprintf("%d (%s)", pid, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})))
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes of the job are left behind: %s", strings.Join(left, ", "))
+		}
+	}
 }
 
 // BenchmarkLaunchSSH measures how long vlink launch takes to start a job
