@@ -3,12 +3,16 @@
 package integration
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +20,7 @@ import (
 
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // buildWorker builds testdata/launchworker, a worker that joins its job
@@ -285,6 +290,63 @@ func TestLaunchOutputDir(t *testing.T) {
 				t.Errorf("rank%d%s holds %q (%v), want %q", r, ext, got, err, want)
 			}
 		}
+	}
+}
+
+// TestLaunchStdin: vlink launch's standard input reaches rank 0 by
+// default (as mpirun), the rank --stdin names, every rank with all, or
+// none; through a pipe (copied) and from a file (which a single rank
+// reads itself), with the local spawner and the custom one (whose
+// workers' agents get it in frames). Each worker prints the SHA-256 of
+// what it read.
+func TestLaunchStdin(t *testing.T) {
+	input := testnet.RandomBytes(300<<10+7, 9) // more than one frame
+	sum := fmt.Sprintf("%x", sha256.Sum256(input))
+	empty := fmt.Sprintf("%x", sha256.Sum256(nil))
+	file := filepath.Join(t.TempDir(), "input")
+	if err := os.WriteFile(file, input, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	custom := []string{"--custom", "for i in $(seq %N); do %C & done; wait", "--route-output"}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		fromFile bool
+		takers   []int
+	}{
+		{"rank 0 by default", nil, false, []int{0}},
+		{"rank 0 from a file", nil, true, []int{0}},
+		{"rank 2", []string{"--stdin", "2"}, true, []int{2}},
+		{"all", []string{"--stdin", "all"}, false, []int{0, 1, 2}},
+		{"none", []string{"--stdin", "none"}, false, nil},
+		{"custom, rank 1", append([]string{"--stdin", "1"}, custom...), false, []int{1}},
+		{"custom, all", append([]string{"--stdin", "all"}, custom...), true, []int{0, 1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var in io.Reader = bytes.NewReader(input)
+			if tc.fromFile {
+				f, err := os.Open(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				in = f
+			}
+			args := append(append([]string{"launch", "-n", "3"}, tc.args...), "--", "sh", "-c", `echo "rank $VLINK_RANK read $(sha256sum | cut -d' ' -f1)"`)
+			out, stderr, err := run(time.Minute, in, vlinkBin, args...)
+			if err != nil {
+				t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+			}
+			for r := range 3 {
+				want := empty
+				if slices.Contains(tc.takers, r) {
+					want = sum
+				}
+				if line := fmt.Sprintf("[%d] rank %d read %s\n", r, r, want); !strings.Contains(string(out), line) {
+					t.Errorf("no %q in the output:\n%s", line, out)
+				}
+			}
+		})
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 //	output = the bytes (stdout and stderr frames)
 //	exit   = code u8 | signal u8
 //	signal = signal u8
+//	stdin  = the bytes; none: the end of the input
 const (
 	Version    = 2
 	headerSize = 5
@@ -47,6 +48,7 @@ const (
 	TypeStderr Type = 4 // agent: ... to its standard error
 	TypeExit   Type = 5 // agent: the worker ended (its last frame)
 	TypeSignal Type = 6 // launcher: signal the worker's process group
+	TypeStdin  Type = 7 // launcher: bytes for the worker's standard input; empty: its end
 )
 
 func (t Type) String() string {
@@ -63,6 +65,8 @@ func (t Type) String() string {
 		return "exit"
 	case TypeSignal:
 		return "signal"
+	case TypeStdin:
+		return "stdin"
 	}
 	return fmt.Sprintf("type %d", uint8(t))
 }
@@ -89,7 +93,7 @@ func ReadFrame(r io.Reader) (Frame, error) {
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return Frame{}, err
 	}
-	if h.typ() < TypeHello || h.typ() > TypeSignal {
+	if h.typ() < TypeHello || h.typ() > TypeStdin {
 		return Frame{}, fmt.Errorf("%w: unknown %v", ErrFrame, h.typ())
 	}
 	n := h.length()

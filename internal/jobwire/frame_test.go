@@ -57,7 +57,7 @@ func TestMalformed(t *testing.T) {
 		want error
 	}{
 		{"unknown type", []byte{0, 0, 0, 0, 0}, ErrFrame},
-		{"type past the last", []byte{7, 0, 0, 0, 0}, ErrFrame},
+		{"type past the last", []byte{8, 0, 0, 0, 0}, ErrFrame},
 		{"too long", []byte{3, 0, 1, 0, 1}, ErrFrame},
 		{"cut in the header", []byte{3, 0}, io.ErrUnexpectedEOF},
 		{"cut in the payload", []byte{3, 0, 0, 0, 4, 'a'}, io.ErrUnexpectedEOF},

@@ -108,8 +108,10 @@ started (all of the cgroup; only their process groups without one) and
 removes the job's key files; a remote worker's agent stops the worker,
 and what it started, when its SSH session or its connection to vlink
 launch ends (an SSH connection that drops fails the job), and a guard of
-its own does if the agent is killed. Workers read nothing: their
-standard input is /dev/null.
+its own does if the agent is killed.
+
+vlink launch's standard input goes to rank 0, as under mpirun (--stdin
+names another rank, all, or none); the other workers' input is empty.
 `,
 	Examples: `
   # Four workers, each saying where it is in the job:
@@ -142,6 +144,7 @@ type launchOptions struct {
 	timeLimit          time.Duration
 	outputDir          string
 	export             []string // -x: NAME=VALUE for every worker
+	stdin              string   // --stdin: 0, a rank, all or none
 	listen             string
 	routeOutput        bool
 	spawner            string
@@ -176,6 +179,7 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 		}
 		return err
 	})
+	fs.StringVar(&o.stdin, "stdin", "0", "give vlink launch's standard input to rank `WHICH`: a rank (0, as mpirun), all (every rank, as srun --input=all) or none (their input is empty)")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write each rank's standard output and error to `DIR`/rankR.out and DIR/rankR.err (DIR made if missing) instead of vlink's, as mpirun --output-filename")
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
@@ -301,6 +305,7 @@ type job struct {
 	jail    *jail         // the local workers' (nil: none)
 	hurry   bool          // a second signal: what is left goes without grace
 	files   [][2]*os.File // with --output-dir: each rank's output and error
+	stdin   *stdinFeed
 	workers []*worker
 	ended   chan ending // one per worker, and one per spawner that fails
 	route   bool
@@ -382,6 +387,9 @@ func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) err
 		return err
 	}
 	j := &job{o: o, e: e, route: route, width: len(strconv.Itoa(o.n - 1)), ended: make(chan ending, 2*o.n+2)}
+	if j.stdin, err = newStdinFeed(o.stdin, o.n, e.Stdin); err != nil {
+		return base.Usagef("%v", err)
+	}
 	if _, local := sp.(localSpawner); local {
 		if j.path, err = exec.LookPath(e.Args[0]); err != nil {
 			return fmt.Errorf("cannot run %s: %w", e.Args[0], err)
@@ -653,8 +661,20 @@ func (localSpawner) start(ctx context.Context, j *job) error {
 		cmd.WaitDelay = 200 * time.Millisecond
 		var flush func()
 		cmd.Stdout, cmd.Stderr, flush = j.outputs(r)
+		var stdin io.WriteCloser
+		if f := j.stdin.direct(r); f != nil {
+			cmd.Stdin = f
+		} else if j.stdin.wants(r) {
+			var err error
+			if stdin, err = cmd.StdinPipe(); err != nil {
+				return err
+			}
+		}
 		if err := j.jail.start(cmd); err != nil {
 			return fmt.Errorf("starting rank %d: %w", r, err)
+		}
+		if stdin != nil {
+			j.stdin.subscribe(func(p []byte) error { _, err := stdin.Write(p); return err }, func() { stdin.Close() })
 		}
 		j.guard.watch(cmd.Process.Pid)
 		w.setSignal(func(sig syscall.Signal) { signalWorker(cmd.Process, sig) })

@@ -3,6 +3,8 @@ package launcher
 import (
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // workerAttr puts a worker in a process group of its own, so that a
@@ -26,3 +28,9 @@ func guardAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true
 // signalGroup signals process group pgid, and reports whether it had a
 // process to signal.
 func signalGroup(pgid int, sig syscall.Signal) bool { return syscall.Kill(-pgid, sig) == nil }
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

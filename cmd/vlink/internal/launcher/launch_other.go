@@ -17,3 +17,7 @@ func guardAttr() *syscall.SysProcAttr { return nil }
 
 // signalGroup: no process groups here; the guard has nothing to do.
 func signalGroup(int, syscall.Signal) bool { return false }
+
+// isTerminal: taken for one, so that the input is copied rather than
+// shared.
+func isTerminal(*os.File) bool { return true }

@@ -311,6 +311,16 @@ func (a *agent) hello() error {
 	return nil
 }
 
+// feedRemote gives a remote worker its standard input: vlink launch's
+// if it takes it (stdinFeed), else its end at once.
+func (j *job) feedRemote(a *agent, r int) {
+	if !j.stdin.wants(r) {
+		a.send(jobwire.TypeStdin, nil)
+		return
+	}
+	j.stdin.subscribe(func(p []byte) error { return a.send(jobwire.TypeStdin, p) }, func() { a.send(jobwire.TypeStdin, nil) })
+}
+
 // assign gives the agent rank r, and the relay as its machine reaches it.
 func (a *agent) assign(r int, relay string) error {
 	return a.send(jobwire.TypeAssign, jobwire.Assign{Rank: uint32(r), Size: uint32(a.j.o.n), Relay: relay,
@@ -551,6 +561,7 @@ func (s *sshSpawner) serve(j *job, w *worker, server string, cmd *sshf.Command, 
 				time.AfterFunc(2*time.Second, func() { cmd.Close() })
 			}
 		})
+		a.j.feedRemote(a, w.rank)
 		end, err = a.follow(w, stdout, stderr)
 	}
 	// The agent ends once it stopped what the worker left running, in
@@ -575,6 +586,9 @@ func (s *sshSpawner) serve(j *job, w *worker, server string, cmd *sshf.Command, 
 func (s *sshSpawner) stop() {}
 
 func (s *sshSpawner) wait() { s.wg.Wait() }
+
+// stdinQueue bounds the chunks of a worker's input its agent holds.
+const stdinQueue = 32
 
 // schedulerTask returns this agent's place as the scheduler that
 // started it numbered it, plus one, for vlink launch to make it the
@@ -733,6 +747,7 @@ func (s *customSpawner) serve(c net.Conn, relay string) {
 				time.AfterFunc(2*time.Second, func() { c.Close() })
 			}
 		})
+		s.j.feedRemote(a, r)
 		end, err := a.follow(w, stdout, stderr)
 		if end == nil {
 			end = &ending{w: w, code: base.ExitFailure, why: fmt.Sprintf("was lost on %s: its agent's connection ended without its exit (%v)", a.where, err)}
@@ -897,27 +912,61 @@ func runWorker(ctx context.Context, e *base.Env, o *launchOptions) int {
 	cmd.SysProcAttr = workerAttr()
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = 200 * time.Millisecond
+	// The worker's input comes from vlink launch, in stdin frames.
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return failed(err)
+	}
+	cmd.Stdin = inR
 	jl := holdJob(e, g)
 	defer jl.stop(o.grace) // what the worker left, after its group below
-	if err := jl.start(cmd); err != nil {
+	err = jl.start(cmd)
+	inR.Close()
+	if err != nil {
+		inW.Close()
 		fmt.Fprintf(stderr, "vlink launch --worker on %s: %v\n", host, err)
 		return exit(jobwire.Exit{Code: 126})
 	}
+	// Written apart from the frames, so that a worker that does not read
+	// holds up no signal; at most stdinQueue chunks wait.
+	stdin := make(chan []byte, stdinQueue)
+	go func() {
+		for p := range stdin {
+			inW.Write(p) // one that fails (the worker is gone) drops the rest
+		}
+		inW.Close()
+	}()
 	g.watch(cmd.Process.Pid)
 	// vlink launch's signals, and the end of its stream: vlink launch,
 	// or the connection to it, is gone.
 	lost := make(chan struct{})
 	go func() {
 		defer close(lost)
+		defer func() {
+			if stdin != nil {
+				close(stdin) // vlink launch is gone: so is the input
+			}
+		}()
 		for {
 			f, err := jobwire.ReadFrame(rw)
 			if err != nil {
 				return
 			}
-			if f.Type == jobwire.TypeSignal {
+			switch f.Type {
+			case jobwire.TypeSignal:
 				if sig, err := jobwire.DecodeSignal(f.Payload); err == nil {
 					signalWorker(cmd.Process, syscall.Signal(sig))
 				}
+			case jobwire.TypeStdin:
+				if stdin == nil {
+					break // after its end: ignored
+				}
+				if len(f.Payload) == 0 {
+					close(stdin)
+					stdin = nil
+					break
+				}
+				stdin <- f.Payload
 			}
 		}
 	}()
