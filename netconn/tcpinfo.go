@@ -35,9 +35,29 @@ func tcpBelow(c net.Conn, endsOwn bool) *net.TCPConn {
 
 // TCPCounts is what the kernel counted on a TCP connection: bytes the
 // peer acknowledged, and bytes received, headers and retransmissions left
-// out; the SYN and the FIN count one byte each.
+// out. The kernel counts a FIN as a byte, and the SYN of the side that
+// dialed in its Acked: FINAcked and FINReceived say whether the FINs are
+// in the counts, so that Data gives the application's bytes.
 type TCPCounts struct {
 	Acked, Received uint64
+	// FINAcked: this side's FIN was sent and acknowledged (in Acked).
+	// FINReceived: the peer's FIN came (in Received).
+	FINAcked, FINReceived bool
+}
+
+// Data returns the application's bytes in the counts: acked and
+// received, the FINs left out, and the SYN if this side dialed.
+func (c TCPCounts) Data(dialed bool) (acked, received uint64) {
+	acked, received = c.Acked, c.Received
+	drop := func(n *uint64, yes bool) {
+		if yes && *n > 0 {
+			*n--
+		}
+	}
+	drop(&acked, dialed)
+	drop(&acked, c.FINAcked)
+	drop(&received, c.FINReceived)
+	return acked, received
 }
 
 // ReadTCPCounts reads c's counts from the kernel, at no cost to the data

@@ -11,7 +11,18 @@ func readTCPCounts(c *net.TCPConn) (TCPCounts, bool) {
 	if !ok {
 		return TCPCounts{}, false
 	}
-	return TCPCounts{Acked: info.Bytes_acked, Received: info.Bytes_received}, true
+	counts := TCPCounts{Acked: info.Bytes_acked, Received: info.Bytes_received}
+	switch info.State {
+	case tcpStateFinWait2, tcpStateTimeWait, tcpStateClose:
+		counts.FINAcked = true
+	}
+	switch info.State {
+	case tcpStateCloseWait, tcpStateLastAck, tcpStateClosing, tcpStateTimeWait, tcpStateClose:
+		counts.FINReceived = true
+	}
+	// TCP_CLOSE is taken for both FINs crossed; after a reset that takes
+	// a byte too many off, never one too few.
+	return counts, true
 }
 
 // tcpClosed reports whether c's kernel state is TCP_CLOSE: reset, or ended
@@ -36,5 +47,13 @@ func tcpInfo(c *net.TCPConn) (*unix.TCPInfo, bool) {
 	return info, true
 }
 
-// tcpStateClose is the kernel's TCP_CLOSE.
-const tcpStateClose = 7
+// The kernel's TCP states (include/net/tcp_states.h) that say which
+// FINs crossed.
+const (
+	tcpStateFinWait2  = 5
+	tcpStateTimeWait  = 6
+	tcpStateClose     = 7
+	tcpStateCloseWait = 8
+	tcpStateLastAck   = 9
+	tcpStateClosing   = 11
+)

@@ -54,3 +54,44 @@ func TestTCPCounts(t *testing.T) {
 		t.Errorf("counts of a closed connection")
 	}
 }
+
+// TestTCPCountsData: the application's bytes are the kernel's counts
+// without the SYN and the FINs, whichever FINs crossed: with both ends
+// open, after the dialer's FIN, and after both.
+func TestTCPCountsData(t *testing.T) {
+	c, s := testnet.TCPPair(t) // c dialed s
+	defer c.Close()
+	defer s.Close()
+	const up, down = 70001, 30003
+	c.Write(make([]byte, up))
+	s.Write(make([]byte, down))
+	io.ReadFull(s, make([]byte, up))
+	io.ReadFull(c, make([]byte, down))
+	check := func(stage string) {
+		t.Helper()
+		var ca, cr, sa, sr uint64
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			cc, ok1 := netconn.ReadTCPCounts(c)
+			sc, ok2 := netconn.ReadTCPCounts(s)
+			if !ok1 || !ok2 {
+				t.Fatalf("%s: no counts from the kernel", stage)
+			}
+			ca, cr = cc.Data(true)
+			sa, sr = sc.Data(false)
+			if ca == up && cr == down && sa == down && sr == up {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the dialer's data acked %d and received %d, the other's %d and %d; want %d, %d, %d, %d (kernel: %+v, %+v)",
+					stage, ca, cr, sa, sr, up, down, down, up, cc, sc)
+			}
+		}
+	}
+	check("open")
+	c.CloseWrite()
+	io.ReadAll(s)
+	check("after the dialer's FIN")
+	s.CloseWrite()
+	io.ReadAll(c)
+	check("after both FINs")
+}

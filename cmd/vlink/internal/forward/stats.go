@@ -48,10 +48,10 @@ func (r *liveRelay) sample() {
 	if !ok {
 		return
 	}
-	// The kernel counts the SYN (the dialer's, in Acked) and each FIN
-	// as a byte: leave them out, so that no sample exceeds the bytes the
-	// relay counts by the end, which would make a counter go back.
-	acked, received := app.Acked-min(app.Acked, 2), app.Received-min(app.Received, 1)
+	// The kernel counts the SYN and the FINs as bytes: left out, or a
+	// sample would exceed the bytes the relay counts by the end, and a
+	// counter go back. The target's socket is the one that was dialed.
+	acked, received := app.Data(!r.appIsA)
 	up, down := received, acked // from the client, back to it
 	if !r.appIsA {
 		up, down = acked, received // to the target, back from it
