@@ -136,13 +136,13 @@ func TestLaunchSSH(t *testing.T) {
 	t.Run("hostfile", func(t *testing.T) {
 		// The first server takes 3 slots: ranks 0-2 run there, rank 3 on
 		// the second, as mpirun maps by slot. sshd tells a session its
-		// server's address (SSH_CONNECTION).
+		// server's address (SSH_CONNECTION), and --tag-host names it.
 		hosts := strings.Fields(j.servers)
 		file := filepath.Join(t.TempDir(), "hosts")
 		if err := os.WriteFile(file, []byte("# the lab\n"+hosts[0]+" slots=3\n"+hosts[1]+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p := labProc(t, j.Lab, "l", vlinkBin, "launch", "-n", "4", "--hostfile", file, "--ssh-options", j.options, "--",
+		p := labProc(t, j.Lab, "l", vlinkBin, "launch", "-n", "4", "--hostfile", file, "--ssh-options", j.options, "--tag-host", "--",
 			"sh", "-c", `set -- $SSH_CONNECTION; echo "on $3"`)
 		p.Strict = false
 		select {
@@ -152,7 +152,7 @@ func TestLaunchSSH(t *testing.T) {
 		}
 		for r, host := range []string{hosts[0], hosts[0], hosts[0], hosts[1]} {
 			addr := host[strings.LastIndexByte(host, '@')+1:]
-			if line := fmt.Sprintf("[%d] on %s\n", r, addr); p.Err() != nil || !strings.Contains(p.Output(), line) {
+			if line := fmt.Sprintf("[%d@%s] on %s\n", r, addr, addr); p.Err() != nil || !strings.Contains(p.Output(), line) {
 				t.Errorf("vlink launch: %v; no %q in its output:\n%s", p.Err(), line, p.Output())
 			}
 		}

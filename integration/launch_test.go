@@ -272,6 +272,27 @@ func TestLaunchTimeLimit(t *testing.T) {
 	}
 }
 
+// TestLaunchTags: --tag-host names the host in each line's tag, and
+// --timestamps puts the time the line came after it.
+func TestLaunchTags(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "2", "--tag-host", "--timestamps", "--", "sh", "-c", `echo "hi $VLINK_RANK"; echo "err $VLINK_RANK" >&2`)
+	if err != nil {
+		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+	}
+	for r := range 2 {
+		for _, tc := range []struct{ where, what string }{{string(out), "hi"}, {stderr, "err"}} {
+			re := regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d@%s\] \d\d:\d\d:\d\d\.\d{3} %s %d$`, r, regexp.QuoteMeta(host), tc.what, r))
+			if !re.MatchString(tc.where) {
+				t.Errorf("no line matching %s in:\n%s", re, tc.where)
+			}
+		}
+	}
+}
+
 // TestLaunchOutputDir: --output-dir puts each rank's output and error in
 // files of their own, not in vlink launch's.
 func TestLaunchOutputDir(t *testing.T) {

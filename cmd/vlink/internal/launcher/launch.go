@@ -137,27 +137,28 @@ names another rank, all, or none); the other workers' input is empty.
 }
 
 type launchOptions struct {
-	n                  int
-	nSet               bool // --n was given: 0 is then out of range rather than missing
-	listenSet          bool // --relay-listen was given: the workers may reach the relay there
-	joinTimeout, grace time.Duration
-	timeLimit          time.Duration
-	outputDir          string
-	export             []string // -x: NAME=VALUE for every worker
-	stdin              string   // --stdin: 0, a rank, all or none
-	listen             string
-	routeOutput        bool
-	spawner            string
-	sshServers         string
-	hostfile           string
-	sshOptions         string
-	remoteDir          string
-	workerVLink        string
-	custom             string
-	customServers      string
-	guard              bool
-	worker             string
-	signals            <-chan os.Signal // SIGINT and SIGTERM to vlink launch; nil in tests that cancel the context
+	n                   int
+	nSet                bool // --n was given: 0 is then out of range rather than missing
+	listenSet           bool // --relay-listen was given: the workers may reach the relay there
+	joinTimeout, grace  time.Duration
+	timeLimit           time.Duration
+	outputDir           string
+	export              []string // -x: NAME=VALUE for every worker
+	stdin               string   // --stdin: 0, a rank, all or none
+	tagHost, timestamps bool
+	listen              string
+	routeOutput         bool
+	spawner             string
+	sshServers          string
+	hostfile            string
+	sshOptions          string
+	remoteDir           string
+	workerVLink         string
+	custom              string
+	customServers       string
+	guard               bool
+	worker              string
+	signals             <-chan os.Signal // SIGINT and SIGTERM to vlink launch; nil in tests that cancel the context
 }
 
 func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
@@ -179,6 +180,8 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 		}
 		return err
 	})
+	fs.BoolVar(&o.tagHost, "tag-host", false, "name the host in each line's tag: [R@HOST], as mpirun --tag-output")
+	fs.BoolVar(&o.timestamps, "timestamps", false, "put the time each line came (local, to the millisecond) after its tag, as mpirun --timestamp-output")
 	fs.StringVar(&o.stdin, "stdin", "0", "give vlink launch's standard input to rank `WHICH`: a rank (0, as mpirun), all (every rank, as srun --input=all) or none (their input is empty)")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write each rank's standard output and error to `DIR`/rankR.out and DIR/rankR.err (DIR made if missing) instead of vlink's, as mpirun --output-filename")
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
@@ -315,8 +318,9 @@ type job struct {
 }
 
 // outputs returns where rank r's standard output and error go, and
-// the writers to flush once it ended.
-func (j *job) outputs(r int) (stdout, stderr io.Writer, flush func()) {
+// the writers to flush once it ended. host is where it runs, for
+// --tag-host.
+func (j *job) outputs(r int, host string) (stdout, stderr io.Writer, flush func()) {
 	if j.files != nil {
 		return j.files[r][0], j.files[r][1], func() {}
 	}
@@ -324,7 +328,11 @@ func (j *job) outputs(r int) (stdout, stderr io.Writer, flush func()) {
 		return j.e.Stdout, j.e.Stderr, func() {}
 	}
 	prefix := fmt.Sprintf("[%*d] ", j.width, r)
-	so, se := &rankWriter{w: j.e.Stdout, mu: &j.outMu, prefix: prefix}, &rankWriter{w: j.e.Stderr, mu: &j.outMu, prefix: prefix}
+	if j.o.tagHost {
+		prefix = fmt.Sprintf("[%*d@%s] ", j.width, r, host)
+	}
+	so := &rankWriter{w: j.e.Stdout, mu: &j.outMu, prefix: prefix, stamp: j.o.timestamps}
+	se := &rankWriter{w: j.e.Stderr, mu: &j.outMu, prefix: prefix, stamp: j.o.timestamps}
 	return so, se, func() { so.flush(); se.flush() }
 }
 
@@ -646,6 +654,7 @@ type localSpawner struct{}
 
 func (localSpawner) start(ctx context.Context, j *job) error {
 	e := j.e
+	host, _ := os.Hostname()
 	for r, w := range j.workers {
 		name := launch.RankName(r)
 		keyFile := filepath.Join(j.dir, name+".key")
@@ -660,7 +669,7 @@ func (localSpawner) start(ctx context.Context, j *job) error {
 		// stops what it left once the job ends).
 		cmd.WaitDelay = 200 * time.Millisecond
 		var flush func()
-		cmd.Stdout, cmd.Stderr, flush = j.outputs(r)
+		cmd.Stdout, cmd.Stderr, flush = j.outputs(r, host)
 		var stdin io.WriteCloser
 		if f := j.stdin.direct(r); f != nil {
 			cmd.Stdin = f
@@ -754,10 +763,14 @@ type rankWriter struct {
 	w      io.Writer
 	mu     *sync.Mutex
 	prefix string
+	stamp  bool   // each line after the time it came, as --timestamps asks
 	line   []byte // the start of a line not yet written
 }
 
 const maxLine = 64 << 10
+
+// stampLayout is --timestamps' time of a line, local, to the millisecond.
+const stampLayout = "15:04:05.000"
 
 func (r *rankWriter) Write(p []byte) (int, error) {
 	n := len(p)
@@ -789,8 +802,12 @@ func (r *rankWriter) flush() {
 func (r *rankWriter) emit(line []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	buf := make([]byte, 0, len(r.prefix)+len(line)+1)
-	buf = append(append(append(buf, r.prefix...), line...), '\n')
+	buf := make([]byte, 0, len(r.prefix)+len(stampLayout)+1+len(line)+1)
+	buf = append(buf, r.prefix...)
+	if r.stamp {
+		buf = append(time.Now().AppendFormat(buf, stampLayout), ' ')
+	}
+	buf = append(append(buf, line...), '\n')
 	r.w.Write(buf)
 }
 

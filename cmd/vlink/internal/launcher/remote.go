@@ -504,6 +504,15 @@ func (s *sshSpawner) start(ctx context.Context, j *job) error {
 	return errors.Join(errs...)
 }
 
+// hostOf is the host in an ssh server's [user@]host[:port].
+func hostOf(server string) string {
+	host := server[strings.LastIndexByte(server, '@')+1:]
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		return h
+	}
+	return host
+}
+
 // relayAddr is where workers that connect themselves reach the job's
 // relay: its host as --relay-listen gave it, or this machine's name when
 // it listens on every address.
@@ -537,7 +546,7 @@ func (s *sshSpawner) forwardRelay(ctx context.Context, j *job, f *sshf.Factory) 
 // serve follows rank w's agent on server to its end.
 func (s *sshSpawner) serve(j *job, w *worker, server string, cmd *sshf.Command, relay string) ending {
 	defer cmd.Close()
-	stdout, stderr, flush := j.outputs(w.rank)
+	stdout, stderr, flush := j.outputs(w.rank, hostOf(server))
 	defer flush()
 	// The agent's own complaints (a vlink that is not there, say) come
 	// on the session's standard error.
@@ -732,7 +741,7 @@ func (s *customSpawner) serve(c net.Conn, relay string) {
 		return
 	}
 	w := s.j.workers[r]
-	stdout, stderr, flush := s.j.outputs(r)
+	stdout, stderr, flush := s.j.outputs(r, a.where)
 	end := func() *ending {
 		if err := a.assign(r, relay); err != nil {
 			return &ending{w: w, code: base.ExitFailure, why: fmt.Sprintf("was lost on %s before it started: %v", a.where, err)}
