@@ -28,7 +28,7 @@ packages=(
   haproxy:haproxy proxychains4:proxychains4 microsocks:microsocks
   dnsmasq:dnsmasq bind9-dnsutils:dig dante-client:socksify
   slurmctld:slurmctld slurmd:slurmd slurm-client:sbatch munge:munged
-  openmpi-bin:mpirun
+  openmpi-bin:mpirun bsdutils:script
 )
 
 if [ "${1:-}" = --list ]; then

@@ -272,6 +272,23 @@ func TestLaunchTimeLimit(t *testing.T) {
 	}
 }
 
+// TestLaunchStdinBackground: vlink launch run in the background of an
+// interactive shell's terminal (vlink launch ... &) does not read the
+// terminal, which would stop the whole job (SIGTTIN): rank 0's input
+// ends at once and the job completes. script(1) gives the shell its
+// terminal.
+func TestLaunchStdinBackground(t *testing.T) {
+	testenv.Programs(t, "script", "bash")
+	inner := vlinkBin + ` launch -n 1 -- sh -c 'echo "got $(wc -c) bytes"' & sleep 10 & wait %1; echo "job done $?"; kill -9 %1 %2 2>/dev/null`
+	out, stderr, err := run(time.Minute, nil, "script", "-qec", "bash --norc -ic "+shellQuote(inner), "/dev/null")
+	if err != nil || !strings.Contains(string(out), "[0] got 0 bytes") || !strings.Contains(string(out), "job done 0") {
+		t.Fatalf("script: %v; want rank 0 to read nothing and the job to end at once; output:\n%s%s", err, out, stderr)
+	}
+}
+
+// shellQuote quotes s for sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
 // TestLaunchTags: --tag-host names the host in each line's tag, and
 // --timestamps puts the time the line came after it.
 func TestLaunchTags(t *testing.T) {

@@ -34,3 +34,11 @@ func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
 }
+
+// inBackground reports whether f is a terminal this process runs in the
+// background of (vlink launch ... & in an interactive shell): reading it
+// would stop the whole job (SIGTTIN).
+func inBackground(f *os.File) bool {
+	pgrp, err := unix.IoctlGetInt(int(f.Fd()), unix.TIOCGPGRP)
+	return err == nil && pgrp != unix.Getpgrp()
+}

@@ -21,3 +21,5 @@ func signalGroup(int, syscall.Signal) bool { return false }
 // isTerminal: taken for one, so that the input is copied rather than
 // shared.
 func isTerminal(*os.File) bool { return true }
+
+func inBackground(*os.File) bool { return false }

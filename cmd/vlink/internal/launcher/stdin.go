@@ -71,6 +71,14 @@ func (f *stdinFeed) subscribe(write func([]byte) error, close func()) {
 }
 
 func (f *stdinFeed) pump(subs []stdinSink) {
+	if file, ok := f.src.(*os.File); ok && inBackground(file) {
+		// Run in the background of a terminal, as mpirun ... & would
+		// be stopped reading it: the input ends at once instead.
+		for _, s := range subs {
+			s.close()
+		}
+		return
+	}
 	buf := make([]byte, 32<<10)
 	for len(subs) > 0 {
 		n, err := f.src.Read(buf)
