@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -90,14 +91,20 @@ func newJail(guardPid int) (j *jail, why error) {
 	return j, err
 }
 
-// reap reaps the orphans that exited, until the jail is stopped.
+// reap reaps the orphans that exited, as SIGCHLD says a child did (and
+// every second, for a signal merged with another), until the jail is
+// stopped.
 func (j *jail) reap() {
-	t := time.NewTicker(50 * time.Millisecond)
+	child := make(chan os.Signal, 1)
+	signal.Notify(child, syscall.SIGCHLD)
+	defer signal.Stop(child)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
 		case <-j.done:
 			return
+		case <-child:
 		case <-t.C:
 		}
 		j.mu.Lock()
