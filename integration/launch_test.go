@@ -393,7 +393,7 @@ func TestLaunchStdin(t *testing.T) {
 // each agent's rank is its MPI rank (OMPI_COMM_WORLD_RANK), and the
 // workers exchange bytes all to all.
 func TestLaunchMPI(t *testing.T) {
-	testenv.Programs(t, "mpirun")
+	testenv.Programs(t, "mpirun", "ssh") // Open MPI wants its rsh agent even on one machine
 	worker := buildWorker(t)
 	t.Setenv("OMPI_ALLOW_RUN_AS_ROOT", "1") // the tests run as root in CI
 	t.Setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
