@@ -68,13 +68,15 @@ func TestMetrics(t *testing.T) {
 	}
 
 	got := testnet.WaitMetrics(t, "serve", srvMetrics, map[string]float64{
-		`vlink_connections_total{outcome="ok",stack="zstd"}`:   conns,
-		`vlink_connections_open{stack="zstd"}`:                 0,
-		`vlink_bytes_total{direction="up",stack="zstd"}`:       conns * upSize,
-		`vlink_bytes_total{direction="down",stack="zstd"}`:     conns * downSize,
-		`vlink_refusals_total{reason="authentication_failed"}`: 1,
-		`vlink_refusals_total{reason="plain_refused"}`:         1,
-		`vlink_handshake_duration_seconds_count`:               conns,
+		`vlink_connections_total{outcome="ok",stack="zstd"}`:                      conns,
+		`vlink_connections_open{stack="zstd"}`:                                    0,
+		`vlink_bytes_total{direction="up",stack="zstd"}`:                          conns * upSize,
+		`vlink_bytes_total{direction="down",stack="zstd"}`:                        conns * downSize,
+		`vlink_refusals_total{reason="authentication_failed"}`:                    1,
+		`vlink_refusals_total{reason="plain_refused"}`:                            1,
+		`vlink_handshake_duration_seconds_count{outcome="ok"}`:                    conns,
+		`vlink_handshake_duration_seconds_count{outcome="authentication_failed"}`: 1,
+		`vlink_handshake_duration_seconds_count{outcome="plain_refused"}`:         1,
 	})
 	if _, ok := got[`go_goroutines`]; !ok {
 		t.Errorf("serve's metrics have no Go runtime metrics")

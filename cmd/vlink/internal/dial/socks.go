@@ -310,10 +310,10 @@ func (o *socksOptions) handle(e *base.Env, t *forward.Tracker, srv *socks.Server
 		switch {
 		case errors.Is(err, context.Canceled):
 		case errors.Is(err, socks.ErrClientAuth):
-			t.Metrics.Refused("socks_auth")
+			t.Metrics.HandshakeFailed("socks_auth", time.Since(start))
 			e.Log.Info("client refused", append(attrs, "err", err)...)
 		case errors.Is(err, socks.ErrBadRequest):
-			t.Metrics.Refused("socks_bad_request")
+			t.Metrics.HandshakeFailed("socks_bad_request", time.Since(start))
 			e.Log.Info("client refused", append(attrs, "err", err)...)
 		default:
 			t.Metrics.Dialed(stack, 0, err)

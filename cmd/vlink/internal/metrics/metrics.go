@@ -40,7 +40,7 @@ type Metrics struct {
 	open      *prometheus.GaugeVec     // stack
 	conns     *prometheus.CounterVec   // stack, outcome
 	refusals  *prometheus.CounterVec   // reason
-	handshake prometheus.Histogram     // accepted handshakes
+	handshake *prometheus.HistogramVec // outcome: ok, or the refusal's reason
 	dial      *prometheus.HistogramVec // stack
 	connects  *prometheus.CounterVec   // outcome: vlink exec's agent
 	reloadOK  prometheus.Gauge         // --forwards: the last reading of the file
@@ -129,11 +129,11 @@ func newMetrics() *Metrics {
 			Name: "vlink_refusals_total",
 			Help: "Accepted connections refused, or whose handshake (VLink or SOCKS) failed, by reason.",
 		}, []string{"reason"}),
-		handshake: prometheus.NewHistogram(prometheus.HistogramOpts{
+		handshake: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vlink_handshake_duration_seconds",
-			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), of the handshakes that succeeded.",
+			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), or to its refusal, by outcome: ok, or the reason as vlink_refusals_total gives it (a handshake that timed out shows how long the peer held a slot).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10), // 100 µs to 26 s
-		}),
+		}, []string{"outcome"}),
 		dial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vlink_dial_duration_seconds",
 			Help:    "Time to reach a destination through a stack, handshakes included, of the dials that succeeded.",
@@ -152,6 +152,7 @@ func newMetrics() *Metrics {
 		Name: "vlink_config_last_reload_success_timestamp_seconds",
 		Help: "When the --forwards file was last applied whole, in seconds since the epoch.",
 	})
+	m.handshake.WithLabelValues(OutcomeOK) // served from the start, as the histogram was
 	m.Reg.MustRegister(m.open, m.conns, bytesCollector{m}, m.refusals, m.handshake, m.dial, m.connects, layerCollector{}, buildInfo(),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -305,18 +306,27 @@ func (m *Metrics) Refused(reason string) {
 // HandshakeDone counts a handshake that succeeded after took.
 func (m *Metrics) HandshakeDone(took time.Duration) {
 	if m != nil {
-		m.handshake.Observe(took.Seconds())
+		m.handshake.WithLabelValues(OutcomeOK).Observe(took.Seconds())
 	}
 }
 
-// Handshook is a vlink.ListenConfig.Observe: accepted handshakes' time,
-// and the others' reasons.
+// HandshakeFailed counts a handshake refused, or failed, for reason
+// after took: a refusal, and its time.
+func (m *Metrics) HandshakeFailed(reason string, took time.Duration) {
+	if m != nil {
+		m.refusals.WithLabelValues(reason).Inc()
+		m.handshake.WithLabelValues(reason).Observe(took.Seconds())
+	}
+}
+
+// Handshook is a vlink.ListenConfig.Observe: each handshake's time, by
+// outcome, and the failures' reasons.
 func (m *Metrics) Handshook(_ *vlink.Conn, took time.Duration, err error) {
 	if err == nil {
 		m.HandshakeDone(took)
 		return
 	}
-	m.Refused(refusalReason(err))
+	m.HandshakeFailed(refusalReason(err), took)
 }
 
 // refusalReason is the reason label of a handshake that failed: the
