@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 )
@@ -66,7 +67,7 @@ func (f *stdinFeed) subscribe(write func([]byte) error, close func()) {
 	defer f.mu.Unlock()
 	f.subs = append(f.subs, stdinSink{write, close})
 	if len(f.subs) == f.want {
-		go f.pump(f.subs)
+		go f.pump(slices.Clone(f.subs))
 	}
 }
 
