@@ -3,7 +3,6 @@ package integration
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,7 +42,10 @@ func startSlurm(t testing.TB) {
 		t.Fatal(err)
 	}
 	host, _, _ = strings.Cut(host, ".")
-	ports := freePorts(t, 2)
+	ports := []int{realserver.FreePort(t), realserver.FreePort(t)}
+	for ports[1] == ports[0] {
+		ports[1] = realserver.FreePort(t)
+	}
 	conf := fmt.Sprintf(`ClusterName=vlinktest
 SlurmctldHost=%[1]s(127.0.0.1)
 AuthType=auth/munge
@@ -102,25 +104,6 @@ PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP OverSubscri
 				realserver.Tail(string(ctl), 2000), realserver.Tail(string(d), 2000))
 		}
 	}
-}
-
-// freePorts returns n TCP ports free on loopback now.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
 }
 
 // sbatch submits command as a batch job of n tasks (sbatch --wrap, as

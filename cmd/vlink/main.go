@@ -69,7 +69,7 @@ runs unmodified programs on them.
 		{Name: "VLINK_PRELOAD", Doc: "vlink exec: a prebuilt shim (vlink exec --build-shim), for machines without cc"},
 		{Name: "VLINK_AGENT, VLINK_AGENT_TOKEN", Doc: "set by vlink exec for the program: its agent's socket, and the secret of the program's processes"},
 		{Name: "VLINK_RANK, VLINK_SIZE, VLINK_RELAY, VLINK_NODE_KEY_FILE", Doc: "set by vlink launch for each worker"},
-		{Name: "VLINK_SPAWNER, VLINK_SSH_SERVERS, VLINK_SSH_OPTIONS, VLINK_REMOTE_DIR, VLINK_CSPAWN_CMD, VLINK_CSPAWN_SERVERS", Doc: "defaults of vlink launch's spawner flags"},
+		{Name: "VLINK_SPAWNER, VLINK_SSH_SERVERS, VLINK_HOSTFILE, VLINK_SSH_OPTIONS, VLINK_REMOTE_DIR, VLINK_CSPAWN_CMD, VLINK_CSPAWN_SERVERS", Doc: "defaults of vlink launch's spawner flags"},
 	},
 	Files: []cli.Entry{
 		{Name: "$XDG_CONFIG_HOME/vlink/config.toml", Doc: "the routes and settings every command dialing with the user's configuration reads (docs/REFERENCE.md, Configuration file)"},

@@ -32,10 +32,9 @@ import (
 // which it stops when the job ends; but should vlink launch itself be
 // killed they go to init, beyond reach.
 type jail struct {
-	dir       string // the cgroup's folder; "" with the subreaper
-	fd        int    // open on dir, for CLONE_INTO_CGROUP
-	subreaper bool
-	guardPid  int // a child of ours that is not the job's
+	dir      string // the cgroup's folder; "" with the subreaper
+	fd       int    // open on dir, for CLONE_INTO_CGROUP
+	guardPid int    // a child of ours that is not the job's
 
 	// With the subreaper, orphans that exit are ours to reap, or they
 	// stay zombies in their process group for as long as we run. The
@@ -55,8 +54,8 @@ func holdJob(e *base.Env, g *guard) *jail {
 	case j == nil:
 		e.Log.Warn("the job's processes are not held: one that leaves its worker's process group (setsid, a daemon) may outlive the job", "err", why)
 		return nil
-	case j.subreaper:
-		e.Log.Info("the job's processes are held by "+j.String(), "cgroup", why)
+	case j.dir == "":
+		e.Log.Info("the job's processes are held by vlink launch as their subreaper (no cgroup of the job's own could be made)", "cgroup", why)
 	default:
 		g.cgroup(j.dir)
 		e.Log.Info("the job's processes are held in a cgroup of its own", "cgroup", j.dir)
@@ -86,7 +85,7 @@ func newJail(guardPid int) (j *jail, why error) {
 	if perr := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); perr != nil {
 		return nil, fmt.Errorf("no cgroup (%w) and no subreaper (%w)", err, perr)
 	}
-	j = &jail{fd: -1, subreaper: true, guardPid: guardPid, workers: map[int]bool{}, done: make(chan struct{})}
+	j = &jail{fd: -1, guardPid: guardPid, workers: map[int]bool{}, done: make(chan struct{})}
 	go j.reap()
 	return j, err
 }
@@ -173,13 +172,6 @@ func cgroup2Mount() (string, error) {
 	return "", errors.New("no cgroup2 file system is mounted")
 }
 
-func (j *jail) String() string {
-	if j.subreaper {
-		return "vlink launch as their subreaper (no cgroup of the job's own could be made)"
-	}
-	return "cgroup " + j.dir
-}
-
 // start starts cmd inside the jail (nil: none).
 func (j *jail) start(cmd *exec.Cmd) error {
 	switch {
@@ -189,7 +181,7 @@ func (j *jail) start(cmd *exec.Cmd) error {
 			cmd.SysProcAttr = &syscall.SysProcAttr{}
 		}
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, j.fd
-	case j.subreaper:
+	default: // the subreaper's
 		// Known as a worker before it can exit, so reap never takes
 		// its status from exec.Cmd.
 		j.mu.Lock()
@@ -203,21 +195,6 @@ func (j *jail) start(cmd *exec.Cmd) error {
 	return cmd.Start()
 }
 
-// procs returns the processes in the jail: the cgroup's, or this
-// process's children but the guard.
-func (j *jail) procs() []int {
-	if j.dir == "" {
-		var pids []int
-		for _, pid := range procs.Children(os.Getpid()) {
-			if pid != j.guardPid {
-				pids = append(pids, pid)
-			}
-		}
-		return pids
-	}
-	return cgroupProcs(j.dir)
-}
-
 func cgroupProcs(dir string) []int {
 	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	var pids []int
@@ -229,67 +206,67 @@ func cgroupProcs(dir string) []int {
 	return pids
 }
 
+// orphans returns this process's children but the guard: with the
+// subreaper, once the workers have ended, what they left.
+func (j *jail) orphans() []int {
+	var pids []int
+	for _, pid := range procs.Children(os.Getpid()) {
+		if pid != j.guardPid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // stop ends what is left in the jail once the job's workers have ended:
-// SIGTERM, then SIGKILL after grace, and removes the cgroup. It returns
-// how many processes it found.
-func (j *jail) stop(grace time.Duration) int {
-	if j == nil {
-		return 0
-	}
-	left := j.procs()
-	if len(left) > 0 {
-		for _, pid := range left {
-			syscall.Kill(pid, syscall.SIGTERM)
-		}
-		for deadline := time.Now().Add(grace); time.Now().Before(deadline) && len(j.procs()) > 0; {
-			time.Sleep(20 * time.Millisecond)
-		}
-		j.kill()
-	}
-	if j.dir != "" {
+// SIGTERM, then SIGKILL after grace, and removes the cgroup.
+func (j *jail) stop(grace time.Duration) {
+	switch {
+	case j == nil:
+	case j.dir != "":
 		unix.Close(j.fd)
-		removeCgroup(j.dir)
-	}
-	if j.done != nil {
+		endCgroup(j.dir, grace)
+	default:
+		endProcs(j.orphans, grace, func(pids []int) {
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		})
 		close(j.done)
 	}
-	return len(left)
 }
 
-// kill ends everything in the jail at once.
-func (j *jail) kill() {
-	if j.dir != "" {
-		os.WriteFile(filepath.Join(j.dir, "cgroup.kill"), []byte("1"), 0)
-		return
-	}
-	for _, pid := range j.procs() {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
-
-// removeCgroup removes a cgroup once its killed processes are gone.
-func removeCgroup(dir string) {
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if err := os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-			return
-		}
-	}
-}
-
-// guardCgroup is the guard's end of a job's cgroup (vlink launch gone):
-// SIGTERM, SIGKILL after grace, removed. Only a vlink-launch- cgroup.
-func guardCgroup(dir string, grace time.Duration) {
+// endCgroup ends a job's cgroup, at the job's end or, for the guard,
+// once vlink launch is gone: SIGTERM, cgroup.kill after grace, removed.
+// Only a vlink-launch- cgroup.
+func endCgroup(dir string, grace time.Duration) {
 	if !strings.HasPrefix(filepath.Base(dir), "vlink-launch-") {
 		return
 	}
-	if left := cgroupProcs(dir); len(left) > 0 {
-		for _, pid := range left {
-			syscall.Kill(pid, syscall.SIGTERM)
-		}
-		for deadline := time.Now().Add(grace); time.Now().Before(deadline) && len(cgroupProcs(dir)) > 0; {
-			time.Sleep(20 * time.Millisecond)
-		}
+	endProcs(func() []int { return cgroupProcs(dir) }, grace, func([]int) {
 		os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	})
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+			return // removable once its killed processes are gone
+		}
 	}
-	removeCgroup(dir)
+}
+
+// endProcs sends SIGTERM to what list returns, waits up to grace for it
+// to be gone, and kills what is left.
+func endProcs(list func() []int, grace time.Duration, kill func([]int)) {
+	left := list()
+	if len(left) == 0 {
+		return
+	}
+	for _, pid := range left {
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
+	for deadline := time.Now().Add(grace); time.Now().Before(deadline) && len(left) > 0; left = list() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		kill(left)
+	}
 }

@@ -18,5 +18,5 @@ func holdJob(e *base.Env, _ *guard) *jail {
 	return nil
 }
 func (j *jail) start(cmd *exec.Cmd) error { return cmd.Start() }
-func (j *jail) stop(time.Duration) int    { return 0 }
-func guardCgroup(string, time.Duration)   {}
+func (j *jail) stop(time.Duration)        {}
+func endCgroup(string, time.Duration)     {}

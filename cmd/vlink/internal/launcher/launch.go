@@ -164,7 +164,7 @@ type launchOptions struct {
 func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	o := &launchOptions{}
 	fs.IntVar(&o.n, "n", 0, fmt.Sprintf("start `N` workers, 1 to %d (required)", launch.MaxSize))
-	fs.StringVar(&o.spawner, "spawner", "", "start the workers with `SPAWNER`: local (on this machine), ssh (on the --ssh-servers), custom (with the --custom command) or slurm (one srun step in the Slurm allocation vlink launch runs in: --n defaults to its SLURM_NTASKS, and rank R is Slurm's task R); default: custom with --custom, ssh with --ssh-servers, $VLINK_SPAWNER, $GASNET_SPAWNFN's L, S or C, slurm inside an allocation (SLURM_JOB_ID), else local")
+	fs.StringVar(&o.spawner, "spawner", "", "start the workers with `SPAWNER`: local (on this machine), ssh (on the --ssh-servers), custom (with the --custom command) or slurm (one srun step in the Slurm allocation vlink launch runs in: --n defaults to its SLURM_NTASKS, and rank R is Slurm's task R); default: custom with --custom, ssh with --ssh-servers or --hostfile, $VLINK_SPAWNER, $GASNET_SPAWNFN's L, S or C, slurm inside an allocation (SLURM_JOB_ID), else local")
 	fs.StringVar(&o.sshServers, "ssh-servers", "", "the ssh spawner's `SERVERS`, [user@]host[:port] separated by spaces or commas, ranges as Slurm writes them (node[1-4,7]); a server named twice runs two workers: rank R runs on server R modulo their number; $VLINK_SSH_SERVERS, $GASNET_SSH_SERVERS, $SSH_SERVERS")
 	fs.StringVar(&o.hostfile, "hostfile", "", "the ssh spawner's servers from `FILE`, as mpirun's: a host per line (ranges allowed), \"slots=N\" for how many workers it runs before the next host gets one, # comments; $VLINK_HOSTFILE")
 	fs.StringVar(&o.sshOptions, "ssh-options", "", "the ssh layer's `PARAMS` for every server, as in a stack: identity=FILE,known-hosts=FILE,host-key-check=accept-new,... (vlink layers ssh); $VLINK_SSH_OPTIONS")
@@ -909,7 +909,7 @@ func runGuard(in io.Reader, grace time.Duration) {
 		os.RemoveAll(d)
 	}
 	for _, cg := range cgroups {
-		guardCgroup(cg, grace)
+		endCgroup(cg, grace)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		alive := false
