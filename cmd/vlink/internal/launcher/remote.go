@@ -939,12 +939,14 @@ func runWorker(ctx context.Context, e *base.Env, o *launchOptions) int {
 	// Written apart from the frames, so that a worker that does not read
 	// holds up no signal; at most stdinQueue chunks wait.
 	stdin := make(chan []byte, stdinQueue)
-	go func() {
-		for p := range stdin {
+	// The channel passed, not the variable: the frames' reader sets that
+	// to nil at the input's end, maybe before this starts.
+	go func(in <-chan []byte) {
+		for p := range in {
 			inW.Write(p) // one that fails (the worker is gone) drops the rest
 		}
 		inW.Close()
-	}()
+	}(stdin)
 	g.watch(cmd.Process.Pid)
 	// vlink launch's signals, and the end of its stream: vlink launch,
 	// or the connection to it, is gone.
