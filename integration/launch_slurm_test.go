@@ -146,8 +146,11 @@ func TestLaunchSlurm(t *testing.T) {
 			t.Fatalf("the job: %v\n%s", err, out)
 		}
 		for r := range 4 {
-			if line := fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r); !strings.Contains(out, line) {
-				t.Errorf("no %q in the job's output:\n%s", line, out)
+			// One node: the ranks talk over shared memory.
+			for _, line := range []string{fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r), fmt.Sprintf("[%d] rank %d: dialed 3 peers: shm 3, network 0\n", r, r)} {
+				if !strings.Contains(out, line) {
+					t.Errorf("no %q in the job's output:\n%s", line, out)
+				}
 			}
 		}
 	})
@@ -243,4 +246,102 @@ done`, rounds, vlinkBin, worker, worker)
 	b.ReportMetric(ms(ml), "launch-ms")
 	b.ReportMetric(ms(ms2), "srun-ms")
 	b.ReportMetric(float64(ml)/float64(ms2), "ratio")
+}
+
+// BenchmarkLaunchSlurmAllToAll measures an all-to-all among the 4
+// workers of a Slurm job on one node (each rank sends 100 MB to every
+// other at once; integration/bench/launch_a2a.sh does the same with the
+// local spawner): over shared memory, vlink launch's default for ranks
+// of one host, against --shm=false, where they go through the job's
+// network (spliced TCP, encrypted), in interleaved rounds inside one
+// allocation (see logAllToAll).
+func BenchmarkLaunchSlurmAllToAll(b *testing.B) {
+	startSlurm(b)
+	worker := buildWorker(b)
+	const n, bytes = 4, 100_000_000
+	rounds := max(b.N, 3)
+	script := fmt.Sprintf(`for i in $(seq %d); do
+  echo "run shm"; %[2]s launch -- %[3]s a2a %[4]d || exit 1
+  echo "run network"; %[2]s launch --shm=false -- %[3]s a2a %[4]d || exit 1
+done`, rounds, vlinkBin, worker, bytes)
+	b.ResetTimer()
+	out, err := exec.Command("salloc", "-n", fmt.Sprint(n), "sh", "-c", script).CombinedOutput()
+	b.StopTimer()
+	if err != nil {
+		b.Fatalf("salloc: %v\n%s", err, out)
+	}
+	runs := map[string][]a2aRun{}
+	for chunk := range strings.SplitSeq(string(out), "run ") {
+		path, rest, _ := strings.Cut(chunk, "\n")
+		if path != "shm" && path != "network" {
+			continue
+		}
+		r, err := parseAllToAll(rest, n)
+		if err != nil {
+			b.Fatalf("%s: %v\n%s", path, err, out)
+		}
+		runs[path] = append(runs[path], r)
+	}
+	logAllToAll(b, n, bytes, rounds, runs)
+}
+
+// An a2aRun is how an all-to-all of launchworker a2a went: the slowest
+// rank's time, and the CPU time of all the ranks, in seconds.
+type a2aRun struct{ took, cpu float64 }
+
+// parseAllToAll reads the n ranks' lines of one all-to-all from out.
+func parseAllToAll(out string, n int) (a2aRun, error) {
+	var r a2aRun
+	ranks := 0
+	for line := range strings.Lines(out) {
+		_, rest, ok := strings.Cut(line, " a2a ")
+		if !ok {
+			continue
+		}
+		var moved, peers int
+		var took, cpu float64
+		if _, err := fmt.Sscanf(rest, "%d bytes to each of %d peers in %g s, cpu %g s", &moved, &peers, &took, &cpu); err != nil {
+			return r, fmt.Errorf("%q: %w", line, err)
+		}
+		r.took, r.cpu, ranks = max(r.took, took), r.cpu+cpu, ranks+1
+	}
+	if ranks != n {
+		return r, fmt.Errorf("%d ranks reported, want %d", ranks, n)
+	}
+	return r, nil
+}
+
+// logAllToAll logs, for the runs over shared memory ("shm") and through
+// the job's network ("network"), interleaved: the median aggregate rate
+// (n(n-1)bytes over the slowest rank's time) and the CPU seconds per GB
+// moved of the n workers, each with its spread, and the ratios of the
+// rounds' pairs.
+func logAllToAll(b *testing.B, n, bytes, rounds int, runs map[string][]a2aRun) {
+	if len(runs["shm"]) != rounds || len(runs["network"]) != rounds {
+		b.Fatalf("%d and %d runs, want %d of each", len(runs["shm"]), len(runs["network"]), rounds)
+	}
+	gb := float64(n*(n-1)*bytes) / 1e9
+	med := func(v []float64) (m, lo, hi float64) {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		return v[len(v)/2], v[0], v[len(v)-1]
+	}
+	for _, p := range []string{"shm", "network"} {
+		var rate, cpu []float64
+		for _, r := range runs[p] {
+			rate, cpu = append(rate, gb*8/r.took), append(cpu, r.cpu/gb)
+		}
+		m, lo, hi := med(rate)
+		c, clo, chi := med(cpu)
+		b.Logf("%-8s %6.2f Gbit/s aggregate (%.2f..%.2f), %.2f CPU s/GB (%.2f..%.2f), %d rounds", p, m, lo, hi, c, clo, chi, rounds)
+		b.ReportMetric(m, p+"-Gbit/s")
+	}
+	var ratio, cpuRatio []float64
+	for i := range rounds {
+		s, t := runs["shm"][i], runs["network"][i]
+		ratio, cpuRatio = append(ratio, t.took/s.took), append(cpuRatio, s.cpu/t.cpu)
+	}
+	m, lo, hi := med(ratio)
+	c, clo, chi := med(cpuRatio)
+	b.Logf("shm/network: rate %.2fx (%.2f..%.2f), CPU per GB %.2fx (%.2f..%.2f)", m, lo, hi, c, clo, chi)
 }

@@ -51,7 +51,14 @@ func newSSHJobLab(t testing.TB, rtt time.Duration) *sshJobLab {
 	var first *realserver.SSHD
 	var servers []string
 	for _, h := range []string{"s1", "s2"} {
-		s := realserver.PrepareSSHD(t, realserver.SSHDOptions{Forwarding: true}, l.Addr(h).String(), 22)
+		// The servers are namespaces of one machine, sharing its /tmp: a
+		// temporary folder of each server's own keeps their workers from
+		// finding each other over shared memory, as on two machines.
+		tmp := filepath.Join(t.TempDir(), h)
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		s := realserver.PrepareSSHD(t, realserver.SSHDOptions{Forwarding: true, Config: "SetEnv TMPDIR=" + tmp}, l.Addr(h).String(), 22)
 		kh, err := os.ReadFile(s.KnownHosts)
 		if err != nil {
 			t.Fatal(err)
@@ -107,7 +114,8 @@ func (j *sshJobLab) cutSSH(t *testing.T, host string) {
 
 // TestLaunchSSH: the ssh spawner starts 4 workers on two servers, one
 // behind a firewall that lets only SSH in; they exchange bytes all to
-// all through the job's network, checked by SHA-256. An SSH connection
+// all, checked by SHA-256: through the job's network between servers,
+// over shared memory between the two ranks of a server. An SSH connection
 // that drops fails the job, naming a rank it lost, and leaves nothing
 // running on either server; so does vlink launch killed with SIGKILL.
 func TestLaunchSSH(t *testing.T) {
@@ -125,8 +133,10 @@ func TestLaunchSSH(t *testing.T) {
 			t.Fatalf("vlink launch: %v\n%s", p.Err(), p.Output())
 		}
 		for r := range 4 {
-			if line := fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r); !strings.Contains(p.Output(), line) {
-				t.Errorf("no %q in the output:\n%s", line, p.Output())
+			for _, line := range []string{fmt.Sprintf("[%d] rank %d: all 3 peers ok\n", r, r), fmt.Sprintf("[%d] rank %d: dialed 3 peers: shm 1, network 2\n", r, r)} {
+				if !strings.Contains(p.Output(), line) {
+					t.Errorf("no %q in the output:\n%s", line, p.Output())
+				}
 			}
 		}
 	})
@@ -403,4 +413,38 @@ func BenchmarkLaunchSSH(b *testing.B) {
 		b.Logf("%-6s median %7.1f ms  (min %.1f .. max %.1f), %d rounds", k, ms(med[k]), ms(took[k][0]), ms(took[k][len(took[k])-1]), len(took[k]))
 	}
 	b.ReportMetric(float64(med["launch"])/float64(med["ssh"]), "ratio")
+}
+
+// BenchmarkLaunchSSHAllToAll measures an all-to-all among 4 workers
+// started by the ssh spawner, two on each server (each rank sends 20 MB
+// to every other at once): with the ranks of a server over shared
+// memory, vlink launch's default, against --shm=false, where every pair
+// goes through the job's network (between servers, through the relay on
+// l over each server's SSH connection, as the firewall leaves no other
+// way), in interleaved rounds (see logAllToAll).
+func BenchmarkLaunchSSHAllToAll(b *testing.B) {
+	const n, bytes = 4, 20_000_000
+	j := newSSHJobLab(b, 0)
+	worker := buildWorker(b)
+	rounds := max(b.N, 3)
+	runs := map[string][]a2aRun{}
+	b.ResetTimer()
+	for i := range rounds {
+		for _, p := range [][]string{{"shm", "network"}, {"network", "shm"}}[i%2] {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			out, err := j.CommandContext(ctx, "l", vlinkBin, "launch", "-n", fmt.Sprint(n), "--ssh-servers", j.servers, "--ssh-options", j.options,
+				"--shm="+fmt.Sprint(p == "shm"), "--", worker, "a2a", fmt.Sprint(bytes)).CombinedOutput()
+			cancel()
+			if err != nil {
+				b.Fatalf("%s: %v\n%s", p, err, out)
+			}
+			r, err := parseAllToAll(string(out), n)
+			if err != nil {
+				b.Fatalf("%s: %v\n%s", p, err, out)
+			}
+			runs[p] = append(runs[p], r)
+		}
+	}
+	b.StopTimer()
+	logAllToAll(b, n, bytes, rounds, runs)
 }

@@ -53,19 +53,50 @@ func waitGone(t *testing.T, marker string) {
 	}
 }
 
-// TestLaunchAllToAll starts 8 workers that find each other by rank
-// through the job's network and exchange bytes all to all, each checked
-// by SHA-256 by its receiver.
+// TestLaunchAllToAll starts 8 workers that find each other by rank and
+// exchange bytes all to all, each checked by SHA-256 by its receiver:
+// over shared memory, all being on this machine, or with --shm=false
+// through the job's network.
 func TestLaunchAllToAll(t *testing.T) {
 	worker := buildWorker(t)
-	out, stderr, err := run(2*time.Minute, nil, vlinkBin, "launch", "-n", "8", "--", worker)
+	for _, tc := range []struct {
+		flag, paths string
+	}{
+		{"--shm=true", "shm 7, network 0"},
+		{"--shm=false", "shm 0, network 7"},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			out, stderr, err := run(2*time.Minute, nil, vlinkBin, "launch", "-n", "8", tc.flag, "--", worker)
+			if err != nil {
+				t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
+			}
+			for r := range 8 {
+				for _, line := range []string{fmt.Sprintf("[%d] rank %d: all 7 peers ok\n", r, r), fmt.Sprintf("[%d] rank %d: dialed 7 peers: %s\n", r, r, tc.paths)} {
+					if !strings.Contains(string(out), line) {
+						t.Errorf("no %q in the output:\n%s", line, out)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestLaunchCleansShm: a worker that exits without leaving its job
+// (launch.Job.Close), as one killed does, leaves no shared-memory
+// socket behind: vlink launch removes it once the worker ended.
+func TestLaunchCleansShm(t *testing.T) {
+	worker := buildWorker(t)
+	out, stderr, err := run(time.Minute, nil, vlinkBin, "launch", "-n", "3", "--", worker, "leave")
 	if err != nil {
 		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
 	}
-	for r := range 8 {
-		if line := fmt.Sprintf("[%d] rank %d: all 7 peers ok\n", r, r); !strings.Contains(string(out), line) {
-			t.Errorf("no %q in the output:\n%s", line, out)
-		}
+	m := regexp.MustCompile(`rank 0 of job ([0-9a-f]{32}) leaves`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("no job id in the output:\n%s", out)
+	}
+	left, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("vlink-shm-%d", os.Getuid()), "job-"+string(m[1])+"-*"))
+	if len(left) > 0 {
+		t.Errorf("left behind: %v", left)
 	}
 }
 
@@ -455,8 +486,12 @@ func TestLaunchCustom(t *testing.T) {
 		t.Fatalf("vlink launch: %v\n%s%s", err, out, stderr)
 	}
 	for r := range 8 {
-		if line := fmt.Sprintf("[%d] rank %d: all 7 peers ok\n", r, r); !strings.Contains(string(out), line) {
-			t.Errorf("no %q in the output:\n%s", line, out)
+		// The agents pass the job's id on: ranks of this machine find
+		// each other over shared memory.
+		for _, line := range []string{fmt.Sprintf("[%d] rank %d: all 7 peers ok\n", r, r), fmt.Sprintf("[%d] rank %d: dialed 7 peers: shm 7, network 0\n", r, r)} {
+			if !strings.Contains(string(out), line) {
+				t.Errorf("no %q in the output:\n%s", line, out)
+			}
 		}
 	}
 	got, err := os.ReadFile(record)

@@ -31,7 +31,9 @@
 // listener for port P is the unix socket shm-P.sock in a folder of the
 // user's own (mode 700), so only processes of the same user connect, and
 // a vlink listener can take shared-memory connections on its TCP port's
-// number.
+// number. Processes that agree on a name instead (the ranks of a
+// vlink launch job) listen and dial by it: Factory.ListenName and
+// DialName, a socket NAME.sock in the same folder.
 //
 // Importing the package registers the layer "shm" with package vlink,
 // on Linux (memfd, eventfd); elsewhere it registers nothing.

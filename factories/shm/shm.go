@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,15 +119,29 @@ func (f *Factory) socketPath(port int) string {
 // DialContext connects to the shared-memory listener for address, a
 // loopback host:port; ctx bounds the set-up.
 func (f *Factory) DialContext(ctx context.Context, network, address string, _ layer.ContextDialer) (net.Conn, error) {
-	opErr := func(err error) error {
-		return &net.OpError{Op: "dial", Net: "shm", Addr: Addr{address}, Err: err}
-	}
 	p, err := port(address)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, &net.OpError{Op: "dial", Net: "shm", Addr: Addr{address}, Err: err}
+	}
+	return f.dial(ctx, f.socketPath(p), Addr{address})
+}
+
+// DialName connects to the listener ListenName(name) made, as
+// DialContext does to a port's. A name no listener holds fails at once
+// (the socket file is missing, or no process listens on it).
+func (f *Factory) DialName(ctx context.Context, name string) (net.Conn, error) {
+	if err := checkName(name); err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "shm", Addr: Addr{name}, Err: err}
+	}
+	return f.dial(ctx, f.namePath(name), Addr{name})
+}
+
+func (f *Factory) dial(ctx context.Context, path string, raddr Addr) (net.Conn, error) {
+	opErr := func(err error) error {
+		return &net.OpError{Op: "dial", Net: "shm", Addr: raddr, Err: err}
 	}
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", f.socketPath(p))
+	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, opErr(err)
 	}
@@ -136,7 +151,7 @@ func (f *Factory) DialContext(ctx context.Context, network, address string, _ la
 		deadline = time.Now().Add(layer.DefaultHandshakeTimeout)
 	}
 	uc.SetDeadline(deadline)
-	sc, err := dialSetup(uc, f.size, Addr{address})
+	sc, err := dialSetup(uc, f.size, raddr)
 	if err != nil {
 		uc.Close()
 		return nil, opErr(err)
@@ -170,17 +185,79 @@ func (f *Factory) Listen(ctx context.Context, network, address string, _ layer.C
 			return nil, opErr(err)
 		}
 	}
-	ul, err := f.listenUnix(p)
+	ul, err := f.listenUnix(f.socketPath(p))
 	if err != nil {
 		if reserved >= 0 {
 			unix.Close(reserved)
 		}
 		return nil, opErr(err)
 	}
-	l := &listener{ul: ul, addr: Addr{net.JoinHostPort(host, strconv.Itoa(p))}, reserved: reserved,
+	return newListener(ul, Addr{net.JoinHostPort(host, strconv.Itoa(p))}, reserved), nil
+}
+
+// ListenName listens for shared-memory connections on a name rather
+// than a port: processes that agree on a name (the ranks of a job, by
+// its id and their rank) find each other with no port to pass around.
+// A name is 1 to 80 letters, digits, '-', '_' and '.', not starting
+// with "shm-" (the ports' names) or a dot; its socket sits in the
+// factory's folder as the ports' do.
+func (f *Factory) ListenName(name string) (net.Listener, error) {
+	opErr := func(err error) error {
+		return &net.OpError{Op: "listen", Net: "shm", Addr: Addr{name}, Err: err}
+	}
+	if err := checkName(name); err != nil {
+		return nil, opErr(err)
+	}
+	if err := f.ownDir(); err != nil {
+		return nil, opErr(err)
+	}
+	ul, err := f.listenUnix(f.namePath(name))
+	if err != nil {
+		return nil, opErr(err)
+	}
+	return newListener(ul, Addr{name}, -1), nil
+}
+
+// MaxName bounds a ListenName name, so that its socket's path fits a
+// unix address (108 bytes) under a temporary folder of usual length.
+const MaxName = 80
+
+// ErrBadName is matched by the error for a name ListenName or
+// DialName does not take.
+var ErrBadName = errors.New("shm: a listener's name is 1 to 80 letters, digits, '-', '_' and '.', not starting with \"shm-\" or '.'")
+
+func checkName(name string) error {
+	if name == "" || len(name) > MaxName || name[0] == '.' || strings.HasPrefix(name, "shm-") {
+		return fmt.Errorf("%w: %q", ErrBadName, name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("%w: %q", ErrBadName, name)
+		}
+	}
+	return nil
+}
+
+// RemoveName removes the socket of the listener on name, left behind
+// by a process that ended without closing it; connections set up go
+// on. A name with no socket is no error.
+func (f *Factory) RemoveName(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := os.Remove(f.namePath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func (f *Factory) namePath(name string) string { return filepath.Join(f.dir, name+".sock") }
+
+func newListener(ul *net.UnixListener, addr Addr, reserved int) *listener {
+	l := &listener{ul: ul, addr: addr, reserved: reserved,
 		conns: make(chan net.Conn), done: make(chan struct{}), pending: map[*net.UnixConn]struct{}{}}
 	go l.accept()
-	return l, nil
+	return l
 }
 
 // reservePort binds a TCP socket to a free port of 127.0.0.1 without
@@ -217,10 +294,9 @@ func (f *Factory) ownDir() error {
 	return nil
 }
 
-// listenUnix listens on port's socket, taking over a socket file that
-// no process listens on (its process died).
-func (f *Factory) listenUnix(port int) (*net.UnixListener, error) {
-	path := f.socketPath(port)
+// listenUnix listens on the socket at path, taking over a socket file
+// that no process listens on (its process died).
+func (f *Factory) listenUnix(path string) (*net.UnixListener, error) {
 	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if errors.Is(err, unix.EADDRINUSE) {
 		if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {

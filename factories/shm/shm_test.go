@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -219,4 +220,72 @@ func TestPortHeld(t *testing.T) {
 		t.Fatalf("the port is still held after Close: %v", err)
 	}
 	tl.Close()
+}
+
+// TestNamed: a listener found by its name carries bytes as a port's
+// does; names that could leave the folder, or pose as a port's, are
+// refused; a name no one listens on fails at once; Close removes it.
+func TestNamed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "shm")
+	f, err := New(Options{Dir: dir, RingSize: minRingSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"", ".hidden", "../up", "a/b", "shm-7000", "a b", strings.Repeat("x", MaxName+1)} {
+		if l, err := f.ListenName(name); !errors.Is(err, ErrBadName) {
+			if err == nil {
+				l.Close()
+			}
+			t.Errorf("ListenName(%q) = %v, want ErrBadName", name, err)
+		}
+		if _, err := f.DialName(context.Background(), name); !errors.Is(err, ErrBadName) {
+			t.Errorf("DialName(%q) = %v, want ErrBadName", name, err)
+		}
+	}
+	name := "job-0123abcd-rank3"
+	start := time.Now()
+	if _, err := f.DialName(context.Background(), name); !errors.Is(err, os.ErrNotExist) || time.Since(start) > time.Second {
+		t.Fatalf("dialing a name no one listens on: %v after %v, want a missing socket at once", err, time.Since(start))
+	}
+	l, err := f.ListenName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Addr().String() != name {
+		t.Errorf("Addr = %v, want %s", l.Addr(), name)
+	}
+	data := make([]byte, 3*minRingSize+5)
+	for i := range data {
+		data[i] = byte(rand.Uint32())
+	}
+	got := make(chan [32]byte, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			t.Error(err)
+			got <- [32]byte{}
+			return
+		}
+		defer c.Close()
+		b, err := io.ReadAll(c)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- sha256.Sum256(b)
+	}()
+	c, err := f.DialName(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if <-got != sha256.Sum256(data) {
+		t.Error("the bytes through a named listener differ from those sent")
+	}
+	l.Close()
+	if _, err := os.Stat(filepath.Join(dir, name+".sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket after Close: %v, want it removed", err)
+	}
 }

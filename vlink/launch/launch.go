@@ -3,7 +3,9 @@
 // and the job's relay, joins the job's vlink network under its rank's
 // node name, and reaches the other ranks by rank, whatever path the
 // network finds between them (a connection back, a spliced one, or the
-// relay).
+// relay); ranks on one host talk over shared memory (local.go), unless
+// $VLINK_SHM (vlink.EnvShm) says off; on makes Join fail where shared
+// memory does not set up.
 //
 //	job, err := launch.Join(ctx)
 //	l, err := job.Listen()              // connections from the other ranks
@@ -24,6 +26,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vlink-dev/vlink/selector"
@@ -38,6 +41,7 @@ const (
 	EnvRelay       = "VLINK_RELAY"         // the job's relay, host:port
 	EnvNode        = "VLINK_NODE"          // this worker's node name, RankName(rank)
 	EnvNodeKeyFile = "VLINK_NODE_KEY_FILE" // its node key: a file of mode 600
+	EnvJob         = "VLINK_JOB"           // the job's id, 32 hex digits: ranks of one host find each other by it
 )
 
 // MaxSize bounds a job's size.
@@ -56,8 +60,13 @@ type Job struct {
 	Rank, Size int
 
 	node *control.Node
-	l    net.Listener
+	l    *listener
 	d    *vlink.Dialer
+
+	job    string         // EnvJob
+	shm    namedTransport // to the ranks of this host; nil: none
+	shmErr error          // why not, when shm is nil
+	remote []atomic.Bool  // by rank: joined, and not on this host
 
 	barrierMu sync.Mutex // one Barrier at a time
 	gen       uint64     // the last barrier's generation
@@ -102,7 +111,37 @@ func JoinEnv(ctx context.Context, getenv func(string) string) (*Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("launch: %s: %w", EnvNodeKeyFile, err)
 	}
-	j := &Job{Rank: rank, Size: size}
+	j := &Job{Rank: rank, Size: size, job: getenv(EnvJob)}
+	var local net.Listener
+	switch {
+	case j.job == "":
+		j.shmErr = fmt.Errorf("launch: %s is not set: vlink launch sets it", EnvJob)
+	case !validJobID(j.job):
+		return nil, fmt.Errorf("launch: %s=%q: want 32 hexadecimal digits", EnvJob, j.job)
+	case getenv(vlink.EnvShm) == string(vlink.ShmOff):
+		j.shmErr = fmt.Errorf("launch: %s=off keeps this rank off shared memory", vlink.EnvShm)
+	default:
+		mode := vlink.ShmMode(getenv(vlink.EnvShm))
+		if mode != vlink.ShmDefault && mode != vlink.ShmAuto && mode != vlink.ShmOn {
+			return nil, fmt.Errorf("launch: %s=%q: want auto, on or off", vlink.EnvShm, mode)
+		}
+		// Listening before the rank registers: a rank that sees this
+		// one joined finds it on this host at once.
+		if j.shm, j.shmErr = sharedMemory(); j.shmErr == nil {
+			local, j.shmErr = j.shm.ListenName(localName(j.job, rank))
+		}
+		if j.shmErr != nil {
+			j.shm = nil
+			if mode == vlink.ShmOn {
+				return nil, fmt.Errorf("launch: %s=on, and shared memory between ranks does not set up: %w", vlink.EnvShm, j.shmErr)
+			}
+		}
+	}
+	defer func() {
+		if j.l == nil && local != nil {
+			local.Close() // Join failed
+		}
+	}()
 	cfg := control.Config{Name: name, Key: key, Relays: []string{relay}}
 	if rank == 0 {
 		// In place before rank 0 registers: the other ranks send their
@@ -131,7 +170,10 @@ func JoinEnv(ctx context.Context, getenv func(string) string) (*Job, error) {
 		node.Close()
 		return nil, err
 	}
-	j.node, j.l, j.d = node, l, &vlink.Dialer{Network: node}
+	j.node, j.l, j.d = node, newListener(l, local, rank, size), &vlink.Dialer{Network: node}
+	if j.shm != nil {
+		j.remote = make([]atomic.Bool, size)
+	}
 	return j, nil
 }
 
@@ -208,19 +250,31 @@ func (j *Job) Barrier(ctx context.Context) error {
 	}
 }
 
-// Dial connects to port on rank r. A rank that has not joined yet, or
-// joined but does not take connections yet (Join registers, then
-// exposes the rank), is waited for until ctx ends: the ranks of a job
-// start in any order. A rank refuses nothing else.
+// Dial connects to port (1 to 65535) on rank r: over shared memory
+// when r runs on this host (PathOf says "shm"), else through the job's
+// network. A rank that has not joined yet, or joined but does not take
+// connections yet (Join registers, then exposes the rank), is waited
+// for until ctx ends: the ranks of a job start in any order. A rank
+// refuses nothing else.
 func (j *Job) Dial(ctx context.Context, r, port int) (net.Conn, error) {
 	if r < 0 || r >= j.Size {
 		return nil, fmt.Errorf("launch: rank %d: the job has ranks 0 to %d", r, j.Size-1)
 	}
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("launch: port %d: want 1 to 65535", port)
+	}
 	addr := net.JoinHostPort(RankName(r)+vlink.NodeSuffix, strconv.Itoa(port))
 	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
-		c, err := j.d.DialContext(ctx, "tcp", addr)
-		if !errors.Is(err, control.ErrNoNode) && !errors.Is(err, control.ErrRefused) {
-			return c, err
+		c, network := j.tryLocal(ctx, r, port)
+		if c != nil {
+			return c, nil
+		}
+		var err error
+		if network {
+			c, err = j.d.DialContext(ctx, "tcp", addr)
+			if !errors.Is(err, control.ErrNoNode) && !errors.Is(err, control.ErrRefused) {
+				return c, err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -231,16 +285,24 @@ func (j *Job) Dial(ctx context.Context, r, port int) (net.Conn, error) {
 }
 
 // Listen returns the listener of the connections the other ranks dial
-// to this one, whatever their port: each is a *vlink.Conn whose Hello
-// names the dialing rank's node (see RankOf) and the port
-// (Hello().Target, localhost:PORT). Connections dialed before Listen
-// was called wait for it. Every call returns the same listener; closing
-// it stops the rank taking connections.
+// to this one, whatever their port, through the job's network and over
+// shared memory: RankOf says which rank dialed, PortOf which port it
+// asked for. Connections dialed before Listen was called wait for it.
+// Every call returns the same listener; closing it stops the rank
+// taking connections.
 func (j *Job) Listen() (net.Listener, error) { return j.l, nil }
+
+// SharedMemory reports whether the ranks of this host reach this one
+// over shared memory: nil if they do, else why not (not started by a
+// vlink launch that names the job, VLINK_SHM=off, or not Linux).
+func (j *Job) SharedMemory() error { return j.shmErr }
 
 // RankOf returns the rank that dialed c, a connection Listen accepted,
 // or -1.
 func RankOf(c net.Conn) int {
+	if lc, ok := c.(*localConn); ok {
+		return lc.rank
+	}
 	vc, ok := c.(*vlink.Conn)
 	if !ok || vc.Hello() == nil {
 		return -1

@@ -2,7 +2,9 @@ package launch_test
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +39,8 @@ func job(t *testing.T, size int) []map[string]string {
 	go relay.Serve(l)
 	t.Cleanup(func() { relay.Close() })
 	dir := t.TempDir()
+	id := make([]byte, 16)
+	rand.Read(id)
 	envs := make([]map[string]string, size)
 	for r := range envs {
 		kf := filepath.Join(dir, launch.RankName(r)+".key")
@@ -44,19 +48,50 @@ func job(t *testing.T, size int) []map[string]string {
 			t.Fatal(err)
 		}
 		envs[r] = map[string]string{launch.EnvRank: fmt.Sprint(r), launch.EnvSize: fmt.Sprint(size),
-			launch.EnvRelay: l.Addr().String(), launch.EnvNode: launch.RankName(r), launch.EnvNodeKeyFile: kf}
+			launch.EnvRelay: l.Addr().String(), launch.EnvNode: launch.RankName(r), launch.EnvNodeKeyFile: kf,
+			launch.EnvJob: hex.EncodeToString(id)}
 	}
 	return envs
 }
 
 func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
-// TestAllToAll: every rank of a job of 4 sends every other its own bytes
-// through the job's network; each checks what it got by SHA-256 and the
-// sender's rank.
+// TestAllToAll: every rank of a job of 4 sends every other its own bytes;
+// each checks what it got by SHA-256, the sender's rank and the port.
+// Ranks that both listen on shared memory (as on one host) talk over
+// it, the others through the job's network.
 func TestAllToAll(t *testing.T) {
-	const size, port = 4, 5000
-	envs := job(t, size)
+	for _, tc := range []struct {
+		name string
+		shm  [4]bool // which ranks take shared memory; the others have VLINK_SHM=off
+	}{
+		{"network", [4]bool{}},
+		{"shm", [4]bool{true, true, true, true}},
+		{"mixed", [4]bool{true, true, false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			envs := job(t, len(tc.shm))
+			for r, on := range tc.shm {
+				if !on {
+					envs[r][vlink.EnvShm] = "off"
+				}
+			}
+			allToAll(t, envs, func(from, to int) string {
+				if tc.shm[from] && tc.shm[to] {
+					return "shm"
+				}
+				return "network"
+			})
+		})
+	}
+}
+
+// allToAll runs an all-to-all among the ranks of envs, and checks that
+// the connection from one rank to another took path(from, to): "shm",
+// or "network" for any path through the job's network.
+func allToAll(t *testing.T, envs []map[string]string, path func(from, to int) string) {
+	const port = 5000
+	size := len(envs)
 	data := func(from, to int) []byte { return testnet.RandomBytes(64<<10+from*7+to, uint64(from*size+to)) }
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -69,6 +104,10 @@ func TestAllToAll(t *testing.T) {
 				return
 			}
 			defer j.Close()
+			if on := j.SharedMemory() == nil; on != (envs[r][vlink.EnvShm] != "off") {
+				errs <- fmt.Errorf("rank %d: SharedMemory() = %v", r, j.SharedMemory())
+				return
+			}
 			l, err := j.Listen()
 			if err != nil {
 				errs <- err
@@ -92,6 +131,8 @@ func TestAllToAll(t *testing.T) {
 							got <- err
 						case from < 0 || sha256.Sum256(b) != sha256.Sum256(data(from, r)):
 							got <- fmt.Errorf("rank %d got %d bytes from rank %d, not what it sent", r, len(b), from)
+						case launch.PortOf(c) != port:
+							got <- fmt.Errorf("rank %d: PortOf = %d, want %d", r, launch.PortOf(c), port)
 						default:
 							c.Write([]byte{'k'})
 							got <- nil
@@ -110,6 +151,14 @@ func TestAllToAll(t *testing.T) {
 						return
 					}
 					defer c.Close()
+					p := launch.PathOf(c)
+					if p != "shm" {
+						p = "network"
+					}
+					if want := path(r, to); p != want {
+						errs <- fmt.Errorf("rank %d to rank %d went by %s (PathOf %q), want %s", r, to, p, launch.PathOf(c), want)
+						return
+					}
 					c.Write(data(r, to))
 					c.(interface{ CloseWrite() error }).CloseWrite()
 					ack := make([]byte, 1)
@@ -130,6 +179,42 @@ func TestAllToAll(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLocalJoinsLate: a rank that dials another of its host before that
+// one listens, and sees it join (listen, then register) just after its
+// first try, still reaches it over shared memory.
+func TestLocalJoinsLate(t *testing.T) {
+	envs := job(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j1, err := launch.JoinEnv(ctx, getenv(envs[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j1.Close()
+	var j0 *launch.Job
+	joined := make(chan error, 1)
+	launch.OnLocalDial(j1, func(err error) {
+		if err != nil && j0 == nil {
+			// Rank 0 joins between rank 1's try here and its dial
+			// through the network.
+			j0, err = launch.JoinEnv(ctx, getenv(envs[0]))
+			joined <- err
+		}
+	})
+	c, err := j1.Dial(ctx, 0, 5000)
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	defer j0.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if launch.PathOf(c) != "shm" {
+		t.Errorf("rank 1 reached rank 0, which joined late, by %q, want shm", launch.PathOf(c))
 	}
 }
 
@@ -155,6 +240,8 @@ func TestJoinRefuses(t *testing.T) {
 		{"not a number", bad(launch.EnvSize, "two")},
 		{"another rank's name", bad(launch.EnvNode, launch.RankName(1))},
 		{"another rank's key", bad(launch.EnvNodeKeyFile, envs[1][launch.EnvNodeKeyFile])},
+		{"a job id that is not one", bad(launch.EnvJob, "../../x")},
+		{"shared memory neither on, off nor auto", bad(vlink.EnvShm, "0")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -52,10 +53,15 @@ processes hold. Each process, a worker, finds in its environment:
   VLINK_RELAY          the job's relay, HOST:PORT
   VLINK_NODE_KEY_FILE  its node key, in a file only the user reads,
                        removed when the job ends
+  VLINK_JOB            the job's id, by which its ranks on one host find
+                       each other
 
 A Go program joins with launch.Join (package vlink/launch), which dials
 rank R's port P, accepts the other ranks' connections, and waits for
-them all at a barrier. Unmodified programs use the node flags of vlink's
+them all at a barrier. Its ranks on one host talk over shared memory
+(rings in memory both processes map, as pscom within a node), the
+others through the job's network, encrypted; --shm=false (or -x
+VLINK_SHM=off) keeps every rank on the network. Unmodified programs use the node flags of vlink's
 commands with these variables: under vlink exec --node "$VLINK_NODE"
 --relay "$VLINK_RELAY" --node-key-file "$VLINK_NODE_KEY_FILE", a program
 reaches rank R's port P as rankR.vlink.alt:P, which vlink serve, given
@@ -148,6 +154,7 @@ type launchOptions struct {
 	tagHost, timestamps bool
 	listen              string
 	routeOutput         bool
+	shm                 bool
 	spawner             string
 	sshServers          string
 	hostfile            string
@@ -187,6 +194,7 @@ func launchFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.DurationVar(&o.timeLimit, "time", 0, "end the job after `DURATION`, as srun --time: its workers get SIGTERM, then SIGKILL after --grace, and vlink launch exits with status 124, as timeout(1); 0: no limit")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "when the job ends early (a worker failed, SIGINT or SIGTERM), give the other workers `DURATION` after that signal (SIGTERM when a worker failed) before SIGKILL")
 	fs.StringVar(&o.listen, "relay-listen", defaultRelayListen, "run the job's relay on `ADDR` (host:port); the custom and slurm spawners' workers must reach it (and a port beside it), and once given, the ssh spawner's workers reach it there when a server's sshd refuses TCP forwarding; under Slurm on several nodes, every address")
+	fs.BoolVar(&o.shm, "shm", true, "ranks of one host that joined with launch.Join talk over shared memory; false: through the job's network (TCP, encrypted), as between hosts")
 	fs.BoolVar(&o.routeOutput, "route-output", true, "prefix each line the workers write with their rank; false: their output passes through unchanged (the custom spawner routes it only when given this flag, or $CSPAWN_ROUTE_OUTPUT=1)")
 	fs.BoolVar(&o.guard, "guard", false, "(internal) be the guard of a launch: see runGuard")
 	fs.StringVar(&o.worker, "worker", "", "(internal) be the agent of a remote worker, talking to vlink launch at `ADDR`, or on standard input and output for -: see runWorker")
@@ -374,6 +382,11 @@ type spawner interface {
 func (o *launchOptions) run(ctx context.Context, e *base.Env, routeSet bool) error {
 	if err := o.slurmDefaults(e); err != nil {
 		return err
+	}
+	// Every worker's, remote ones too, as -x's.
+	o.export = append(o.export, launch.EnvJob+"="+newJobID())
+	if !o.shm {
+		o.export = append(o.export, vlink.EnvShm+"="+string(vlink.ShmOff))
 	}
 	switch {
 	case len(e.Args) == 0:
@@ -689,6 +702,7 @@ func (localSpawner) start(ctx context.Context, j *job) error {
 		w.setSignal(func(sig syscall.Signal) { signalWorker(cmd.Process, sig) })
 		go func() {
 			cmd.Wait() // waits for the output to be copied too
+			cleanUp(cmd.Env, r)
 			flush()
 			st := cmd.ProcessState
 			if st.Success() {
@@ -720,7 +734,7 @@ func exportEntry(v string) (string, error) {
 	switch {
 	case name == "" || strings.ContainsRune(v, 0):
 		return "", fmt.Errorf("%q: want NAME or NAME=VALUE", v)
-	case slices.Contains([]string{launch.EnvRank, launch.EnvSize, launch.EnvNode, launch.EnvRelay, launch.EnvNodeKeyFile}, name):
+	case slices.Contains([]string{launch.EnvRank, launch.EnvSize, launch.EnvNode, launch.EnvRelay, launch.EnvNodeKeyFile, launch.EnvJob}, name):
 		return "", fmt.Errorf("%s: vlink launch sets it for each worker", name)
 	case !hasValue:
 		if value, hasValue = os.LookupEnv(name); !hasValue {
@@ -728,6 +742,25 @@ func exportEntry(v string) (string, error) {
 		}
 	}
 	return name + "=" + value, nil
+}
+
+// cleanUp removes what rank r, started with env, may have left for the
+// ranks of its host to find it (launch.CleanUp), now that it ended.
+func cleanUp(env []string, r int) {
+	for _, kv := range slices.Backward(env) {
+		if id, ok := strings.CutPrefix(kv, launch.EnvJob+"="); ok {
+			launch.CleanUp(id, r)
+			return
+		}
+	}
+}
+
+// newJobID returns a job's id, as launch.Join takes it: 32 hexadecimal
+// digits, random, so no two jobs of a host share one.
+func newJobID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func workerEnv(rank, size int, relay, keyFile string) []string {

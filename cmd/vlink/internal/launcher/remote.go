@@ -984,6 +984,7 @@ func runWorker(ctx context.Context, e *base.Env, o *launchOptions) int {
 	waited := make(chan struct{})
 	go func() {
 		cmd.Wait()
+		cleanUp(a.Env, int(a.Rank))
 		close(waited)
 	}()
 	select {
