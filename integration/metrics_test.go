@@ -162,10 +162,10 @@ func TestBytesWhileTheyMove(t *testing.T) {
 		if err != nil {
 			t.Fatalf("scrape: %v", err)
 		}
-		if m := regexp.MustCompile(`(?m)^vlink_bytes_total\{direction="up",stack="zstd"\} (\S+)$`).FindSubmatch(out); m != nil {
+		if m := regexp.MustCompile(`(?m)^vlink_bytes_total\{direction="up",forward="[^"]+",stack="zstd",transport="tcp"\} (\S+)$`).FindSubmatch(out); m != nil {
 			up, _ = strconv.ParseFloat(string(m[1]), 64)
 		}
-		if m := regexp.MustCompile(`(?m)^vlink_connections_open\{stack="zstd"\} (\S+)$`).FindSubmatch(out); m != nil {
+		if m := regexp.MustCompile(`(?m)^vlink_connections_open\{forward="[^"]+",stack="zstd",transport="tcp"\} (\S+)$`).FindSubmatch(out); m != nil {
 			open = string(m[1])
 		}
 		return up, open

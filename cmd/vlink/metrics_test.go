@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/vlink"
@@ -68,24 +70,25 @@ func TestMetrics(t *testing.T) {
 	}
 
 	got := testnet.WaitMetrics(t, "serve", srvMetrics, map[string]float64{
-		`vlink_connections_total{outcome="ok",stack="zstd"}`:                      conns,
-		`vlink_connections_open{stack="zstd"}`:                                    0,
-		`vlink_bytes_total{direction="up",stack="zstd"}`:                          conns * upSize,
-		`vlink_bytes_total{direction="down",stack="zstd"}`:                        conns * downSize,
-		`vlink_refusals_total{reason="authentication_failed"}`:                    1,
-		`vlink_refusals_total{reason="plain_refused"}`:                            1,
-		`vlink_handshake_duration_seconds_count{outcome="ok"}`:                    conns,
-		`vlink_handshake_duration_seconds_count{outcome="authentication_failed"}`: 1,
-		`vlink_handshake_duration_seconds_count{outcome="plain_refused"}`:         1,
+		`vlink_connections_total{forward="127.0.0.1:0",outcome="ok",stack="zstd",transport="tcp"}`: conns,
+		`vlink_connections_open{forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:               0,
+		`vlink_bytes_total{direction="up",forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:     conns * upSize,
+		`vlink_bytes_total{direction="down",forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:   conns * downSize,
+		`vlink_refusals_total{reason="authentication_failed"}`:                                     1,
+		`vlink_refusals_total{reason="plain_refused"}`:                                             1,
+		`vlink_handshake_duration_seconds_count{outcome="ok"}`:                                     conns,
+		`vlink_handshake_duration_seconds_count{outcome="authentication_failed"}`:                  1,
+		`vlink_handshake_duration_seconds_count{outcome="plain_refused"}`:                          1,
 	})
 	if _, ok := got[`go_goroutines`]; !ok {
 		t.Errorf("serve's metrics have no Go runtime metrics")
 	}
 	testnet.WaitMetrics(t, "tunnel", tunMetrics, map[string]float64{
-		`vlink_connections_total{outcome="ok",stack="zstd+tcp"}`: conns,
-		`vlink_bytes_total{direction="up",stack="zstd+tcp"}`:     conns * upSize,
-		`vlink_bytes_total{direction="down",stack="zstd+tcp"}`:   conns * downSize,
-		`vlink_dial_duration_seconds_count{stack="zstd+tcp"}`:    conns,
+		// The same spelling of the stack as serve's.
+		`vlink_connections_total{forward="127.0.0.1:0",outcome="ok",stack="zstd",transport="tcp"}`: conns,
+		`vlink_bytes_total{direction="up",forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:     conns * upSize,
+		`vlink_bytes_total{direction="down",forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:   conns * downSize,
+		`vlink_dial_duration_seconds_count{forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:    conns,
 	})
 
 	// With serve gone, the tunnel's dials fail.
@@ -95,7 +98,7 @@ func TestMetrics(t *testing.T) {
 		c.Close()
 	}
 	testnet.WaitMetrics(t, "tunnel", tunMetrics, map[string]float64{
-		`vlink_connections_total{outcome="unreachable",stack="zstd+tcp"}`: 1,
+		`vlink_connections_total{forward="127.0.0.1:0",outcome="unreachable",stack="zstd",transport="none"}`: 1,
 	})
 	// The metrics listener goes with its command.
 	tun.stop(t)
@@ -152,4 +155,63 @@ func TestMetricsHealthAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	testnet.WaitMetrics(t, "tunnel", url, map[string]float64{"vlink_config_last_reload_successful": 1})
+}
+
+// TestMetricsLabels: two forwards of one tunnel on the same stack, one
+// over TCP and one over shared memory, into one serve: each side counts
+// them apart by forward and by the transport they took, and spells the
+// stack the same way.
+func TestMetricsLabels(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory is Linux's")
+	}
+	be := newBackend(t)
+	key := writeKey(t)
+	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--shm", "--target", be.addr(), "--key-file", key, "--metrics", "127.0.0.1:0")
+	srvMetrics := srv.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
+	gw := srv.addr(t)
+	ports := [2]string{}
+	file := filepath.Join(t.TempDir(), "forwards.toml")
+	var text strings.Builder
+	// A tcp factory with a parameter keeps to TCP (a bare one would take
+	// the shared memory serve offers).
+	for i, stack := range []string{"zstd+tcp:nodelay=true", "zstd+shm"} {
+		ports[i] = fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+		fmt.Fprintf(&text, "[[forward]]\nlisten = %q\nto = %q\nstack = %q\nkey-file = %q\nknown-nodes = \"none\"\n", ports[i], gw, stack, key)
+	}
+	if err := os.WriteFile(file, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tun := start(t, "tunnel", "--forwards", file, "--metrics", "127.0.0.1:0")
+	tunMetrics := tun.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
+	tun.stderr.waitFor(t, `msg="running forwards"()`)
+	const size = 100<<10 + 9
+	data := testnet.RandomBytes(size, 3)
+	for _, addr := range ports {
+		be.handlers <- func(c net.Conn) {
+			if n, err := io.Copy(io.Discard, c); err != nil || n != size {
+				t.Errorf("backend: %d bytes, %v", n, err)
+			}
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write(data)
+		netconn.CloseWrite(c)
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+	want := map[string]float64{}
+	for i, transport := range []string{"tcp", "shm"} {
+		want[fmt.Sprintf(`vlink_connections_total{forward=%q,outcome="ok",stack="zstd",transport=%q}`, ports[i], transport)] = 1
+		want[fmt.Sprintf(`vlink_bytes_total{direction="up",forward=%q,stack="zstd",transport=%q}`, ports[i], transport)] = size
+	}
+	testnet.WaitMetrics(t, "tunnel", tunMetrics, want)
+	testnet.WaitMetrics(t, "serve", srvMetrics, map[string]float64{
+		`vlink_connections_total{forward="127.0.0.1:0",outcome="ok",stack="zstd",transport="tcp"}`: 1,
+		`vlink_connections_total{forward="127.0.0.1:0",outcome="ok",stack="zstd",transport="shm"}`: 1,
+		`vlink_bytes_total{direction="up",forward="127.0.0.1:0",stack="zstd",transport="shm"}`:     size,
+	})
 }

@@ -264,7 +264,8 @@ func (o *socksOptions) run(ctx context.Context, e *base.Env) error {
 }
 
 // stackLabel is the metrics' label of the connections: the stack's
-// layers, or "config" when the configuration decides per destination.
+// (metrics.StackLabel), or "config" when the configuration decides per
+// destination.
 func (o *socksOptions) stackLabel() string {
 	if s, err := vlink.Parse(o.stack); err == nil && o.stack != "" {
 		return metrics.StackLabel(s)
@@ -304,7 +305,7 @@ func (o *socksOptions) handle(e *base.Env, t *forward.Tracker, srv *socks.Server
 	<-sem
 	t.Remove(c)
 	attrs := []any{"remote", c.RemoteAddr().String(), "socks", req.Version.String(), "dest", req.Dest}
-	stack := o.label
+	labels := metrics.Labels{Forward: o.listen, Stack: o.label}
 	if err != nil {
 		c.Close()
 		switch {
@@ -316,7 +317,7 @@ func (o *socksOptions) handle(e *base.Env, t *forward.Tracker, srv *socks.Server
 			t.Metrics.HandshakeFailed("socks_bad_request", time.Since(start))
 			e.Log.Info("client refused", append(attrs, "err", err)...)
 		default:
-			t.Metrics.Dialed(stack, 0, err)
+			t.Metrics.Dialed(labels, 0, err)
 			e.Log.Info("cannot reach destination", append(attrs, "err", err)...)
 		}
 		return
@@ -340,5 +341,6 @@ func (o *socksOptions) handle(e *base.Env, t *forward.Tracker, srv *socks.Server
 		attrs = append(attrs, "way", way)
 	}
 	e.Log.Debug("connection", attrs...)
-	t.Relay(e.Log, stack, c, out, attrs...)
+	labels.Transport = metrics.Transport(out)
+	t.Relay(e.Log, labels, c, out, attrs...)
 }

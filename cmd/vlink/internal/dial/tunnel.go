@@ -210,7 +210,7 @@ func (o *dialOptions) dialer() (*vlink.Dialer, error) {
 type tunnelForward struct {
 	o     *tunnelOptions
 	d     *vlink.Dialer
-	label string // the metrics' name for the stack
+	label string // the metrics' name for the stack: metrics.StackLabel, or config
 }
 
 func (o *tunnelOptions) prepare(e *base.Env) (forward.Forward, error) {
@@ -286,7 +286,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			}
 			closeAll()
 		}
-		return l, func(c net.Conn) { o.handleUDP(e, t, d, f.label, c) }, release, nil
+		return l, func(c net.Conn) { o.handleUDP(e, t, d, metrics.Labels{Forward: f.ListenAddr(), Stack: f.label}, c) }, release, nil
 	}
 	l, err := listenOn(ctx, o.listenStack, o.listen)
 	if err != nil {
@@ -301,7 +301,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 		}
 	}
 	e.Log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
-	return l, func(c net.Conn) { o.handle(e, t, d, f.label, c) }, closeAll, nil
+	return l, func(c net.Conn) { o.handle(e, t, d, metrics.Labels{Forward: f.ListenAddr(), Stack: f.label}, c) }, closeAll, nil
 }
 
 // open builds the Dialer the flags describe, with the pin check and,
@@ -328,16 +328,19 @@ func (o *dialOptions) open(ctx context.Context, e *base.Env) (*vlink.Dialer, fun
 	}, nil
 }
 
-// handle carries one local connection to --to through d, whose stack
-// the metrics call stack.
-func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer, stack string, c net.Conn) {
+// handle carries one local connection to --to through d, counted in the
+// metrics under labels, with the transport the dial took.
+func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer, labels metrics.Labels, c net.Conn) {
 	// listen names the forward (its own, bounded: from the command line
 	// or the forwards file).
 	attrs := []any{"remote", c.RemoteAddr().String(), "listen", c.LocalAddr().String(), "to", o.to}
 	e.Log.Debug("connection", attrs...)
 	start := time.Now()
 	rc, err := d.DialContext(t.Ctx, "tcp", o.to)
-	t.Metrics.Dialed(stack, time.Since(start), err)
+	if err == nil {
+		labels.Transport = metrics.Transport(rc)
+	}
+	t.Metrics.Dialed(labels, time.Since(start), err)
 	if err != nil {
 		// A reset: the client must not read a clean, empty stream.
 		netconn.Abort(c)
@@ -350,7 +353,7 @@ func (o *tunnelOptions) handle(e *base.Env, t *forward.Tracker, d *vlink.Dialer,
 		attrs = append(attrs, "way", way)
 		e.Log.Debug("connected", attrs...)
 	}
-	t.Relay(e.Log, stack, c, rc, attrs...)
+	t.Relay(e.Log, labels, c, rc, attrs...)
 }
 
 // isNode reports whether address names a node of a vlink network, which
@@ -375,12 +378,15 @@ func (o *tunnelOptions) listenUDP(ctx context.Context) (*dgram.Listener, error) 
 }
 
 // handleUDP carries one client's datagrams to --to through d.
-func (o *tunnelOptions) handleUDP(e *base.Env, t *forward.Tracker, d *vlink.Dialer, stack string, c net.Conn) {
+func (o *tunnelOptions) handleUDP(e *base.Env, t *forward.Tracker, d *vlink.Dialer, labels metrics.Labels, c net.Conn) {
 	attrs := []any{"remote", c.RemoteAddr().String(), "to", o.to, "udp", true}
 	e.Log.Debug("datagram session", attrs...)
 	start := time.Now()
 	rc, err := d.DialContext(t.Ctx, "udp", o.to)
-	t.Metrics.Dialed(stack, time.Since(start), err)
+	if err == nil {
+		labels.Transport = metrics.Transport(rc)
+	}
+	t.Metrics.Dialed(labels, time.Since(start), err)
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
 			e.Log.Info("cannot reach destination", append(attrs, "err", err)...)
@@ -394,7 +400,7 @@ func (o *tunnelOptions) handleUDP(e *base.Env, t *forward.Tracker, d *vlink.Dial
 		c.Close()
 		return
 	}
-	t.RelayDatagrams(e.Log, o.udpIdleTimeout, stack, c, rc, attrs...)
+	t.RelayDatagrams(e.Log, o.udpIdleTimeout, labels, c, rc, attrs...)
 }
 
 // listenOn listens on addr, on this host or, given a stack, through its

@@ -34,12 +34,12 @@ type Tracker struct {
 	live     map[*liveRelay]struct{} // the relays in progress
 	total    totals
 	// ended is the application bytes of the relays that ended, by
-	// stack, up and down: with the live ones', the metrics' bytes.
-	ended map[string]*[2]uint64
+	// their labels, up and down: with the live ones', the metrics' bytes.
+	ended map[metrics.Labels]*[2]uint64
 }
 
 func NewTracker(m *metrics.Metrics) *Tracker {
-	t := &Tracker{conns: map[net.Conn]struct{}{}, Metrics: m, ended: map[string]*[2]uint64{}}
+	t := &Tracker{conns: map[net.Conn]struct{}{}, Metrics: m, ended: map[metrics.Labels]*[2]uint64{}}
 	t.Ctx, t.cancel = context.WithCancel(context.Background())
 	m.AddBytes(t.bytes)
 	return t
@@ -47,15 +47,15 @@ func NewTracker(m *metrics.Metrics) *Tracker {
 
 // bytes is the tracker's metrics.ByteSource: the ended relays' bytes,
 // and the kernel's counts of those in progress, sampled now.
-func (t *Tracker) bytes(yield func(stack string, up, down uint64)) {
+func (t *Tracker) bytes(yield func(l metrics.Labels, up, down uint64)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for stack, v := range t.ended {
-		yield(stack, v[0], v[1])
+	for l, v := range t.ended {
+		yield(l, v[0], v[1])
 	}
 	for r := range t.live {
 		r.sample()
-		yield(r.stack, r.seenUp, r.seenDown)
+		yield(r.labels, r.seenUp, r.seenDown)
 	}
 }
 
@@ -195,22 +195,21 @@ func (t *Tracker) active() int {
 	return len(t.live)
 }
 
-// Relay joins the client's connection a and the target's b, carried
-// through stack (the metrics' label), until both directions end, and
-// logs the outcome: at debug when all went well, at info when the Relay
-// failed.
-func (t *Tracker) Relay(log *slog.Logger, stack string, a, b net.Conn, attrs ...any) {
-	t.RelayIdle(log, 0, stack, a, b, attrs...)
+// Relay joins the client's connection a and the target's b, counted
+// in the metrics under l, until both directions end, and logs the
+// outcome: at debug when all went well, at info when the Relay failed.
+func (t *Tracker) Relay(log *slog.Logger, l metrics.Labels, a, b net.Conn, attrs ...any) {
+	t.RelayIdle(log, 0, l, a, b, attrs...)
 }
 
 // RelayIdle is relay resetting both connections once a's carried no byte
 // for idle (0: never).
-func (t *Tracker) RelayIdle(log *slog.Logger, idle time.Duration, stack string, a, b net.Conn, attrs ...any) {
+func (t *Tracker) RelayIdle(log *slog.Logger, idle time.Duration, l metrics.Labels, a, b net.Conn, attrs ...any) {
 	if !t.Add(a, b) {
 		return
 	}
-	t.Metrics.RelayStarted(stack)
-	live := newLiveRelay(stack, a, b, attrs)
+	t.Metrics.RelayStarted(l)
+	live := newLiveRelay(l, a, b, attrs)
 	t.liveStart(live)
 	start := time.Now()
 	w := netconn.WatchIdle(idle, a, a, b)
@@ -225,16 +224,16 @@ func (t *Tracker) RelayIdle(log *slog.Logger, idle time.Duration, stack string, 
 	t.liveEnd(live, up, down, cut || idled || err != nil)
 	switch {
 	case cut:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeCut)
+		t.Metrics.RelayEnded(l, metrics.OutcomeCut)
 		log.Debug("connection cut at shutdown", attrs...)
 	case idled:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle)
+		t.Metrics.RelayEnded(l, metrics.OutcomeIdle)
 		log.Info("connection reset: idle", append(attrs, "idle_timeout", idle)...)
 	case err != nil:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed)
+		t.Metrics.RelayEnded(l, metrics.OutcomeFailed)
 		log.Info("connection failed", append(attrs, "err", err)...)
 	default:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeOK)
+		t.Metrics.RelayEnded(l, metrics.OutcomeOK)
 		log.Debug("connection closed", attrs...)
 	}
 }
@@ -244,14 +243,14 @@ func (t *Tracker) RelayIdle(log *slog.Logger, idle time.Duration, stack string, 
 // datagram crossed either way for idle (0: never), then closes both and
 // logs the outcome as Relay does. A failure resets both, so a stream
 // below either end reports it.
-func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, stack string, a, b net.Conn, attrs ...any) {
+func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, l metrics.Labels, a, b net.Conn, attrs ...any) {
 	if !t.Add(a, b) {
 		return
 	}
-	t.Metrics.RelayStarted(stack)
+	t.Metrics.RelayStarted(l)
 	// In --stats as a relay in progress; its bytes count when it ends
 	// (no socket of its own counts them as they cross).
-	live := newLiveRelay(stack, a, b, attrs)
+	live := newLiveRelay(l, a, b, attrs)
 	live.app, live.wire = nil, nil
 	t.liveStart(live)
 	start := time.Now()
@@ -277,17 +276,17 @@ func (t *Tracker) RelayDatagrams(log *slog.Logger, idle time.Duration, stack str
 	}
 	switch {
 	case cut:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeCut)
+		t.Metrics.RelayEnded(l, metrics.OutcomeCut)
 		log.Debug("datagram session cut at shutdown", attrs...)
 	case idled:
 		// A NAT's mapping ends so: nothing went wrong.
-		t.Metrics.RelayEnded(stack, metrics.OutcomeIdle)
+		t.Metrics.RelayEnded(l, metrics.OutcomeIdle)
 		log.Debug("datagram session ended: idle", append(attrs, "idle_timeout", idle)...)
 	case err != nil:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeFailed)
+		t.Metrics.RelayEnded(l, metrics.OutcomeFailed)
 		log.Info("datagram session failed", append(attrs, "err", err)...)
 	default:
-		t.Metrics.RelayEnded(stack, metrics.OutcomeOK)
+		t.Metrics.RelayEnded(l, metrics.OutcomeOK)
 		log.Debug("datagram session closed", attrs...)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
 )
 
 // TestRunWaitedThenRefused: a handler started with Run, on a goroutine
@@ -72,7 +74,7 @@ func TestLiveSampleNoMoreThanRelayed(t *testing.T) {
 	}
 	defer d.Close()
 	client, _ := net.Pipe()
-	r := newLiveRelay("zstd", client, d, nil)
+	r := newLiveRelay(metrics.Labels{Forward: "127.0.0.1:7000", Stack: "zstd", Transport: "tcp"}, client, d, nil)
 	d.Write(make([]byte, n))
 	d.(*net.TCPConn).CloseWrite()
 	if k := <-got; k != n {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
+	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
 	"github.com/vlink-dev/vlink/netconn"
 )
 
@@ -25,9 +26,9 @@ func StatsVar(fs *flag.FlagSet, p *time.Duration) {
 // and of the one that carries the wire's, read without touching the data
 // path, so a relay that splices keeps splicing.
 type liveRelay struct {
-	stack string
-	start time.Time
-	attrs []any
+	labels metrics.Labels
+	start  time.Time
+	attrs  []any
 	// app and wire are the sockets counting the application's bytes and
 	// the wire's; nil when a side has no TCP socket of its own (a mux
 	// stream). appIsA: the application's side is the relay's a (the
@@ -67,8 +68,8 @@ func (r *liveRelay) sample() {
 // newLiveRelay finds the sockets of relay a <-> b: the side that is a
 // TCP connection itself carries the application's bytes, the socket
 // below the other side the wire's.
-func newLiveRelay(stack string, a, b net.Conn, attrs []any) *liveRelay {
-	r := &liveRelay{stack: stack, start: time.Now(), attrs: attrs}
+func newLiveRelay(l metrics.Labels, a, b net.Conn, attrs []any) *liveRelay {
+	r := &liveRelay{labels: l, start: time.Now(), attrs: attrs}
 	if ta, ok := a.(*net.TCPConn); ok {
 		r.app, r.appIsA, r.wire = ta, true, netconn.TCPBelow(b)
 	} else if tb, ok := b.(*net.TCPConn); ok {
@@ -112,10 +113,10 @@ func (t *Tracker) liveEnd(r *liveRelay, up, down int64, failed bool) {
 	t.total.down += uint64(down)
 	// What a scrape saw of it must not shrink: the kernel's counts and
 	// the relay's own may differ by what the other side never took.
-	e := t.ended[r.stack]
+	e := t.ended[r.labels]
 	if e == nil {
 		e = new([2]uint64)
-		t.ended[r.stack] = e
+		t.ended[r.labels] = e
 	}
 	e[0] += max(uint64(up), r.seenUp)
 	e[1] += max(uint64(down), r.seenDown)
@@ -228,8 +229,9 @@ func reportStats(ctx context.Context, log *slog.Logger, interval time.Duration, 
 			for _, r := range open {
 				attrs := append([]any{}, r.attrs...)
 				if !slices.Contains(attrs, any("stack")) { // serve's name it already
-					attrs = append(attrs, "stack", r.stack)
+					attrs = append(attrs, "stack", r.labels.Stack)
 				}
+				attrs = append(attrs, "forward", r.labels.Forward, "transport", r.labels.Transport)
 				log.Info("open connection", append(attrs, "age", time.Since(r.start).Round(time.Second),
 					"bytes_up", r.seenUp, "bytes_down", r.seenDown)...)
 			}

@@ -25,41 +25,83 @@ import (
 
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // maxStackLabels bounds the values of the stack label: a listener
 // mirrors what its dialers ask for, and the combinations of layers must
 // not grow the metrics without bound. Stacks past it count as "other".
-const maxStackLabels = 32
+// maxForwardLabels bounds the forward label's the same way: forwards come
+// and go with reloads of the --forwards file.
+const (
+	maxStackLabels   = 32
+	maxForwardLabels = 256
+)
+
+// Labels name the connections of a relay: its forward (the listener's
+// address as the command line or the --forwards file writes it), its
+// stack (StackLabel), and the transport it took (Transport). Every
+// value comes from the configuration or a bounded set, never from the
+// network.
+type Labels struct {
+	Forward, Stack, Transport string
+}
+
+// relayLabels are the label names of a relay's series, in order.
+var relayLabels = []string{"forward", "stack", "transport"}
+
+// values returns l's label values, bounded.
+func (m *Metrics) values(l Labels, more ...string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := l.Transport
+	if t == "" {
+		t = TransportNone
+	}
+	return append([]string{bound(m.forwards, maxForwardLabels, l.Forward), bound(m.stacks, maxStackLabels, l.Stack), t}, more...)
+}
+
+// bound gives value out until seen holds max values, then "other".
+func bound(seen map[string]bool, max int, value string) string {
+	if seen[value] {
+		return value
+	}
+	if len(seen) >= max {
+		return "other"
+	}
+	seen[value] = true
+	return value
+}
 
 // A Metrics is what --Metrics serves: Prometheus Metrics of the
 // connections a command carries. A nil *Metrics counts nothing, so the
 // commands call it whether or not --Metrics was given.
 type Metrics struct {
 	Reg       *prometheus.Registry
-	open      *prometheus.GaugeVec     // stack
-	conns     *prometheus.CounterVec   // stack, outcome
+	open      *prometheus.GaugeVec     // relayLabels
+	conns     *prometheus.CounterVec   // relayLabels, outcome
 	refusals  *prometheus.CounterVec   // reason
 	handshake *prometheus.HistogramVec // outcome: ok, or the refusal's reason
-	dial      *prometheus.HistogramVec // stack
+	dial      *prometheus.HistogramVec // relayLabels
 	connects  *prometheus.CounterVec   // outcome: vlink exec's agent
 	reloadOK  prometheus.Gauge         // --forwards: the last reading of the file
 	reloadAt  prometheus.Gauge
 
-	mu      sync.Mutex
-	stacks  map[string]bool // the stack labels given out
-	reloads bool            // the reload metrics are registered
+	mu       sync.Mutex
+	stacks   map[string]bool // the stack labels given out
+	forwards map[string]bool // the forward labels given out
+	reloads  bool            // the reload metrics are registered
 
 	srcMu   sync.Mutex
 	sources []ByteSource // vlink_bytes_total's
 }
 
 // A ByteSource reports, each time it is called, the application bytes
-// its relays carried so far, by stack, up and down: those that ended
-// and, as far as the kernel has counted them, those in progress. Each
-// figure only ever grows, so that vlink_bytes_total, their sum, is a
-// counter.
-type ByteSource func(yield func(stack string, up, down uint64))
+// its relays carried so far, by their labels, up and down: those that
+// ended and, as far as the kernel has counted them, those in progress.
+// Each figure only ever grows, so that vlink_bytes_total, their sum, is
+// a counter.
+type ByteSource func(yield func(l Labels, up, down uint64))
 
 // AddBytes counts src's bytes in vlink_bytes_total, for the rest of the
 // process: a source's bytes stay counted after its relays are gone.
@@ -73,10 +115,10 @@ func (m *Metrics) AddBytes(src ByteSource) {
 }
 
 var bytesDesc = prometheus.NewDesc("vlink_bytes_total",
-	"Application bytes relayed, by stack and direction (up: from the client toward the destination, down: back): "+
+	"Application bytes relayed, by forward, stack, transport and direction (up: from the client toward the destination, down: back): "+
 		"as they cross, read from the kernel's counts at each scrape, for a relay whose client or target is a TCP socket of its own; "+
 		"as each connection ends for the rest (datagram sessions).",
-	[]string{"stack", "direction"}, nil)
+	append(relayLabels[:len(relayLabels):len(relayLabels)], "direction"), nil)
 
 // bytesCollector sums the ByteSources at each scrape.
 type bytesCollector struct{ m *Metrics }
@@ -87,20 +129,20 @@ func (c bytesCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.srcMu.Lock()
 	sources := c.m.sources
 	c.m.srcMu.Unlock()
-	sums := map[string]*[2]uint64{}
+	sums := map[[3]string]*[2]uint64{}
 	for _, src := range sources {
-		src(func(stack string, up, down uint64) {
-			l := c.m.label(stack)
-			if sums[l] == nil {
-				sums[l] = new([2]uint64)
+		src(func(l Labels, up, down uint64) {
+			k := [3]string(c.m.values(l))
+			if sums[k] == nil {
+				sums[k] = new([2]uint64)
 			}
-			sums[l][0] += up
-			sums[l][1] += down
+			sums[k][0] += up
+			sums[k][1] += down
 		})
 	}
-	for stack, v := range sums {
-		ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(v[0]), stack, "up")
-		ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(v[1]), stack, "down")
+	for k, v := range sums {
+		ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(v[0]), append(k[:], "up")...)
+		ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(v[1]), append(k[:], "down")...)
 	}
 }
 
@@ -115,16 +157,17 @@ const (
 
 func newMetrics() *Metrics {
 	m := &Metrics{
-		Reg:    prometheus.NewRegistry(),
-		stacks: map[string]bool{},
+		Reg:      prometheus.NewRegistry(),
+		stacks:   map[string]bool{},
+		forwards: map[string]bool{},
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vlink_connections_open",
-			Help: "Connections being relayed, by stack.",
-		}, []string{"stack"}),
+			Help: "Connections being relayed, by forward, stack and transport.",
+		}, relayLabels),
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vlink_connections_total",
-			Help: "Connections relayed or attempted, by stack and outcome (ok, failed, idle, cut, unreachable).",
-		}, []string{"stack", "outcome"}),
+			Help: "Connections relayed or attempted, by forward, stack, transport (none for a destination not reached) and outcome (ok, failed, idle, cut, unreachable).",
+		}, append(relayLabels[:len(relayLabels):len(relayLabels)], "outcome")),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vlink_refusals_total",
 			Help: "Accepted connections refused, or whose handshake (VLink or SOCKS) failed, by reason.",
@@ -136,9 +179,9 @@ func newMetrics() *Metrics {
 		}, []string{"outcome"}),
 		dial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vlink_dial_duration_seconds",
-			Help:    "Time to reach a destination through a stack, handshakes included, of the dials that succeeded.",
+			Help:    "Time to reach a destination through a stack, handshakes included, of the dials that succeeded, by forward, stack and transport.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
-		}, []string{"stack"}),
+		}, relayLabels),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vlink_exec_connects_total",
 			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted.",
@@ -162,7 +205,7 @@ func newMetrics() *Metrics {
 
 // FlagVar defines --metrics.
 func FlagVar(fs *flag.FlagSet, p *string) {
-	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done by stack and outcome, bytes as they cross, refusals by reason, handshake and dial latency, vlink exec's connects by outcome, the build and the last --forwards reload, and the layers' own figures: compression bytes each way, the adaptive layer's settings, mux and parallel sessions and streams; and /healthz for probes (default: none)")
+	fs.StringVar(p, "metrics", "", "serve Prometheus metrics on http://`ADDR`/metrics (host:port, e.g. 127.0.0.1:9464): connections open and done and bytes as they cross, by forward (the listener), stack and transport (tcp, shm, quic...), refusals by reason, handshake and dial latency, vlink exec's connects by outcome, the build and the last --forwards reload, and the layers' own figures: compression bytes each way, the adaptive layer's settings, mux and parallel sessions and streams; and /healthz for probes (default: none)")
 }
 
 // Serve serves m on addr until the returned stop is called; with
@@ -191,37 +234,67 @@ func Serve(ctx context.Context, e *base.Env, addr string) (*Metrics, func(), err
 	return m, func() { srv.Close() }, nil
 }
 
-// label bounds the stack label's values: the first maxStackLabels stacks
-// keep their text, the rest are "other".
-func (m *Metrics) label(stack string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.stacks[stack] {
-		return stack
-	}
-	if len(m.stacks) >= maxStackLabels {
-		return "other"
-	}
-	m.stacks[stack] = true
-	return stack
-}
-
-// StackLabel names a stack by its layers, without their parameters:
-// zstd:level=3+tcp is zstd+tcp.
+// StackLabel names a stack as its hello does, by the layers both ends
+// run, without their parameters or the factory below them:
+// zstd:level=3+tcp is zstd, on the tunnel's side as on serve's; plain
+// when there are none.
 func StackLabel(s vlink.Stack) string {
-	names := make([]string, len(s.Layers))
-	for i, l := range s.Layers {
-		names[i] = l.Name
+	var names []string
+	for _, l := range s.Layers {
+		if spec, ok := layer.Lookup(l.Name); ok && !spec.Kind.Mirrored() {
+			break // a route layer or a factory: the rest is below the ends
+		}
+		names = append(names, l.Name)
+	}
+	if len(names) == 0 {
+		return "plain"
 	}
 	return strings.Join(names, "+")
 }
 
-// RelayStarted counts a connection being relayed through stack.
-func (m *Metrics) RelayStarted(stack string) {
+// Transports (the transport label): what a connection's bytes took
+// below its stack.
+const (
+	TransportTCP  = "tcp"
+	TransportShm  = "shm"  // shared memory with a process of this machine
+	TransportQUIC = "quic" // a stream of a QUIC connection
+	TransportUDP  = "udp"  // a UDP socket: datagrams as they came
+	TransportNode = "node" // a connection to a node of a vlink network, by whatever path it found
+	TransportUnix = "unix"
+	// TransportNone: no connection was made (a dial that failed).
+	TransportNone = "none"
+)
+
+// Transport names what c runs over, from its local address: the
+// network of the connection at the bottom of its layers.
+func Transport(c net.Conn) string {
+	if c == nil || c.LocalAddr() == nil {
+		return "other"
+	}
+	switch n := c.LocalAddr().Network(); n {
+	case "tcp", "tcp4", "tcp6":
+		return TransportTCP
+	case "shm":
+		return TransportShm
+	case "udp", "udp4", "udp6":
+		if _, ok := c.(*net.UDPConn); ok {
+			return TransportUDP
+		}
+		return TransportQUIC // a stream over UDP
+	case "vlink":
+		return TransportNode
+	case "unix":
+		return TransportUnix
+	}
+	return "other"
+}
+
+// RelayStarted counts a connection being relayed.
+func (m *Metrics) RelayStarted(l Labels) {
 	if m == nil {
 		return
 	}
-	m.open.WithLabelValues(m.label(stack)).Inc()
+	m.open.WithLabelValues(m.values(l)...).Inc()
 }
 
 // Reloaded records a reading of the --forwards file: applied whole (ok),
@@ -267,24 +340,26 @@ func buildInfo() prometheus.Collector {
 }
 
 // RelayEnded counts a relay's end; its bytes are its ByteSource's.
-func (m *Metrics) RelayEnded(stack, outcome string) {
+func (m *Metrics) RelayEnded(l Labels, outcome string) {
 	if m == nil {
 		return
 	}
-	stack = m.label(stack)
-	m.open.WithLabelValues(stack).Dec()
-	m.conns.WithLabelValues(stack, outcome).Inc()
+	v := m.values(l)
+	m.open.WithLabelValues(v...).Dec()
+	m.conns.WithLabelValues(append(v, outcome)...).Inc()
 }
 
-// Dialed counts a dial through stack that took took and failed with err
-// (nil: succeeded). A dial cancelled by shutdown counts as nothing.
-func (m *Metrics) Dialed(stack string, took time.Duration, err error) {
+// Dialed counts a dial that took took and failed with err (nil:
+// succeeded, over l.Transport). A dial cancelled by shutdown counts as
+// nothing.
+func (m *Metrics) Dialed(l Labels, took time.Duration, err error) {
 	switch {
 	case m == nil || errors.Is(err, context.Canceled):
 	case err != nil:
-		m.conns.WithLabelValues(m.label(stack), outcomeUnreachable).Inc()
+		l.Transport = TransportNone
+		m.conns.WithLabelValues(append(m.values(l), outcomeUnreachable)...).Inc()
 	default:
-		m.dial.WithLabelValues(m.label(stack)).Observe(took.Seconds())
+		m.dial.WithLabelValues(m.values(l)...).Observe(took.Seconds())
 	}
 }
 

@@ -1,22 +1,108 @@
 package metrics
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/vlink-dev/vlink/vlink"
+	_ "github.com/vlink-dev/vlink/vlink/layers"
 )
 
-func TestMetricsStackLabelBounded(t *testing.T) {
+// TestMetricsLabelsBounded: past their bounds, stacks and forwards
+// count as other; a value seen before keeps its label; a relay's
+// labels are its forward's, its stack's and its transport's.
+func TestMetricsLabelsBounded(t *testing.T) {
 	m := newMetrics()
 	for i := range maxStackLabels + 5 {
-		m.RelayStarted(fmt.Sprintf("s%d", i))
+		m.RelayStarted(Labels{Forward: "f", Stack: fmt.Sprintf("s%d", i), Transport: TransportTCP})
 	}
-	m.RelayStarted("s0")
-	if got := testutil.ToFloat64(m.open.WithLabelValues("other")); got != 5 {
+	m.RelayStarted(Labels{Forward: "f", Stack: "s0", Transport: TransportTCP})
+	if got := testutil.ToFloat64(m.open.WithLabelValues("f", "other", "tcp")); got != 5 {
 		t.Errorf("stacks past the first %d: %v connections labelled other, want 5", maxStackLabels, got)
 	}
-	if got := testutil.ToFloat64(m.open.WithLabelValues("s0")); got != 2 {
+	if got := testutil.ToFloat64(m.open.WithLabelValues("f", "s0", "tcp")); got != 2 {
 		t.Errorf("a stack seen before keeps its label: %v connections labelled s0, want 2", got)
+	}
+	for i := range maxForwardLabels + 3 {
+		m.RelayStarted(Labels{Forward: fmt.Sprintf("127.0.0.1:%d", 7000+i), Stack: "s0", Transport: TransportShm})
+	}
+	if got := testutil.ToFloat64(m.open.WithLabelValues("other", "s0", "shm")); got != 4 {
+		t.Errorf("forwards past the first %d (one given already): %v connections labelled other, want 4", maxForwardLabels, got)
+	}
+	m.Dialed(Labels{Forward: "f", Stack: "s0", Transport: TransportTCP}, 0, errors.New("refused"))
+	if got := testutil.ToFloat64(m.conns.WithLabelValues("f", "s0", "none", outcomeUnreachable)); got != 1 {
+		t.Errorf("a failed dial: %v counted with transport none, want 1", got)
+	}
+}
+
+func TestStackLabel(t *testing.T) {
+	for _, tc := range []struct{ stack, want string }{
+		{"zstd:level=3+tcp", "zstd"},
+		{"zstd", "zstd"},
+		{"noise+mux+quic", "noise+mux"},
+		{"lz4+shm", "lz4"},
+		{"tcp", "plain"},
+		{"tcp:nodelay=false", "plain"},
+		{"zstd+fwd:via=127.0.0.1:7000+tcp", "zstd"},
+	} {
+		t.Run(tc.stack, func(t *testing.T) {
+			if got := StackLabel(vlink.MustParse(tc.stack)); got != tc.want {
+				t.Errorf("StackLabel(%s) = %q, want %q", tc.stack, got, tc.want)
+			}
+		})
+	}
+}
+
+// addrConn is a connection whose local address is on network.
+type addrConn struct {
+	net.Conn
+	network string
+}
+
+func (c addrConn) LocalAddr() net.Addr { return addr(c.network) }
+
+type addr string
+
+func (a addr) Network() string { return string(a) }
+func (a addr) String() string  { return "x" }
+
+func TestTransport(t *testing.T) {
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	tc, err := net.Dial("tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	for _, tc := range []struct {
+		name string
+		c    net.Conn
+		want string
+	}{
+		{"a TCP connection", tc, TransportTCP},
+		{"a UDP socket", uc, TransportUDP},
+		{"a stream over UDP", addrConn{network: "udp"}, TransportQUIC},
+		{"shared memory", addrConn{network: "shm"}, TransportShm},
+		{"a node", addrConn{network: "vlink"}, TransportNode},
+		{"a unix socket", addrConn{network: "unix"}, TransportUnix},
+		{"anything else", addrConn{network: "pipe"}, "other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Transport(tc.c); got != tc.want {
+				t.Errorf("Transport = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

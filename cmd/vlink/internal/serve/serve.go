@@ -202,6 +202,7 @@ type server struct {
 	udpClients  clientCount   // the sessions of each client address
 	log         *slog.Logger
 	t           *forward.Tracker
+	forward     string // the metrics' forward label: --listen as written
 }
 
 // serveForward is a "vlink serve" forward whose flags passed every check,
@@ -302,7 +303,7 @@ func (f *serveForward) Secrets() [][]byte {
 
 func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracker) (net.Listener, func(net.Conn), func(), error) {
 	o, policy, s := f.o, f.policy, &f.s
-	s.log, s.t = e.Log, t
+	s.log, s.t, s.forward = e.Log, t, f.ListenAddr()
 	lc := vlink.ListenConfig{
 		Stack:            f.listenStack,
 		Shm:              o.shm,
@@ -723,10 +724,10 @@ func (s *server) handle(c *vlink.Conn) {
 			return
 		}
 		s.log.Debug("forwarding", attrs...)
-		s.t.RelayIdle(s.log, s.idleTimeout, "plain", c, tc, attrs...)
+		s.t.RelayIdle(s.log, s.idleTimeout, metrics.Labels{Forward: s.forward, Stack: "plain", Transport: metrics.Transport(c)}, c, tc, attrs...)
 		return
 	}
-	stack := metrics.StackLabel(h.Stack)
+	labels := metrics.Labels{Forward: s.forward, Stack: metrics.StackLabel(h.Stack), Transport: metrics.Transport(c)}
 	to := h.Target
 	if to == "" {
 		to = s.target
@@ -736,7 +737,7 @@ func (s *server) handle(c *vlink.Conn) {
 		// Nothing is mirrored or targeted here: the bytes go on to the
 		// next node. Every node of a route logs where the connection
 		// came from, as the nodes before it vouched for it.
-		stack = "route" // the layers run end to end, unread here
+		labels.Stack = "route" // the layers run end to end, unread here
 		attrs = []any{"origin", h.RemoteAddr.String(), "from", c.RemoteAddr().String(), "forwarded", h.Forwarded,
 			"next", h.Hops[0], "then", strings.Join(h.Hops[1:], ","), "authenticated", h.Authenticated}
 		s.log.Info("forwarding a routed connection to the next node", attrs...)
@@ -757,11 +758,11 @@ func (s *server) handle(c *vlink.Conn) {
 		defer a.release()
 		attrs = append(attrs, "udp", true, "quic_datagrams", h.QUICDatagrams)
 		s.log.Debug("relaying datagrams", attrs...)
-		s.t.RelayDatagrams(s.log, s.udpIdle, stack, vlink.DatagramConn(c, nil), tc, attrs...)
+		s.t.RelayDatagrams(s.log, s.udpIdle, labels, vlink.DatagramConn(c, nil), tc, attrs...)
 		return
 	}
 	s.log.Debug("forwarding", attrs...)
-	s.t.Relay(s.log, stack, c, tc, attrs...)
+	s.t.Relay(s.log, labels, c, tc, attrs...)
 }
 
 // portOf returns the port of a listener's address.
