@@ -159,8 +159,8 @@ func TestMetricsHealthAndReload(t *testing.T) {
 
 // TestMetricsLabels: two forwards of one tunnel on the same stack, one
 // over TCP and one over shared memory, into one serve: each side counts
-// them apart by forward and by the transport they took, and spells the
-// stack the same way.
+// them apart by forward (its name in the file, else its listen address)
+// and by the transport they took, and spells the stack the same way.
 func TestMetricsLabels(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory is Linux's")
@@ -170,14 +170,22 @@ func TestMetricsLabels(t *testing.T) {
 	srv := start(t, "serve", "--listen", "127.0.0.1:0", "--shm", "--target", be.addr(), "--key-file", key, "--metrics", "127.0.0.1:0")
 	srvMetrics := srv.stderr.waitFor(t, `msg="serving metrics" addr=(\S+)`)
 	gw := srv.addr(t)
-	ports := [2]string{}
+	ports, names := [2]string{}, [2]string{}
 	file := filepath.Join(t.TempDir(), "forwards.toml")
 	var text strings.Builder
 	// A tcp factory with a parameter keeps to TCP (a bare one would take
-	// the shared memory serve offers).
+	// the shared memory serve offers). The first forward is named: that
+	// is its label; the second's is its listen address.
 	for i, stack := range []string{"zstd+tcp:nodelay=true", "zstd+shm"} {
 		ports[i] = fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
-		fmt.Fprintf(&text, "[[forward]]\nlisten = %q\nto = %q\nstack = %q\nkey-file = %q\nknown-nodes = \"none\"\n", ports[i], gw, stack, key)
+		names[i] = ports[i]
+		if i == 0 {
+			names[i] = "by tcp"
+			fmt.Fprintf(&text, "[[forward]]\nname = %q\n", names[i])
+		} else {
+			text.WriteString("[[forward]]\n")
+		}
+		fmt.Fprintf(&text, "listen = %q\nto = %q\nstack = %q\nkey-file = %q\nknown-nodes = \"none\"\n", ports[i], gw, stack, key)
 	}
 	if err := os.WriteFile(file, []byte(text.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -205,8 +213,8 @@ func TestMetricsLabels(t *testing.T) {
 	}
 	want := map[string]float64{}
 	for i, transport := range []string{"tcp", "shm"} {
-		want[fmt.Sprintf(`vlink_connections_total{forward=%q,outcome="ok",stack="zstd",transport=%q}`, ports[i], transport)] = 1
-		want[fmt.Sprintf(`vlink_bytes_total{direction="up",forward=%q,stack="zstd",transport=%q}`, ports[i], transport)] = size
+		want[fmt.Sprintf(`vlink_connections_total{forward=%q,outcome="ok",stack="zstd",transport=%q}`, names[i], transport)] = 1
+		want[fmt.Sprintf(`vlink_bytes_total{direction="up",forward=%q,stack="zstd",transport=%q}`, names[i], transport)] = size
 	}
 	testnet.WaitMetrics(t, "tunnel", tunMetrics, want)
 	testnet.WaitMetrics(t, "serve", srvMetrics, map[string]float64{

@@ -40,8 +40,18 @@ type Env struct {
 	LogFormat      string   // --log-format: text or json
 	Args           []string // after the flags, for commands that take them
 	// ForwardsFile is the --forwards file the forward being set up comes
-	// from (empty: the command line).
-	ForwardsFile string
+	// from (empty: the command line), and Forward its name there: its
+	// name key, else its listen address.
+	ForwardsFile, Forward string
+}
+
+// ForwardName is the forward's name in logs and metrics: its name in
+// the --forwards file, else listen, its listen address as written.
+func (e *Env) ForwardName(listen string) string {
+	if e.Forward != "" {
+		return e.Forward
+	}
+	return listen
 }
 
 // WithEnv gives a command the --log-level flag and runs it with its env.

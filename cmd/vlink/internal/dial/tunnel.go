@@ -273,6 +273,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			node.Close()
 		}
 	}
+	labels := metrics.Labels{Forward: e.ForwardName(f.ListenAddr()), Stack: f.label}
 	if o.udp {
 		l, err := o.listenUDP(ctx)
 		if err != nil {
@@ -286,7 +287,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			}
 			closeAll()
 		}
-		return l, func(c net.Conn) { o.handleUDP(e, t, d, metrics.Labels{Forward: f.ListenAddr(), Stack: f.label}, c) }, release, nil
+		return l, func(c net.Conn) { o.handleUDP(e, t, d, labels, c) }, release, nil
 	}
 	l, err := listenOn(ctx, o.listenStack, o.listen)
 	if err != nil {
@@ -301,7 +302,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 		}
 	}
 	e.Log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
-	return l, func(c net.Conn) { o.handle(e, t, d, metrics.Labels{Forward: f.ListenAddr(), Stack: f.label}, c) }, closeAll, nil
+	return l, func(c net.Conn) { o.handle(e, t, d, labels, c) }, closeAll, nil
 }
 
 // open builds the Dialer the flags describe, with the pin check and,

@@ -247,7 +247,7 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 		names[name] = i + 1
 		fe := *e
 		fe.Log = e.Log.With("forward", name)
-		fe.ForwardsFile = path
+		fe.ForwardsFile, fe.Forward = path, name
 		f, err := prepare(&fe)
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s): %w", where, name, err)

@@ -38,8 +38,8 @@ const (
 	maxForwardLabels = 256
 )
 
-// Labels name the connections of a relay: its forward (the listener's
-// address as the command line or the --forwards file writes it), its
+// Labels name the connections of a relay: its forward (its name in the
+// --forwards file, else its listen address as written), its
 // stack (StackLabel), and the transport it took (Transport). Every
 // value comes from the configuration or a bounded set, never from the
 // network.

@@ -202,7 +202,7 @@ type server struct {
 	udpClients  clientCount   // the sessions of each client address
 	log         *slog.Logger
 	t           *forward.Tracker
-	forward     string // the metrics' forward label: --listen as written
+	forward     string // the metrics' forward label: base.Env.ForwardName
 }
 
 // serveForward is a "vlink serve" forward whose flags passed every check,
@@ -303,7 +303,7 @@ func (f *serveForward) Secrets() [][]byte {
 
 func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracker) (net.Listener, func(net.Conn), func(), error) {
 	o, policy, s := f.o, f.policy, &f.s
-	s.log, s.t, s.forward = e.Log, t, f.ListenAddr()
+	s.log, s.t, s.forward = e.Log, t, e.ForwardName(f.ListenAddr())
 	lc := vlink.ListenConfig{
 		Stack:            f.listenStack,
 		Shm:              o.shm,
