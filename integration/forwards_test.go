@@ -147,13 +147,13 @@ func TestForwardsReload(t *testing.T) {
 name = "one"
 listen = "@S1"
 target = "@E1"
-key-file = "vlink.key"
+key_file = "vlink.key"
 
 [[forward]]
 name = "two"
 listen = "@S2"
 target = "@E2"
-key-file = "vlink.key"
+key_file = "vlink.key"
 layers = "zstd"
 `
 	writeFile(t, serveFile, expand(serveText))
@@ -171,14 +171,14 @@ name = "kept"
 listen = "@T1"
 to = "@S1"
 stack = "zstd"
-key-file = "vlink.key"
+key_file = "vlink.key"
 
 [[forward]]
 name = "removed"
 listen = "@T2"
 to = "@S1"
 stack = "lz4"
-key-file = "vlink.key"
+key_file = "vlink.key"
 `
 	writeFile(t, tunnelFile, expand(tunnelText))
 	tn := newNotifySocket(t)
@@ -262,6 +262,62 @@ to = "@S2"`, 1)))
 	sn.expect(t, `^STOPPING=1\n$`)
 }
 
+// TestForwardsRoutingReload: SIGHUP brings an edit of the routing
+// configuration to the running forwards it decides for (a forward
+// without --stack), as an edit of the forwards file does: the forward
+// restarts with it, its open connection draining, and a reload with
+// nothing changed keeps it. A listen address written another way
+// (localhost for 127.0.0.1) restarts the forward on its port.
+func TestForwardsRoutingReload(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "config.toml")
+	writeFile(t, config, "# every destination direct\n")
+	t.Setenv("VLINK_CONFIG", config)
+	listen := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	file := filepath.Join(dir, "tunnel.toml")
+	writeFile(t, file, fmt.Sprintf("[[forward]]\nname = \"routed\"\nlisten = %q\nto = %q\n", listen, echo))
+	tunnel := startProc(t, vlinkBin, "tunnel", "--forwards", file, "--grace", "5s")
+	tunnel.Name, tunnel.CleanExit = "vlink tunnel", true
+	tunnel.WaitFor(t, regexp.MustCompile(`msg="running forwards" file=\S+ count=1`), startTimeout)
+	kept := openEcho(t, listen)
+
+	reload(t, tunnel, 1)
+	if !strings.Contains(tunnel.Output(), "msg=reloaded file="+file+" running=1 unchanged=1 started=0 stopped=0") {
+		t.Fatalf("a reload with nothing changed: want the forward kept:\n%s", tunnel.Output())
+	}
+	// The same port written another way: the forward restarts on it
+	// (the old one stops first), rather than the reload being refused.
+	_, port, _ := net.SplitHostPort(listen)
+	writeFile(t, file, fmt.Sprintf("[[forward]]\nname = \"routed\"\nlisten = \"localhost:%s\"\nto = %q\n", port, echo))
+	reload(t, tunnel, 2)
+	if !strings.Contains(tunnel.Output(), "msg=reloaded file="+file+" running=1 unchanged=0 started=1 stopped=1") {
+		t.Fatalf("the listen address written as localhost: want the forward restarted on its port:\n%s", tunnel.Output())
+	}
+	checkEcho(t, listen, genData(20000, 8))
+	writeFile(t, config, "[default]\naction = \"refuse\"\n")
+	reload(t, tunnel, 3)
+	if !strings.Contains(tunnel.Output(), "msg=reloaded file="+file+" running=1 unchanged=0 started=1 stopped=1\n") ||
+		strings.Count(tunnel.Output(), "started=1 stopped=1") != 2 {
+		t.Fatalf("the routing configuration edited: want the forward restarted:\n%s", tunnel.Output())
+	}
+	// New connections follow the new rules: refused, with a reset (on
+	// loopback it may come before the dial has returned).
+	c, err := net.DialTimeout("tcp", listen, startTimeout)
+	if err == nil {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write([]byte("hello"))
+		_, err = c.Read(make([]byte, 16))
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a connection after the edit: %v; want the refusal's reset", err)
+	}
+	// The one opened before drains on the old rules.
+	roundTrip(t, kept, genData(30000, 7))
+}
+
 // TestForwardsExitCodes checks what systemd's Restart= logic relies on:
 // a bad file at start is a usage error (2: restarting cannot fix it), a
 // port in use a runtime failure (1).
@@ -278,8 +334,8 @@ func TestForwardsExitCodes(t *testing.T) {
 		code       int
 		stderr     string
 	}{
-		{"unknown key", "[[forward]]\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:1\"\nkey_file = \"k\"\n", nil, 2,
-			`forward 1: unknown key "key_file": did you mean key-file?`},
+		{"unknown key", "[[forward]]\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:1\"\nkeyfile = \"k\"\n", nil, 2,
+			`forward 1: unknown key "keyfile": did you mean key_file?`},
 		{"process flag in the file", "[[forward]]\nto = \"127.0.0.1:1\"\ngrace = \"1s\"\n", nil, 2,
 			"grace applies to the whole process, not to one forward: give --grace on the command line"},
 		{"no forward", "listen = \"127.0.0.1:0\"\n", nil, 2, "only [[forward]] tables belong in the file"},
@@ -336,7 +392,7 @@ func TestForwardsSSHDown(t *testing.T) {
 	published := fmt.Sprintf("127.0.0.1:%d", publishedPort)
 	local := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
 	file := filepath.Join(t.TempDir(), "tunnels.toml")
-	writeFile(t, file, fmt.Sprintf("[[forward]]\nname = \"published\"\nlisten-stack = %q\nlisten = %q\nto = %q\nstack = \"tcp\"\n", sshLayer(s), published, echo)+
+	writeFile(t, file, fmt.Sprintf("[[forward]]\nname = \"published\"\nlisten_stack = %q\nlisten = %q\nto = %q\nstack = \"tcp\"\n", sshLayer(s), published, echo)+
 		fmt.Sprintf("[[forward]]\nname = \"local\"\nlisten = %q\nto = %q\nstack = \"tcp\"\n", local, echo))
 	tunnel := startProc(t, vlinkBin, "tunnel", "--forwards", file, "--grace", "1s")
 	tunnel.Name, tunnel.CleanExit = "vlink tunnel", true

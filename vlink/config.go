@@ -2,6 +2,7 @@ package vlink
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -60,6 +61,26 @@ type Config struct {
 	only, exclude []string
 	// proxyFromEnv: WithProxyFromEnvironment found a proxy and took it.
 	proxyFromEnv bool
+	// file is the digest of the file LoadConfig read (its path and
+	// bytes); digest, of all the config was made from (Digest).
+	file, digest [32]byte
+}
+
+// Digest identifies what c was made from: the config file's bytes, the
+// key's, and the environment variables ConfigFromEnv read. Two configs
+// made from the same have the same digest; a file edited since gives
+// another, so a reload can tell whether reading it again changed
+// anything. The zero Config's is zero.
+func (c *Config) Digest() [32]byte { return c.digest }
+
+// sum is the digest of parts, each length-prefixed.
+func sum(parts ...[]byte) [32]byte {
+	h := sha256.New()
+	for _, p := range parts {
+		fmt.Fprintf(h, "%d:", len(p))
+		h.Write(p)
+	}
+	return [32]byte(h.Sum(nil))
 }
 
 // configFile is the TOML form of a config file:
@@ -210,6 +231,8 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	c.Source = path
 	c.Node = f.Node
+	c.file = sum([]byte(path), data)
+	c.digest = sum(c.file[:], key)
 	if c.Shm, err = parseShmMode(f.Shm); err != nil {
 		return nil, fmt.Errorf("vlink: config %s: %w", path, err)
 	}
@@ -252,11 +275,12 @@ func ConfigFromEnv() (*Config, error) {
 		}
 	}
 	c := &Config{}
+	var file [32]byte
 	if path != "" {
 		lc, err := LoadConfig(path)
 		switch {
 		case err == nil:
-			c = lc
+			c, file = lc, lc.file
 		case explicit || !errors.Is(err, fs.ErrNotExist):
 			return nil, err
 		}
@@ -293,14 +317,28 @@ func ConfigFromEnv() (*Config, error) {
 	if v := os.Getenv(EnvProxyFromEnvironment); v != "" && !c.proxyFromEnv {
 		switch strings.ToLower(v) {
 		case "1", "true", "yes":
-			return c.WithProxyFromEnvironment()
+			pc, err := c.WithProxyFromEnvironment()
+			if err != nil {
+				return nil, err
+			}
+			c = pc
 		case "0", "false", "no":
 		default:
 			return nil, fmt.Errorf("vlink: %s=%s: want 1 or 0", EnvProxyFromEnvironment, v)
 		}
 	}
+	parts := [][]byte{file[:], c.Key}
+	for _, v := range envDigested {
+		parts = append(parts, []byte(v+"="+os.Getenv(v)))
+	}
+	c.digest = sum(parts...)
 	return c, nil
 }
+
+// envDigested are the variables a config from ConfigFromEnv depends on,
+// beside its file and its key: its Digest covers them.
+var envDigested = append([]string{EnvConfig, EnvKeyFile, EnvNode, EnvStack, EnvVia, EnvPathsOnly, EnvPathsExclude, EnvProxyFromEnvironment},
+	append(proxyVars, noProxyVars...)...)
 
 var defaultConfig struct {
 	once sync.Once

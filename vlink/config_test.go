@@ -105,3 +105,44 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Fatal("an explicit VLINK_CONFIG that does not exist must be an error")
 	}
 }
+
+// TestConfigDigest: reading the same files again gives the same digest;
+// an edit of the config file, or of its key file, or another VLINK_STACK
+// gives another.
+func TestConfigDigest(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "k", "0123456789abcdef0123456789abcdef\n", 0o600)
+	path := writeFile(t, dir, "config.toml", "key_file = \"k\"\n[default]\nstack = \"zstd\"\n", 0o600)
+	t.Setenv(vlink.EnvConfig, path)
+	digest := func() [32]byte {
+		t.Helper()
+		c, err := vlink.ConfigFromEnv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Digest()
+	}
+	first := digest()
+	if first == [32]byte{} || digest() != first {
+		t.Fatalf("the same files read twice: %x, then %x", first, digest())
+	}
+	seen := map[[32]byte]string{first: "the first"}
+	for _, change := range []struct {
+		name string
+		do   func()
+	}{
+		{"the config edited", func() { writeFile(t, dir, "config.toml", "key_file = \"k\"\n[default]\nstack = \"lz4\"\n", 0o600) }},
+		{"its key file rewritten", func() { writeFile(t, dir, "k", "another key of sixteen bytes or more\n", 0o600) }},
+		{"VLINK_STACK set", func() { t.Setenv(vlink.EnvStack, "zstd") }},
+	} {
+		change.do()
+		d := digest()
+		if was, ok := seen[d]; ok {
+			t.Errorf("%s: the digest is %s's", change.name, was)
+		}
+		seen[d] = change.name
+	}
+	if c, err := vlink.LoadConfig(path); err != nil || c.Digest() == [32]byte{} {
+		t.Errorf("LoadConfig: %v, digest %x", err, c.Digest())
+	}
+}

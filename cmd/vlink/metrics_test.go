@@ -185,7 +185,7 @@ func TestMetricsLabels(t *testing.T) {
 		} else {
 			text.WriteString("[[forward]]\n")
 		}
-		fmt.Fprintf(&text, "listen = %q\nto = %q\nstack = %q\nkey-file = %q\nknown-nodes = \"none\"\n", ports[i], gw, stack, key)
+		fmt.Fprintf(&text, "listen = %q\nto = %q\nstack = %q\nkey_file = %q\nknown_nodes = \"none\"\n", ports[i], gw, stack, key)
 	}
 	if err := os.WriteFile(file, []byte(text.String()), 0o644); err != nil {
 		t.Fatal(err)

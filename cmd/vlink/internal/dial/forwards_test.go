@@ -43,19 +43,20 @@ func TestLoadForwardsRefuses(t *testing.T) {
 		{"syntax", "[[forward]]\nto = \n", "tunnels.toml:2:"},
 		{"top-level key", "stack = \"tcp\"\n" + ok, "only [[forward]] tables belong in the file"},
 		{"empty", "", "no [[forward]] table"},
-		{"snake case", ok + "dial_timeout = \"1s\"\n", `unknown key "dial_timeout": did you mean dial-timeout?`},
-		{"unknown", ok + "colour = \"red\"\n", `unknown key "colour": the keys are name and the flags of one forward: cert, cert-key, dial-timeout,`},
+		{"both ways at once", ok + "dial_time-out = \"1s\"\n", `unknown key "dial_time-out": did you mean dial_timeout?`},
+		{"misspelt", ok + "dialtimeout = \"1s\"\n", `unknown key "dialtimeout": did you mean dial_timeout?`},
+		{"unknown", ok + "colour = \"red\"\n", `unknown key "colour": the keys are name and the flags of one forward, with underscores: cert, cert_key, dial_timeout,`},
 		{"process-wide", ok + "metrics = \"127.0.0.1:9464\"\n", "metrics applies to the whole process"},
-		{"bool as string", ok + "insecure-plaintext = \"yes\"\n", `insecure-plaintext = "yes": want true or false, unquoted`},
+		{"bool as string", ok + "insecure_plaintext = \"yes\"\n", `insecure_plaintext = "yes": want true or false, unquoted`},
 		{"string as bool", ok + "via = true\n", "via = true: want a string"},
-		{"duration as number", ok + "dial-timeout = 10\n", `dial-timeout = 10: want a string (a duration is written "10s")`},
+		{"duration as number", ok + "dial_timeout = 10\n", `dial_timeout = 10: want a string (a duration is written "10s")`},
 		{"list for one value", ok + "via = [\"a:1\"]\n", "via takes one value, not a list"},
-		{"bad value", ok + "dial-timeout = \"soon\"\n", `dial-timeout = "soon": time: invalid duration "soon"`},
+		{"bad value", ok + "dial_timeout = \"soon\"\n", `dial_timeout = "soon": time: invalid duration "soon"`},
 		{"the command's check", "[[forward]]\nlisten = \"127.0.0.1:9001\"\n", "forward 1 (127.0.0.1:9001): --to HOST:PORT is required"},
 		{"same port", ok + ok, "forward 2: forward 1 listens on 127.0.0.1:9001 already"},
 		{"same name", "[[forward]]\nname = \"a\"\nstack = \"tcp\"\nto = \"h:1\"\nlisten = \"127.0.0.1:0\"\n[[forward]]\nname = \"a\"\nstack = \"tcp\"\nto = \"h:2\"\nlisten = \"127.0.0.1:0\"\n", `forward 1 has the same name, "a"`},
 		{"same forward", "[[forward]]\nstack = \"tcp\"\nto = \"h:1\"\nlisten = \"127.0.0.1:0\"\n[[forward]]\nstack = \"tcp\"\nto = \"h:1\"\nlisten = \"127.0.0.1:0\"\n", "forward 2: the same forward as forward 1"},
-		{"missing key file", strings.Replace(ok, `"tcp"`, `"zstd"`, 1) + "key-file = \"nokey\"\n", "nokey: no such file"},
+		{"missing key file", strings.Replace(ok, `"tcp"`, `"zstd"`, 1) + "key_file = \"nokey\"\n", "nokey: no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := loadTunnels(t, tc.file)
@@ -69,7 +70,8 @@ func TestLoadForwardsRefuses(t *testing.T) {
 // TestLoadForwards checks what a good file gives: the flags' values,
 // FILE values in the file's folder, names, and ids that change with the
 // settings and the key files' content but not with writing a default
-// out or reordering keys.
+// out or reordering keys; the dashed keys of old give the same, with a
+// warning.
 func TestLoadForwards(t *testing.T) {
 	file := `
 [[forward]]
@@ -77,8 +79,8 @@ name = "db"
 listen = "127.0.0.1:0"
 to = "db.example:5432"
 stack = "zstd"
-key-file = "k"
-known-nodes = "none"
+key_file = "k"
+known_nodes = "none"
 
 [[forward]]
 to = "web.example:443"
@@ -116,13 +118,29 @@ stack = "tcp"
 	if string(db.d.Key) != "0123456789abcdef0123" {
 		t.Errorf("key %q", db.d.Key)
 	}
-	same := load(strings.Replace(file, `stack = "tcp"`, "dial-timeout = \"10s\"\nstack = \"tcp\"", 1))
+	same := load(strings.Replace(file, `stack = "tcp"`, "dial_timeout = \"10s\"\nstack = \"tcp\"", 1))
 	if same[0].Id != first[0].Id || same[1].Id != first[1].Id {
 		t.Errorf("writing a default out changed an id")
 	}
 	changed := load(strings.Replace(file, `stack = "zstd"`, `stack = "lz4"`, 1))
 	if changed[0].Id == first[0].Id || changed[1].Id != first[1].Id {
 		t.Errorf("changing the first forward's stack: want its id changed and only its")
+	}
+	// The dashed keys of old: the same forwards, and a warning naming
+	// the keys to write.
+	var logb bytes.Buffer
+	path := filepath.Join(dir, "old.toml")
+	os.WriteFile(path, []byte(strings.NewReplacer("key_file", "key-file", "known_nodes", "known-nodes").Replace(file)), 0o600)
+	old, err := forward.Load(path, &base.Env{Log: slog.New(slog.NewTextHandler(&logb, nil))}, func(fs *flag.FlagSet) func(*base.Env) (forward.Forward, error) {
+		o := &tunnelOptions{}
+		o.flags(fs)
+		return o.prepare
+	})
+	if err != nil || len(old) != 2 || old[0].Id != first[0].Id {
+		t.Errorf("the dashed keys: %v; want the same forwards", err)
+	}
+	if !strings.Contains(logb.String(), `level=WARN msg="the forwards file's keys are written with underscores now`) || !strings.Contains(logb.String(), `write="key_file, known_nodes"`) {
+		t.Errorf("the dashed keys: want a warning naming key_file and known_nodes; the log:\n%s", logb.String())
 	}
 	os.WriteFile(key, []byte("another key, 16 bytes or more"), 0o600)
 	rekeyed := load(file)
@@ -139,7 +157,7 @@ type failing struct {
 }
 
 func (f *failing) ListenAddr() string { return f.listen }
-func (f *failing) Secrets() [][]byte  { return nil }
+func (f *failing) Inputs() [][]byte   { return nil }
 func (f *failing) Start(context.Context, *base.Env, *forward.Tracker) (net.Listener, func(net.Conn), func(), error) {
 	return &failingListener{f: f, closed: make(chan struct{})}, func(c net.Conn) { c.Close() }, func() {}, nil
 }

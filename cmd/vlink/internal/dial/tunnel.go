@@ -92,7 +92,7 @@ docs/systemd/vlink@.service runs it under systemd.
   via = "127.0.0.1:7000"
   to = "10.1.2.3:443"
   stack = "lz4"
-  key-file = "vlink.key"   # relative to the file's folder
+  key_file = "vlink.key"   # relative to the file's folder
   EOF
   vlink tunnel --forwards tunnels.toml
 `,
@@ -255,7 +255,16 @@ func (f *tunnelForward) ListenAddr() string {
 	return f.o.listen
 }
 
-func (f *tunnelForward) Secrets() [][]byte { return [][]byte{f.d.Key, f.o.node.KeyFileContent()} }
+func (f *tunnelForward) Inputs() [][]byte {
+	in := [][]byte{f.d.Key, f.o.node.KeyFileContent()}
+	if f.d.Config != nil {
+		// The routing configuration decides per destination: an edit
+		// of it, or of its key file, restarts the forward on SIGHUP.
+		digest := f.d.Config.Digest()
+		in = append(in, digest[:])
+	}
+	return in
+}
 
 func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Tracker) (net.Listener, func(net.Conn), func(), error) {
 	o, d := f.o, f.d

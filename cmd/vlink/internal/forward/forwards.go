@@ -42,9 +42,10 @@ type Forward interface {
 	Start(ctx context.Context, e *base.Env, t *Tracker) (l net.Listener, handle func(net.Conn), release func(), err error)
 	// ListenAddr is --listen as written.
 	ListenAddr() string
-	// Secrets are the keys the forward reads from files, so that a
-	// reload restarts a forward whose key file changed.
-	Secrets() [][]byte
+	// Inputs are what the forward read from files: its keys, the
+	// routing configuration's digest. A reload restarts a forward whose
+	// inputs changed, as one whose flags did.
+	Inputs() [][]byte
 }
 
 // ProcessOptions are a serving command's flags that concern the whole
@@ -59,7 +60,7 @@ type ProcessOptions struct {
 var processFlags = map[string]bool{"forwards": true, "grace": true, "metrics": true, "stats": true, "log-level": true, "log-format": true}
 
 func (p *ProcessOptions) Flags(fs *flag.FlagSet) {
-	fs.StringVar(&p.Forwards, "forwards", "", "run every forward listed in the TOML `FILE`, one [[forward]] table each, whose keys are this command's flags without the dashes (listen = \"127.0.0.1:8080\"; a repeatable flag takes a list; relative FILE values are in the file's folder); SIGHUP rereads it: new forwards start, removed ones stop accepting and drain for --grace, unchanged ones keep their connections, and a file with an error is refused, with the reason logged, while the running forwards stay. The other flags of this list are the process's and stay on the command line (default: the one forward the flags give)")
+	fs.StringVar(&p.Forwards, "forwards", "", "run every forward listed in the TOML `FILE`, one [[forward]] table each, whose keys are this command's flags with underscores for dashes, as the routing configuration's (listen = \"127.0.0.1:8080\", key_file = \"vlink.key\"; a repeatable flag takes a list; relative FILE values are in the file's folder; the dashed form, key-file, still works for now, with a warning); SIGHUP rereads it: new forwards start, removed ones stop accepting and drain for --grace, unchanged ones keep their connections, and a file with an error is refused, with the reason logged, while the running forwards stay. The other flags of this list are the process's and stay on the command line (default: the one forward the flags give)")
 	base.GraceVar(fs, &p.grace)
 	metrics.FlagVar(fs, &p.metrics)
 	StatsVar(fs, &p.stats)
@@ -217,14 +218,18 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 	ids := map[string]int{}
 	var out []Entry
 	var passwords bool
+	dashed := map[string]bool{} // keys written the old way
 	for i, kv := range ff.Forward {
 		where := fmt.Sprintf("%s: forward %d", path, i+1)
 		fs := flag.NewFlagSet(where, flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		prepare := entry(fs)
-		name, err := setFlags(fs, kv, dir)
+		name, old, err := setFlags(fs, kv, dir)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		for _, k := range old {
+			dashed[k] = true
 		}
 		listen := fs.Lookup("listen").Value.String()
 		if _, port, _ := net.SplitHostPort(listen); port != "0" {
@@ -252,18 +257,26 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s): %w", where, name, err)
 		}
-		id := entryID(fs, f.Secrets())
+		id := entryID(fs, f.Inputs())
 		if j, dup := ids[id]; dup {
 			return nil, fmt.Errorf("%s: the same forward as forward %d", where, j)
 		}
 		ids[id] = i + 1
-		id = entryID(fs, f.Secrets(), name)
+		id = entryID(fs, f.Inputs(), name)
 		fs.VisitAll(func(fl *flag.Flag) {
 			if secret.HasPassword(fl.Value.String()) {
 				passwords = true
 			}
 		})
 		out = append(out, Entry{Name: name, Id: id, env: &fe, F: f})
+	}
+	if len(dashed) > 0 {
+		var want []string
+		for _, k := range slices.Sorted(maps.Keys(dashed)) {
+			want = append(want, Key(k))
+		}
+		e.Log.Warn("the forwards file's keys are written with underscores now, as the routing configuration's: the dashed ones still work, for now",
+			"file", path, "write", strings.Join(want, ", "))
 	}
 	if passwords && fi.Mode().Perm()&0o077 != 0 {
 		e.Log.Warn("the forwards file holds a password and other users of this machine can read it: run chmod 600 on it, or give the layers password-file=FILE or password-env=VAR",
@@ -272,9 +285,15 @@ func Load(path string, e *base.Env, entry newForward) ([]Entry, error) {
 	return out, nil
 }
 
+// Key is the --forwards file's key for the flag named flag: its name
+// with underscores for dashes (key_file for --key-file), as the routing
+// configuration writes its keys.
+func Key(flag string) string { return strings.ReplaceAll(flag, "-", "_") }
+
 // setFlags gives fs the entry's keys as flags, FILE values relative to
-// dir, and returns the entry's name key (empty: none).
-func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err error) {
+// dir, and returns the entry's name key (empty: none) and the keys
+// written the old way, with dashes.
+func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, dashed []string, err error) {
 	for _, k := range slices.Sorted(maps.Keys(kv)) {
 		v := kv[k]
 		if k == "name" {
@@ -282,14 +301,21 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 				name = s
 				continue
 			}
-			return "", fmt.Errorf("name = %s: want a one-line string", shown(v))
+			return "", nil, fmt.Errorf("name = %s: want a one-line string", shown(v))
 		}
-		if processFlags[k] {
-			return "", fmt.Errorf("%s applies to the whole process, not to one forward: give --%s on the command line", k, k)
+		flagName := strings.ReplaceAll(k, "_", "-")
+		if flagName != k && strings.Contains(k, "-") {
+			return "", nil, unknownKey(fs, k) // both ways at once
 		}
-		f := fs.Lookup(k)
+		if processFlags[flagName] {
+			return "", nil, fmt.Errorf("%s applies to the whole process, not to one forward: give --%s on the command line", k, flagName)
+		}
+		f := fs.Lookup(flagName)
 		if f == nil {
-			return "", unknownKey(fs, k)
+			return "", nil, unknownKey(fs, k)
+		}
+		if strings.Contains(k, "-") {
+			dashed = append(dashed, k)
 		}
 		isBool := false
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
@@ -300,22 +326,22 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 		switch v := v.(type) {
 		case bool:
 			if !isBool {
-				return "", fmt.Errorf("%s = %v: want a string", k, v)
+				return "", nil, fmt.Errorf("%s = %v: want a string", k, v)
 			}
 			vals = []string{strconv.FormatBool(v)}
 		case string:
 			if isBool {
-				return "", fmt.Errorf("%s = %q: want true or false, unquoted", k, v)
+				return "", nil, fmt.Errorf("%s = %q: want true or false, unquoted", k, v)
 			}
 			vals = []string{v}
 		case []any:
 			if !isList {
-				return "", fmt.Errorf("%s takes one value, not a list", k)
+				return "", nil, fmt.Errorf("%s takes one value, not a list", k)
 			}
 			for _, x := range v {
 				s, ok := x.(string)
 				if !ok {
-					return "", fmt.Errorf("%s: %s in the list: want strings", k, shown(x))
+					return "", nil, fmt.Errorf("%s: %s in the list: want strings", k, shown(x))
 				}
 				vals = append(vals, s)
 			}
@@ -327,24 +353,24 @@ func setFlags(fs *flag.FlagSet, kv map[string]any, dir string) (name string, err
 			case isList:
 				want = "a string or a list of strings"
 			}
-			return "", fmt.Errorf("%s = %s: want %s (a duration is written \"10s\")", k, shown(v), want)
+			return "", nil, fmt.Errorf("%s = %s: want %s (a duration is written \"10s\")", k, shown(v), want)
 		}
 		placeholder, _ := flag.UnquoteUsage(f)
 		for _, s := range vals {
-			if placeholder == "FILE" && s != "" && !filepath.IsAbs(s) && !(k == "known-nodes" && s == "none") {
+			if placeholder == "FILE" && s != "" && !filepath.IsAbs(s) && !(flagName == "known-nodes" && s == "none") {
 				s = filepath.Join(dir, s)
 			}
 			if placeholder == "DURATION" {
 				if _, err := time.ParseDuration(s); err != nil {
-					return "", fmt.Errorf("%s = %q: %v", k, s, err) // the flag's own says "parse error"
+					return "", nil, fmt.Errorf("%s = %q: %v", k, s, err) // the flag's own says "parse error"
 				}
 			}
-			if err := fs.Set(k, s); err != nil {
-				return "", fmt.Errorf("%s = %q: %v", k, s, err)
+			if err := fs.Set(flagName, s); err != nil {
+				return "", nil, fmt.Errorf("%s = %q: %v", k, s, err)
 			}
 		}
 	}
-	return name, nil
+	return name, dashed, nil
 }
 
 // shown is a value of the file as an error shows it: a table's or a
@@ -361,25 +387,33 @@ func shown(v any) string {
 
 // unknownKey explains a key that is not one of the command's flags.
 func unknownKey(fs *flag.FlagSet, k string) error {
-	if alt := strings.ReplaceAll(k, "_", "-"); fs.Lookup(alt) != nil {
-		return fmt.Errorf("unknown key %q: did you mean %s? The keys are the flags' names", k, alt)
+	// Written with its separators wrong, or without them?
+	bare := strings.NewReplacer("-", "", "_", "").Replace(k)
+	var match string
+	fs.VisitAll(func(f *flag.Flag) {
+		if strings.ReplaceAll(f.Name, "-", "") == bare {
+			match = Key(f.Name)
+		}
+	})
+	if match != "" {
+		return fmt.Errorf("unknown key %q: did you mean %s? The keys are the flags' names, with underscores", k, match)
 	}
 	var keys []string
-	fs.VisitAll(func(f *flag.Flag) { keys = append(keys, f.Name) })
-	return fmt.Errorf("unknown key %q: the keys are name and the flags of one forward: %s", k, strings.Join(keys, ", "))
+	fs.VisitAll(func(f *flag.Flag) { keys = append(keys, Key(f.Name)) })
+	return fmt.Errorf("unknown key %q: the keys are name and the flags of one forward, with underscores: %s", k, strings.Join(keys, ", "))
 }
 
 // entryID sums up an entry: every flag's value (defaults included, so
 // that writing a default out changes nothing), the secrets it read, and
 // the names given.
-func entryID(fs *flag.FlagSet, secrets [][]byte, names ...string) string {
+func entryID(fs *flag.FlagSet, inputs [][]byte, names ...string) string {
 	h := sha256.New()
 	for _, n := range names {
 		fmt.Fprintf(h, "name=%q\n", n)
 	}
 	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintf(h, "%s=%q\n", f.Name, f.Value.String()) })
-	for _, s := range secrets {
-		fmt.Fprintf(h, "secret %d %x\n", len(s), sha256.Sum256(s))
+	for _, s := range inputs {
+		fmt.Fprintf(h, "input %d %x\n", len(s), sha256.Sum256(s))
 	}
 	return string(h.Sum(nil))
 }
@@ -539,13 +573,13 @@ func (s *forwardSet) apply(ctx context.Context, entries []Entry) (changed bool, 
 	}
 	held := map[string]bool{} // the ports of the forwards to stop
 	for _, rf := range stopping {
-		held[rf.F.ListenAddr()] = true
+		held[portKey(rf.F.ListenAddr())] = true
 	}
 	// Those that take a free port first, so that a port someone else
 	// holds refuses the reload before anything stops.
 	var opened []*runningForward
 	for i, fe := range entries {
-		if next[i] != nil || held[fe.F.ListenAddr()] {
+		if next[i] != nil || held[portKey(fe.F.ListenAddr())] {
 			continue
 		}
 		rf, err := s.open(ctx, fe)
@@ -581,6 +615,22 @@ func (s *forwardSet) apply(ctx context.Context, entries []Entry) (changed bool, 
 		s.serve(rf)
 	}
 	return true, errors.Join(errs...)
+}
+
+// portKey is what a forward listening on listen (a ListenAddr) holds,
+// whatever its host is written as: localhost:7000 and 127.0.0.1:7000
+// hold the same port, so a forward that changes from one to the other
+// waits for the old one to stop. Port 0 holds nothing it can name.
+func portKey(listen string) string {
+	proto, addr := "tcp", listen
+	if a, ok := strings.CutPrefix(listen, "udp "); ok {
+		proto, addr = "udp", a
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "0" {
+		return ""
+	}
+	return proto + "/" + port
 }
 
 // status is the line systemctl status shows.

@@ -106,7 +106,7 @@ docs/systemd/vlink@.service runs it under systemd.
   [[forward]]
   name = "gateway"
   listen = "0.0.0.0:7000"
-  key-file = "vlink.key"   # relative to the file's folder
+  key_file = "vlink.key"   # relative to the file's folder
   allow = ["10.0.0.0/8:1-65535", "*.corp.example:443"]
 
   [[forward]]
@@ -297,7 +297,7 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 
 func (f *serveForward) ListenAddr() string { return f.o.listen }
 
-func (f *serveForward) Secrets() [][]byte {
+func (f *serveForward) Inputs() [][]byte {
 	return [][]byte{f.policy.Key, f.policy.Identity, f.o.node.KeyFileContent()}
 }
 
