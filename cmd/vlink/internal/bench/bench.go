@@ -61,9 +61,12 @@ there compression can only lose. So a second table answers that, for each
 --link rate (10M, 100M, 1G and 10G by default) and kind of data: the
 goodput each stack would reach over such a link, estimated as the lesser
 of its MB/s here (the CPU's limit) and the link's rate divided by its
-WIRE/BYTE (the link's limit), and the best stack: of those within 5% of
-the most, a margin the rounds' noise exceeds, raw TCP if it is one, else
-the one with the most CPU to spare. The estimate is as good as the assumption
+WIRE/BYTE (the link's limit), and the best stack. A stack wins over
+another only beyond the noise: where its slowest round beats the other's
+fastest (each capped by the link), and by 5% or more. Of the stacks that
+cannot be told from the fastest, raw TCP is named if it is one ("raw (no
+difference)" when a layer's median was higher), else the one with the
+most CPU to spare. The estimate is as good as the assumption
 that the CPU cost measured here, both ends on one machine, is what each
 side pays; adaptive, which compresses little on a link as fast as
 loopback, will compress more on a slow one than its row assumes.

@@ -52,40 +52,62 @@ type linkEstimate struct {
 	Data    string             `json:"data"`
 	Goodput map[string]float64 `json:"goodput_mb_per_s"` // by stack
 	Best    string             `json:"best"`
+	// NoDifference: a stack's median beats raw TCP's, but not by more
+	// than the rounds' spread, so raw TCP is named.
+	NoDifference bool `json:"no_difference,omitempty"`
 }
+
+// tieMargin is the least margin by which a stack must beat another to
+// be named over it: the model's own approximation, where the rounds
+// agree more closely than that.
+const tieMargin = 0.05
 
 // linkEstimates models each stack on each link: an application gets the
 // lesser of what the stack's CPU work allows (its measured MB/s, both
 // ends on this machine) and what the link carries of its bytes (the
-// link's rate over the stack's wire bytes per application byte). The
-// best stack is among those within 5% of the most, a margin the rounds'
-// noise exceeds: raw TCP if it is one of them, since no layer is simpler
-// than one, else the one with the most CPU to spare (the highest MB/s).
+// link's rate over the stack's wire bytes per application byte).
+//
+// The stack with the highest median wins only over those it beats
+// beyond the noise: a stack whose fastest round (capped by the link as
+// well) reaches the winner's slowest, or whose median is within
+// tieMargin of the winner's, cannot be told from it. Among those, raw
+// TCP is named if it is one, since no layer is simpler than none (and
+// NoDifference says so when a layer's median was higher), else the one
+// with the most CPU to spare (the highest MB/s).
 func linkEstimates(rows []Row, kinds []string, links []float64) []linkEstimate {
 	var out []linkEstimate
 	for _, k := range kinds {
 		for _, rate := range links {
 			e := linkEstimate{Rate: rate, Data: k, Goodput: map[string]float64{}}
 			cpu := map[string]float64{}
-			top := 0.0
+			lo, hi := map[string]float64{}, map[string]float64{}
+			top := ""
 			for _, r := range rows {
 				if r.Data != k || r.WirePerByte <= 0 {
 					continue
 				}
-				g := min(r.MBps, rate/8/1e6/r.WirePerByte)
+				capacity := rate / 8 / 1e6 / r.WirePerByte
+				g := min(r.MBps, capacity)
 				e.Goodput[r.Stack], cpu[r.Stack] = g, r.MBps
-				top = max(top, g)
+				lo[r.Stack], hi[r.Stack] = g, g
+				if len(r.RoundsMBps) > 0 {
+					lo[r.Stack], hi[r.Stack] = min(slices.Min(r.RoundsMBps), capacity), min(slices.Max(r.RoundsMBps), capacity)
+				}
+				if top == "" || g > e.Goodput[top] {
+					top = r.Stack
+				}
 			}
 			for _, r := range rows { // in the table's order: raw first
 				g, ok := e.Goodput[r.Stack]
 				switch {
-				case !ok || g < 0.95*top:
+				case !ok || g < (1-tieMargin)*e.Goodput[top] && hi[r.Stack] < lo[top]:
 				case e.Best == "":
 					e.Best = r.Stack
 				case e.Best != "raw" && cpu[r.Stack] > cpu[e.Best]:
 					e.Best = r.Stack
 				}
 			}
+			e.NoDifference = e.Best == "raw" && top != "raw" && e.Goodput[top] > e.Goodput["raw"]
 			out = append(out, e)
 		}
 	}
@@ -116,7 +138,11 @@ func printLinkTable(w io.Writer, est []linkEstimate) {
 			}
 		}
 		raw := e.Goodput["raw"]
-		rows = append(rows, []string{e.Data, base.FormatRate(e.Rate), strconv.FormatFloat(raw, 'f', 1, 64), e.Best,
+		best := e.Best
+		if e.NoDifference {
+			best += " (no difference)"
+		}
+		rows = append(rows, []string{e.Data, base.FormatRate(e.Rate), strconv.FormatFloat(raw, 'f', 1, 64), best,
 			strconv.FormatFloat(e.Goodput[e.Best], 'f', 1, 64), strconv.FormatFloat(e.Goodput[e.Best]/raw, 'f', 2, 64), next})
 	}
 	printColumns(w, rows, 2)
