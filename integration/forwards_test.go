@@ -318,6 +318,39 @@ func TestForwardsRoutingReload(t *testing.T) {
 	roundTrip(t, kept, genData(30000, 7))
 }
 
+// TestHangupReloadsRouting: a tunnel started with flags only, whose
+// routing configuration decides (no --stack), takes an edit of it on
+// SIGHUP: its forward restarts on its port, the open connection
+// draining.
+func TestHangupReloadsRouting(t *testing.T) {
+	testenv.Programs(t, "socat")
+	_, echo := startSocatEcho(t)
+	config := filepath.Join(t.TempDir(), "config.toml")
+	writeFile(t, config, "# every destination direct\n")
+	t.Setenv("VLINK_CONFIG", config)
+	listen := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t)) // port 0 would be another port after the restart
+	tunnel := startProc(t, vlinkBin, "tunnel", "--to", echo, "--listen", listen, "--grace", "5s")
+	tunnel.Name, tunnel.CleanExit = "vlink tunnel", true
+	tunnel.WaitFor(t, listenAddrRE, startTimeout)
+	kept := openEcho(t, listen)
+	writeFile(t, config, "[default]\naction = \"refuse\"\n")
+	reload(t, tunnel, 1)
+	if !strings.Contains(tunnel.Output(), `msg=reloaded from="the command line" running=1 unchanged=0 started=1 stopped=1`) {
+		t.Fatalf("the routing configuration edited: want the forward restarted:\n%s", tunnel.Output())
+	}
+	c, err := net.DialTimeout("tcp", listen, startTimeout)
+	if err == nil {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write([]byte("hello"))
+		_, err = c.Read(make([]byte, 16))
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a connection after the edit: %v; want the refusal's reset", err)
+	}
+	roundTrip(t, kept, genData(30000, 9))
+}
+
 // TestForwardsExitCodes checks what systemd's Restart= logic relies on:
 // a bad file at start is a usage error (2: restarting cannot fix it), a
 // port in use a runtime failure (1).

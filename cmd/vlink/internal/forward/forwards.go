@@ -1,8 +1,8 @@
 // Package forward runs the forwards of vlink's serving commands (serve,
 // tunnel, socks): the listener and its accept loop, the relay of each
 // connection with its metrics and --stats, a graceful shutdown, and the
-// --forwards file that runs many forwards in one process and reloads on
-// SIGHUP.
+// --forwards file that runs many forwards in one process; SIGHUP reads
+// the file, or the command line's forward's inputs, again.
 package forward
 
 import (
@@ -60,7 +60,7 @@ type ProcessOptions struct {
 var processFlags = map[string]bool{"forwards": true, "grace": true, "metrics": true, "stats": true, "log-level": true, "log-format": true}
 
 func (p *ProcessOptions) Flags(fs *flag.FlagSet) {
-	fs.StringVar(&p.Forwards, "forwards", "", "run every forward listed in the TOML `FILE`, one [[forward]] table each, whose keys are this command's flags with underscores for dashes, as the routing configuration's (listen = \"127.0.0.1:8080\", key_file = \"vlink.key\"; a repeatable flag takes a list; relative FILE values are in the file's folder; the dashed form, key-file, still works for now, with a warning); SIGHUP rereads it: new forwards start, removed ones stop accepting and drain for --grace, unchanged ones keep their connections, and a file with an error is refused, with the reason logged, while the running forwards stay. The other flags of this list are the process's and stay on the command line (default: the one forward the flags give)")
+	fs.StringVar(&p.Forwards, "forwards", "", "run every forward listed in the TOML `FILE`, one [[forward]] table each, whose keys are this command's flags with underscores for dashes, as the routing configuration's (listen = \"127.0.0.1:8080\", key_file = \"vlink.key\"; a repeatable flag takes a list; relative FILE values are in the file's folder; the dashed form, key-file, still works for now, with a warning); SIGHUP rereads it: new forwards start, removed ones stop accepting and drain for --grace, unchanged ones keep their connections, and a file with an error is refused, with the reason logged, while the running forwards stay. The other flags of this list are the process's and stay on the command line (default: the one forward the flags give, which SIGHUP restarts if its key files or routing configuration changed)")
 	base.GraceVar(fs, &p.grace)
 	metrics.FlagVar(fs, &p.metrics)
 	StatsVar(fs, &p.stats)
@@ -71,17 +71,26 @@ func (p *ProcessOptions) Flags(fs *flag.FlagSet) {
 type newForward func(fs *flag.FlagSet) func(*base.Env) (Forward, error)
 
 // Run runs the command: the forward the command line gives, made by
-// prepare, or with --forwards the file's, each made by entry.
+// prepare, or with --forwards the file's, each made by entry. SIGHUP
+// reads again what they were made from: the file, or for the command
+// line's forward its key files and routing configuration.
 func (p *ProcessOptions) Run(ctx context.Context, e *base.Env, fs *flag.FlagSet, prepare func(*base.Env) (Forward, error), entry newForward) error {
 	if p.grace < 0 || p.stats < 0 {
 		return base.Usagef("--grace and --stats want durations of 0 or more")
 	}
 	if p.Forwards == "" {
-		f, err := prepare(e)
+		load := func() ([]Entry, error) {
+			f, err := prepare(e)
+			if err != nil {
+				return nil, err
+			}
+			return []Entry{{Name: f.ListenAddr(), Id: entryID(fs, f.Inputs()), env: e, F: f}}, nil
+		}
+		entries, err := load()
 		if err != nil {
 			return err
 		}
-		return p.runOne(ctx, e, f)
+		return p.run(ctx, e, &forwardSet{load: load, from: []any{"from", "the command line"}}, entries)
 	}
 	var given []string
 	fs.Visit(func(f *flag.Flag) {
@@ -96,28 +105,6 @@ func (p *ProcessOptions) Run(ctx context.Context, e *base.Env, fs *flag.FlagSet,
 	return p.RunFile(ctx, e, entry)
 }
 
-// runOne runs one forward until ctx ends.
-func (p *ProcessOptions) runOne(ctx context.Context, e *base.Env, f Forward) error {
-	m, stopMetrics, err := metrics.Serve(ctx, e, p.metrics)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	t := NewTracker(m)
-	defer StartStats(e.Log, p.stats, t)() // before the forward says it listens: SIGUSR1 is ours then
-	defer IgnoreHangup(e.Log)()
-	l, handle, release, err := f.Start(ctx, e, t)
-	if err != nil {
-		return err
-	}
-	defer release()
-	notify(e, sdnotify.Ready)
-	defer context.AfterFunc(ctx, func() { notify(e, sdnotify.Stopping) })()
-	return t.AcceptLoop(ctx, e.Log, l, p.grace, func(c net.Conn) {
-		t.Spawn(func() { handle(c) })
-	})
-}
-
 // notify tells systemd the service's state, when it started us with
 // Type=notify; a failure is worth a warning, not an exit.
 func notify(e *base.Env, states ...string) {
@@ -129,17 +116,25 @@ func notify(e *base.Env, states ...string) {
 // RunFile runs the forwards of the --forwards file until ctx ends,
 // rereading it on SIGHUP.
 func (p *ProcessOptions) RunFile(ctx context.Context, e *base.Env, entry newForward) error {
-	entries, err := Load(p.Forwards, e, entry)
+	load := func() ([]Entry, error) { return Load(p.Forwards, e, entry) }
+	entries, err := load()
 	if err != nil {
 		return base.Usagef("%v", err)
 	}
+	return p.run(ctx, e, &forwardSet{load: load, from: []any{"file", p.Forwards}, file: true}, entries)
+}
+
+// run runs s's forwards, entries to begin with, until ctx ends, and
+// applies s.load's on SIGHUP.
+func (p *ProcessOptions) run(ctx context.Context, e *base.Env, s *forwardSet, entries []Entry) error {
 	m, stopMetrics, err := metrics.Serve(ctx, e, p.metrics)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	s := &forwardSet{p: p, e: e, m: m, entry: entry, stats: &statsGroup{}, ended: make(chan *runningForward), quit: make(chan struct{})}
-	defer StartStats(e.Log, p.stats, s.stats)()
+	s.p, s.e, s.m, s.stats = p, e, m, &statsGroup{}
+	s.ended, s.quit = make(chan *runningForward), make(chan struct{})
+	defer StartStats(e.Log, p.stats, s.stats)() // before a forward says it listens: SIGUSR1 is ours then
 	hup := make(chan os.Signal, 1)
 	notifyReload(hup)
 	defer stopReload(hup)
@@ -149,7 +144,9 @@ func (p *ProcessOptions) RunFile(ctx context.Context, e *base.Env, entry newForw
 		return err
 	}
 	m.Reloaded(true)
-	e.Log.Info("running forwards", "file", p.Forwards, "count", len(s.running))
+	if s.file {
+		e.Log.Info("running forwards", "file", p.Forwards, "count", len(s.running))
+	}
 	notify(e, sdnotify.Ready, s.status())
 	for {
 		select {
@@ -161,6 +158,9 @@ func (p *ProcessOptions) RunFile(ctx context.Context, e *base.Env, entry newForw
 			s.reload(ctx)
 			notify(e, sdnotify.Ready, s.status())
 		case rf := <-s.ended:
+			if !s.file && !rf.stopped {
+				return rf.err // the command line's one forward failed: so has the command
+			}
 			if !s.ended1(rf) {
 				s.stopAll()
 				if rf.err == nil {
@@ -418,13 +418,16 @@ func entryID(fs *flag.FlagSet, inputs [][]byte, names ...string) string {
 	return string(h.Sum(nil))
 }
 
-// forwardSet runs the forwards of a --forwards file and applies its
-// reloads. Only runFile's goroutine touches it, but for the channels.
+// forwardSet runs the forwards of a --forwards file, or the command
+// line's one, and applies its reloads. Only run's goroutine touches it,
+// but for the channels.
 type forwardSet struct {
 	p       *ProcessOptions
 	e       *base.Env
 	m       *metrics.Metrics
-	entry   newForward
+	load    func() ([]Entry, error) // what the forwards are now
+	from    []any                   // where load reads them, for the log
+	file    bool                    // from a --forwards file
 	stats   *statsGroup
 	running []*runningForward // in the file's order
 	// ended gets each forward whose accept loop has returned and
@@ -455,6 +458,9 @@ func (s *forwardSet) open(ctx context.Context, fe Entry) (*runningForward, error
 	var err error
 	if rf.l, rf.handle, rf.release, err = fe.F.Start(ctx, fe.env, rf.t); err != nil {
 		cancel()
+		if !s.file {
+			return nil, err // the command line's: no name to give
+		}
 		return nil, fmt.Errorf("forward %s: %w", fe.Name, err)
 	}
 	s.stats.add(rf.t)
@@ -516,13 +522,17 @@ func (s *forwardSet) ended1(rf *runningForward) bool {
 	return len(s.running) > 0
 }
 
-// reload rereads the file and applies it; a file with an error changes
-// nothing.
+// attrs are a log record's attributes: where the forwards come from,
+// then kv.
+func (s *forwardSet) attrs(kv ...any) []any { return slices.Concat(s.from, kv) }
+
+// reload reads the forwards again and applies them; an error in what
+// it reads changes nothing.
 func (s *forwardSet) reload(ctx context.Context) {
-	entries, err := Load(s.p.Forwards, s.e, s.entry)
+	entries, err := s.load()
 	if err != nil {
 		s.m.Reloaded(false)
-		s.e.Log.Error("reload refused: the forwards keep running as they were", "file", s.p.Forwards, "running", len(s.running), "err", err)
+		s.e.Log.Error("reload refused: the forwards keep running as they were", s.attrs("running", len(s.running), "err", err)...)
 		return
 	}
 	before := make(map[string]bool, len(s.running))
@@ -531,11 +541,11 @@ func (s *forwardSet) reload(ctx context.Context) {
 	}
 	if changed, err := s.apply(ctx, entries); !changed {
 		s.m.Reloaded(false)
-		s.e.Log.Error("reload refused: the forwards keep running as they were", "file", s.p.Forwards, "running", len(s.running), "err", err)
+		s.e.Log.Error("reload refused: the forwards keep running as they were", s.attrs("running", len(s.running), "err", err)...)
 		return
 	} else if err != nil {
 		s.m.Reloaded(false)
-		s.e.Log.Error("reload incomplete: the forwards that could not start stay down until the next", "file", s.p.Forwards, "running", len(s.running), "err", err)
+		s.e.Log.Error("reload incomplete: the forwards that could not start stay down until the next", s.attrs("running", len(s.running), "err", err)...)
 		return
 	}
 	s.m.Reloaded(true)
@@ -545,8 +555,8 @@ func (s *forwardSet) reload(ctx context.Context) {
 			kept++
 		}
 	}
-	s.e.Log.Info("reloaded", "file", s.p.Forwards, "running", len(s.running), "unchanged", kept,
-		"started", len(entries)-kept, "stopped", len(before)-kept)
+	s.e.Log.Info("reloaded", s.attrs("running", len(s.running), "unchanged", kept,
+		"started", len(entries)-kept, "stopped", len(before)-kept)...)
 }
 
 // apply makes the running forwards those of entries: a running forward
@@ -635,5 +645,8 @@ func portKey(listen string) string {
 
 // status is the line systemctl status shows.
 func (s *forwardSet) status() string {
+	if !s.file {
+		return sdnotify.Status(fmt.Sprintf("%d forward running from the command line", len(s.running)))
+	}
 	return sdnotify.Status(fmt.Sprintf("%d forwards running from %s", len(s.running), s.p.Forwards))
 }

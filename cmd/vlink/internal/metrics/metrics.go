@@ -189,11 +189,11 @@ func newMetrics() *Metrics {
 	}
 	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vlink_config_last_reload_successful",
-		Help: "Whether the last reading of the --forwards file (at the start, or on SIGHUP) applied it whole: 1, or 0 when it was refused or some forwards could not start. Absent without --forwards.",
+		Help: "Whether the last reading of the forwards (at the start, or on SIGHUP: the --forwards file, or the command line's forward's key files and routing configuration) applied them whole: 1, or 0 when it was refused or some forwards could not start.",
 	})
 	m.reloadAt = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vlink_config_last_reload_success_timestamp_seconds",
-		Help: "When the --forwards file was last applied whole, in seconds since the epoch.",
+		Help: "When the forwards were last applied whole, in seconds since the epoch.",
 	})
 	m.handshake.WithLabelValues(OutcomeOK) // served from the start, as the histogram was
 	m.Reg.MustRegister(m.open, m.conns, bytesCollector{m}, m.refusals, m.handshake, m.dial, m.connects, layerCollector{}, buildInfo(),
