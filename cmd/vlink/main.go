@@ -69,6 +69,7 @@ runs unmodified programs on them.
 		{Name: "VLINK_PRELOAD", Doc: "vlink exec: a prebuilt shim (vlink exec --build-shim), for machines without cc"},
 		{Name: "VLINK_AGENT, VLINK_AGENT_TOKEN", Doc: "set by vlink exec for the program: its agent's socket, and the secret of the program's processes"},
 		{Name: "VLINK_RANK, VLINK_SIZE, VLINK_RELAY, VLINK_NODE_KEY_FILE, VLINK_JOB", Doc: "set by vlink launch for each worker (VLINK_JOB: the job's id, by which ranks of one host find each other over shared memory)"},
+		{Name: "VLINK_LAUNCH_SECRET", Doc: "set by vlink launch --custom for the command it runs, which must pass it on to the workers (mpirun -x VLINK_LAUNCH_SECRET)"},
 		{Name: "VLINK_SPAWNER, VLINK_SSH_SERVERS, VLINK_HOSTFILE, VLINK_SSH_OPTIONS, VLINK_REMOTE_DIR, VLINK_CSPAWN_CMD, VLINK_CSPAWN_SERVERS", Doc: "defaults of vlink launch's spawner flags"},
 	},
 	Files: []cli.Entry{
