@@ -61,11 +61,12 @@ rank R's port P, accepts the other ranks' connections, and waits for
 them all at a barrier. Its ranks on one host talk over shared memory
 (rings in memory both processes map, as pscom within a node), the
 others through the job's network, encrypted; --shm=false (or -x
-VLINK_SHM=off) keeps every rank on the network. Unmodified programs use the node flags of vlink's
-commands with these variables: under vlink exec --node "$VLINK_NODE"
---relay "$VLINK_RELAY" --node-key-file "$VLINK_NODE_KEY_FILE", a program
-reaches rank R's port P as rankR.vlink.alt:P, which vlink serve, given
-the same flags and --allow localhost:P, exposes on rank R.
+VLINK_SHM=off) keeps every rank on the network. Unmodified programs
+use the node flags of vlink's commands with these variables: under
+vlink exec --node "$VLINK_NODE" --relay "$VLINK_RELAY" --node-key-file
+"$VLINK_NODE_KEY_FILE", a program reaches rank R's port P as
+rankR.vlink.alt:P, which vlink serve, given the same flags and --allow
+localhost:P, exposes on rank R.
 
 Spawners (--spawner, as udp-conduit's GASNET_SPAWNFN L, S and C):
 
