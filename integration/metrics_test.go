@@ -58,8 +58,8 @@ curl -sS --fail http://%s/metrics`, web, closed, metrics)
 }
 
 // TestSnapshotOnSIGUSR1 sends SIGUSR1 to a tunnel carrying a connection:
-// it must log a snapshot naming the connection and its bytes so far, and
-// keep running.
+// it must log a snapshot naming the connection, its forward and
+// transport, and its bytes so far, and keep running.
 func TestSnapshotOnSIGUSR1(t *testing.T) {
 	testenv.Programs(t, "socat")
 	_, echo := startSocatEcho(t)
@@ -78,7 +78,7 @@ func TestSnapshotOnSIGUSR1(t *testing.T) {
 	// The bytes down are what the client acknowledged, which a delayed
 	// ACK can hold back a moment: ask again until they are all there.
 	local := regexp.QuoteMeta(c.LocalAddr().String())
-	line := regexp.MustCompile(`msg="open connection" remote=` + local + ` listen=\S+ to=\S+ stack=tcp age=\S+ bytes_up=100000 bytes_down=100000`)
+	line := regexp.MustCompile(`msg="open connection" remote=` + local + ` listen=\S+ to=\S+ stack=plain forward=127\.0\.0\.1:0 transport=tcp age=\S+ bytes_up=100000 bytes_down=100000`)
 	for deadline := time.Now().Add(5 * time.Second); !line.MatchString(tun.Output()); {
 		if time.Now().After(deadline) {
 			t.Fatalf("no snapshot of the open connection with its 100000 bytes each way:\n%s", tun.Output())
