@@ -277,12 +277,24 @@ func (l *listener) fail(err error) {
 // of its own, so a slow or broken dialer delays no other.
 func (l *listener) greet(c net.Conn) {
 	l.mu.Lock()
-	full := len(l.pending) >= localBacklog
-	if !full {
-		l.pending[c] = struct{}{}
+	closed, full := false, len(l.pending) >= localBacklog
+	select {
+	case <-l.done:
+		// Accepted as the listener closed (the one below may hand over
+		// a connection after): stop has closed the pending ones
+		// already, and would not see this one.
+		closed = true
+	default:
+		if !full {
+			l.pending[c] = struct{}{}
+		}
 	}
 	l.mu.Unlock()
-	if full {
+	switch {
+	case closed:
+		c.Close()
+		return
+	case full:
 		c.Write([]byte{localRefused})
 		c.Close()
 		return

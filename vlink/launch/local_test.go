@@ -131,3 +131,20 @@ func TestLocalHostile(t *testing.T) {
 		t.Error("dialed a rank whose listener is closed")
 	}
 }
+
+// TestGreetAfterClose: a connection the shared-memory listener hands
+// over as the rank's listener closes (both were ready at once) is
+// closed at once, not left to its hello's 10 s bound after Close saw
+// none pending.
+func TestGreetAfterClose(t *testing.T) {
+	l, _, _ := localPair(t)
+	l.Close()
+	ours, theirs := net.Pipe()
+	defer theirs.Close()
+	l.greet(ours)
+	theirs.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := theirs.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("the dialer's end of a connection greeted after Close: %v, want it closed at once", err)
+	}
+	l.wg.Wait()
+}
