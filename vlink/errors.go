@@ -128,6 +128,30 @@ func (c RefuseCode) sentinel() error {
 	return nil
 }
 
+// A HandshakeError is how a listener's VLink handshake failed once its
+// hello was read, as ListenConfig.Observe is told. Stack is the stack
+// the hello named, as the dialer wrote it: only a claim, made before
+// the dialer proved a key or the policy was asked, so whatever keeps
+// it (a metric's label) bounds what it keeps. Err is the failure: a
+// *RefusedError when refused.
+type HandshakeError struct {
+	Stack string
+	Err   error
+}
+
+func (e *HandshakeError) Error() string { return e.Err.Error() }
+func (e *HandshakeError) Unwrap() error { return e.Err }
+
+// withStack wraps a handshake's failure err in a *HandshakeError naming
+// stack, unless an inner hello's failure named its own already.
+func withStack(err error, stack string) error {
+	var he *HandshakeError
+	if err == nil || errors.As(err, &he) {
+		return err
+	}
+	return &HandshakeError{Stack: stack, Err: err}
+}
+
 // A RefusedError is a refusal received from (or sent to) a peer.
 type RefusedError struct {
 	Code   RefuseCode

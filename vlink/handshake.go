@@ -155,9 +155,12 @@ func answerError(err error) error {
 // the hello of the last node on the way (via): it comes from the origin
 // that node vouched for (via.RemoteAddr), and proves its own key to this
 // listener, as if it had dialed it.
-func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (*Hello, error) {
+func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (_ *Hello, err error) {
 	p := &l.cfg.Policy
 	m, helloBody, err := readFrame(c, msgHello)
+	if err == nil {
+		defer func() { err = withStack(err, m.stack) }()
+	}
 	if err != nil {
 		var ve *versionError
 		switch {

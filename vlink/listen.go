@@ -85,8 +85,10 @@ type ListenConfig struct {
 	// multi-link layer took over as a member of its session), took how
 	// long the handshake ran (Admit included), err why it failed: a
 	// *RefusedError when refused, ErrPlainRefused, ErrShed, or the
-	// failure (a deadline, a malformed hello). It runs on the handshake's
-	// goroutine, so it must not block: it is meant for metrics.
+	// failure (a deadline, a malformed hello), wrapped in a
+	// *HandshakeError naming the hello's stack once one was read. It
+	// runs on the handshake's goroutine, so it must not block: it is
+	// meant for metrics.
 	Observe func(c *Conn, took time.Duration, err error)
 	// Handle, if set, takes each connection whose handshake succeeded on
 	// the goroutine that ran the handshake, instead of handing it to
@@ -632,7 +634,7 @@ func (l *Listener) serveNestedHandshake(c net.Conn, j *junction) *Conn {
 			return err
 		}
 		conn, err = l.finish(c, h, deadline, j.depth)
-		return err
+		return withStack(err, h.Stack.String())
 	}()
 	l.untrack(c)
 	if err != nil {
@@ -705,7 +707,7 @@ func (l *Listener) handshake(raw net.Conn, accepted time.Time) (*Conn, error) {
 	if err == nil && h.Cert != nil {
 		l.shed.authenticated(raw) // the encryption layer proved it
 	}
-	return c, err
+	return c, withStack(err, h.Stack.String())
 }
 
 // finish completes a handshake whose hello passed the policy: it admits

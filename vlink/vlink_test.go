@@ -256,6 +256,13 @@ func TestRefusals(t *testing.T) {
 					accepts++
 				case errors.As(err, &re) && re.Code == tt.code:
 					refusals++
+					// Observe is told the stack the hello claimed.
+					var he *vlink.HandshakeError
+					if !errors.As(err, &he) {
+						t.Errorf("Observe was told %#v, want a *vlink.HandshakeError", err)
+					} else if s, perr := vlink.Parse(he.Stack); perr != nil || s.Layers[0].Name != d.Stack.Layers[0].Name {
+						t.Errorf("Observe was told the stack %q (%v), want the dialer's, %s", he.Stack, perr, d.Stack)
+					}
 				default:
 					t.Errorf("Observe was told %v, want a refusal %v or an accept", err, tt.code)
 				}

@@ -76,9 +76,9 @@ func TestMetrics(t *testing.T) {
 		`vlink_bytes_total{direction="down",forward="127.0.0.1:0",stack="zstd",transport="tcp"}`:   conns * downSize,
 		`vlink_refusals_total{reason="authentication_failed"}`:                                     1,
 		`vlink_refusals_total{reason="plain_refused"}`:                                             1,
-		`vlink_handshake_duration_seconds_count{outcome="ok"}`:                                     conns,
-		`vlink_handshake_duration_seconds_count{outcome="authentication_failed"}`:                  1,
-		`vlink_handshake_duration_seconds_count{outcome="plain_refused"}`:                          1,
+		`vlink_handshake_duration_seconds_count{outcome="ok",stack="zstd"}`:                        conns,
+		`vlink_handshake_duration_seconds_count{outcome="authentication_failed",stack="zstd"}`:     1,
+		`vlink_handshake_duration_seconds_count{outcome="plain_refused",stack="plain"}`:            1,
 	})
 	if _, ok := got[`go_goroutines`]; !ok {
 		t.Errorf("serve's metrics have no Go runtime metrics")

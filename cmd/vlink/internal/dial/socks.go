@@ -322,7 +322,7 @@ func (o *socksOptions) handle(e *base.Env, t *forward.Tracker, srv *socks.Server
 		}
 		return
 	}
-	t.Metrics.HandshakeDone(time.Since(start))
+	t.Metrics.HandshakeDone(metrics.StackNone, time.Since(start))
 	if a := req.Association; a != nil {
 		// The association lives as long as the client's connection;
 		// shutdown cuts that, and so ends it.

@@ -81,7 +81,7 @@ type Metrics struct {
 	open      *prometheus.GaugeVec     // relayLabels
 	conns     *prometheus.CounterVec   // relayLabels, outcome
 	refusals  *prometheus.CounterVec   // reason
-	handshake *prometheus.HistogramVec // outcome: ok, or the refusal's reason
+	handshake *prometheus.HistogramVec // outcome: ok, or the refusal's reason; stack
 	dial      *prometheus.HistogramVec // relayLabels
 	connects  *prometheus.CounterVec   // outcome: vlink exec's agent
 	reloadOK  prometheus.Gauge         // --forwards: the last reading of the file
@@ -89,6 +89,7 @@ type Metrics struct {
 
 	mu       sync.Mutex
 	stacks   map[string]bool // the stack labels given out
+	claimed  map[string]bool // those given out for failed handshakes' claims only
 	forwards map[string]bool // the forward labels given out
 	reloads  bool            // the reload metrics are registered
 
@@ -159,6 +160,7 @@ func newMetrics() *Metrics {
 	m := &Metrics{
 		Reg:      prometheus.NewRegistry(),
 		stacks:   map[string]bool{},
+		claimed:  map[string]bool{},
 		forwards: map[string]bool{},
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vlink_connections_open",
@@ -174,9 +176,9 @@ func newMetrics() *Metrics {
 		}, []string{"reason"}),
 		handshake: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vlink_handshake_duration_seconds",
-			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), or to its refusal, by outcome: ok, or the reason as vlink_refusals_total gives it (a handshake that timed out shows how long the peer held a slot).",
+			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), or to its refusal, by outcome (ok, or the reason as vlink_refusals_total gives it: a handshake that timed out shows how long the peer held a slot) and stack (the hello's, as claimed when it failed; plain for a plain client, none before a hello or for SOCKS).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10), // 100 µs to 26 s
-		}, []string{"outcome"}),
+		}, []string{"outcome", "stack"}),
 		dial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vlink_dial_duration_seconds",
 			Help:    "Time to reach a destination through a stack, handshakes included, of the dials that succeeded, by forward, stack and transport.",
@@ -195,7 +197,6 @@ func newMetrics() *Metrics {
 		Name: "vlink_config_last_reload_success_timestamp_seconds",
 		Help: "When the forwards were last applied whole, in seconds since the epoch.",
 	})
-	m.handshake.WithLabelValues(OutcomeOK) // served from the start, as the histogram was
 	m.Reg.MustRegister(m.open, m.conns, bytesCollector{m}, m.refusals, m.handshake, m.dial, m.connects, layerCollector{}, buildInfo(),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -378,30 +379,82 @@ func (m *Metrics) Refused(reason string) {
 	}
 }
 
-// HandshakeDone counts a handshake that succeeded after took.
-func (m *Metrics) HandshakeDone(took time.Duration) {
+// Stack labels of handshakes that ran no VLink stack.
+const (
+	StackNone = "none" // no hello was read: a SOCKS handshake, or one that failed before its hello
+	// stackInvalid: a failed hello's stack that does not parse.
+	stackInvalid = "invalid"
+	// maxClaimedLabels bounds the stack labels that only failed
+	// handshakes' claims gave out, apart from maxStackLabels, so that
+	// hellos nobody proved cannot crowd out the stacks that run.
+	maxClaimedLabels = 8
+)
+
+// HandshakeDone counts a handshake of stack (a StackLabel, or StackNone)
+// that succeeded after took.
+func (m *Metrics) HandshakeDone(stack string, took time.Duration) {
 	if m != nil {
-		m.handshake.WithLabelValues(OutcomeOK).Observe(took.Seconds())
+		m.handshake.WithLabelValues(OutcomeOK, m.stackValue(stack)).Observe(took.Seconds())
 	}
 }
 
-// HandshakeFailed counts a handshake refused, or failed, for reason
-// after took: a refusal, and its time.
+// HandshakeFailed counts a handshake with no hello (a SOCKS one)
+// refused, or failed, for reason after took: a refusal, and its time.
 func (m *Metrics) HandshakeFailed(reason string, took time.Duration) {
 	if m != nil {
 		m.refusals.WithLabelValues(reason).Inc()
-		m.handshake.WithLabelValues(reason).Observe(took.Seconds())
+		m.handshake.WithLabelValues(reason, StackNone).Observe(took.Seconds())
 	}
 }
 
 // Handshook is a vlink.ListenConfig.Observe: each handshake's time, by
-// outcome, and the failures' reasons.
-func (m *Metrics) Handshook(_ *vlink.Conn, took time.Duration, err error) {
-	if err == nil {
-		m.HandshakeDone(took)
+// outcome and stack, and the failures' reasons.
+func (m *Metrics) Handshook(c *vlink.Conn, took time.Duration, err error) {
+	if m == nil {
 		return
 	}
-	m.HandshakeFailed(refusalReason(err), took)
+	if err == nil {
+		stack := "plain"
+		if h := c.Hello(); h != nil {
+			stack = StackLabel(h.Stack)
+		}
+		m.HandshakeDone(stack, took)
+		return
+	}
+	reason := refusalReason(err)
+	m.refusals.WithLabelValues(reason).Inc()
+	m.handshake.WithLabelValues(reason, m.claimedValue(err)).Observe(took.Seconds())
+}
+
+// stackValue is a stack label, bounded.
+func (m *Metrics) stackValue(stack string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return bound(m.stacks, maxStackLabels, stack)
+}
+
+// claimedValue is the stack label of a handshake that failed with err:
+// the one its hello named, as a label the stacks that ran gave out
+// already, or else under a bound of its own; StackNone before a hello,
+// plain for a plain client refused.
+func (m *Metrics) claimedValue(err error) string {
+	var he *vlink.HandshakeError
+	switch {
+	case errors.Is(err, vlink.ErrPlainRefused):
+		return "plain"
+	case !errors.As(err, &he):
+		return StackNone
+	}
+	label := stackInvalid
+	if s, perr := vlink.Parse(he.Stack); perr == nil {
+		label = StackLabel(s)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stacks[label] {
+		return label
+	}
+	return bound(m.claimed, maxClaimedLabels, label)
 }
 
 // refusalReason is the reason label of a handshake that failed: the

@@ -4,9 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vlink-dev/vlink/vlink"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
@@ -105,4 +110,77 @@ func TestTransport(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHandshakeStackLabel: a failed handshake is labelled with the stack
+// its hello claimed, under a bound of its own, so that hellos nobody
+// proved cannot take the labels of the stacks that run; a claim of a
+// stack that runs keeps its name.
+func TestHandshakeStackLabel(t *testing.T) {
+	m := newMetrics()
+	refused := &vlink.RefusedError{Code: vlink.CodeAuthFailed}
+	claim := func(stack string) {
+		m.Handshook(nil, time.Millisecond, &vlink.HandshakeError{Stack: stack, Err: refused})
+	}
+	// A flood of claims, each a stack of its own.
+	for i := range 3 * maxClaimedLabels {
+		claim(strings.Repeat("zstd+", i) + "lz4")
+	}
+	for _, tc := range []struct {
+		stack string
+		want  uint64
+	}{
+		{"lz4", 1},
+		{strings.Repeat("zstd+", maxClaimedLabels-1) + "lz4", 1},
+		{strings.Repeat("zstd+", maxClaimedLabels) + "lz4", 0},
+		{"other", 2 * maxClaimedLabels},
+	} {
+		if got := handshakes(t, m, "authentication_failed", tc.stack); got != tc.want {
+			t.Errorf("claims labelled %q: %d, want %d", tc.stack, got, tc.want)
+		}
+	}
+	// Past the claims' bound, the claim of a stack that ran keeps its name.
+	m.Handshook(nil, time.Millisecond, &vlink.HandshakeError{Stack: "zstd:level=3+tcp", Err: refused})
+	if got := handshakes(t, m, "authentication_failed", "zstd"); got != 0 {
+		t.Fatalf("a claim of a stack that never ran, past the bound: %d labelled zstd, want 0", got)
+	}
+	m.HandshakeDone("zstd", time.Millisecond)
+	m.Handshook(nil, time.Millisecond, &vlink.HandshakeError{Stack: "zstd:level=3+tcp", Err: refused})
+	if got := handshakes(t, m, "authentication_failed", "zstd"); got != 1 {
+		t.Errorf("a claim of a stack that ran: %d labelled zstd, want 1", got)
+	}
+	// The stacks that run still get labels of their own, all of them.
+	for i := range maxStackLabels - 1 {
+		m.RelayStarted(Labels{Forward: "f", Stack: fmt.Sprintf("s%d", i), Transport: TransportTCP})
+	}
+	if got := testutil.ToFloat64(m.open.WithLabelValues("f", "other", "tcp")); got != 0 {
+		t.Errorf("after the claims, %v connections of the first %d stacks labelled other, want 0", got, maxStackLabels)
+	}
+
+	for _, tc := range []struct {
+		name, outcome, stack string
+		err                  error
+	}{
+		{"unparsable", "authentication_failed", stackInvalid, &vlink.HandshakeError{Stack: "no-such-layer", Err: refused}},
+		{"plain", "plain_refused", "plain", vlink.ErrPlainRefused},
+		{"no hello", "timeout", StackNone, os.ErrDeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMetrics()
+			m.Handshook(nil, time.Millisecond, tc.err)
+			if got := handshakes(t, m, tc.outcome, tc.stack); got != 1 {
+				t.Errorf("%d handshakes labelled outcome=%q stack=%q, want 1", got, tc.outcome, tc.stack)
+			}
+		})
+	}
+}
+
+// handshakes is how many handshakes m counted with outcome and stack.
+func handshakes(t *testing.T, m *Metrics, outcome, stack string) uint64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.handshake.WithLabelValues(outcome, stack).(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram().GetSampleCount()
 }
