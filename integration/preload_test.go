@@ -43,9 +43,11 @@ const (
 	farHTTP   = 8000
 	farEcho   = 9000
 	farClosed = 9999 // nothing listens
-	farRedis  = 6379
-	farIperf  = 5201
-	farSSH    = 2222
+	// farBlackHole drops SYNs, once the connect-timeout test made it so
+	farBlackHole = 9998
+	farRedis     = 6379
+	farIperf     = 5201
+	farSSH       = 2222
 )
 
 func newPreloadLab(t *testing.T) *preloadLab {
@@ -308,6 +310,34 @@ func TestPreloadPrograms(t *testing.T) {
 		out := string(lab.mustExec(t, "python3", "-c", script, FarV4Name, strconv.Itoa(farEcho)))
 		if out != "['AF_INET']\nv4 only\n" {
 			t.Errorf("python resolving %s (IPv4 only on the far side) and echoing through it:\n%s", FarV4Name, out)
+		}
+	})
+
+	t.Run("connect-timeout", func(t *testing.T) {
+		// A far host that drops SYNs: the program's own connect timeout
+		// (13 s) decides, as without vlink, not the gateway's
+		// --dial-timeout (10 s), and the gateway's dial stops when the
+		// program's vlink exec ends.
+		const timeout = 13
+		rules := fmt.Sprintf("table inet vlblack {\n chain output {\n  type filter hook output priority 0;\n  tcp dport %d drop\n }\n}\n", farBlackHole)
+		cmd := exec.Command("ip", "netns", "exec", s.ns, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("nft: %v\n%s", err, out)
+		}
+		script := "import socket,sys,time\ns=socket.socket()\ns.settimeout(float(sys.argv[3]))\nt=time.monotonic()\n" +
+			"try:\n  s.connect((sys.argv[1], int(sys.argv[2])))\n  print('connected')\n" +
+			"except OSError as e:\n  print(e, '%.1f' % (time.monotonic()-t))\n"
+		out := strings.Fields(string(lab.mustExec(t, "python3", "-c", script, s.farIP.String(), strconv.Itoa(farBlackHole), strconv.Itoa(timeout))))
+		ended := time.Now()
+		took, _ := strconv.ParseFloat(out[len(out)-1], 64)
+		if got := strings.Join(out[:len(out)-1], " "); got != "timed out" || took < timeout-0.5 || took > timeout+2 {
+			t.Errorf("a connect with a %d s timeout to a host that drops SYNs: %q after %.1f s; want python's own \"timed out\" after %d s", timeout, got, took, timeout)
+		}
+		target := regexp.QuoteMeta(fmt.Sprintf("%s:%d", s.farIP, farBlackHole))
+		lab.serve.WaitFor(t, regexp.MustCompile(`msg="the dialer left before the target answered" remote=\S+ target=`+target), 10*time.Second)
+		if after := time.Since(ended); after > 5*time.Second {
+			t.Errorf("the gateway stopped dialing %v after the program's vlink exec ended, want at once", after)
 		}
 	})
 

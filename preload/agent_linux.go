@@ -36,9 +36,8 @@ const EnvAgent = "VLINK_AGENT"
 // belongs to the program.
 const EnvAgentToken = "VLINK_AGENT_TOKEN"
 
-// Defaults of AgentConfig.
+// Bounds of the agent's work.
 const (
-	DefaultDialTimeout = 30 * time.Second
 	// attachTimeout bounds how long a dialed connection waits for the
 	// program's relay connection, and an accepted relay connection for its
 	// attach: both come from the same connect call, microseconds apart.
@@ -67,8 +66,11 @@ type AgentConfig struct {
 	// every destination is direct.
 	Config *vlink.Config
 	// DialTimeout bounds a dial through a stack, handshake included. Zero
-	// means DefaultDialTimeout. A blocking connect with SO_SNDTIMEO set
-	// gets the shorter of the two.
+	// means as long as the kernel's own connect waits for a host that
+	// does not answer (KernelConnectTimeout): a program's connect then
+	// ends as without vlink, by its own timeout or the kernel's, the
+	// gateway waiting as long (vlink serve --max-dial-timeout). A
+	// blocking connect with SO_SNDTIMEO set gets the shorter of the two.
 	DialTimeout time.Duration
 	// Logger gets a debug line per decision and an info line per failed
 	// connection. Nil discards.
@@ -243,7 +245,7 @@ func NewAgent(c AgentConfig) (*Agent, error) {
 		dgrams:  map[*dgramRelay]struct{}{},
 	}
 	if a.timeout <= 0 {
-		a.timeout = DefaultDialTimeout
+		a.timeout = KernelConnectTimeout()
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)

@@ -26,6 +26,28 @@ import (
 // layer.DefaultHandshakeTimeout, which layers use for their own setup.
 const DefaultHandshakeTimeout = layer.DefaultHandshakeTimeout
 
+// waitBeyond is how long every listener lets a dialer wait for its
+// target (DefaultHandshakeTimeout): a hello names only a longer wait
+// (Hello.TargetWait), so that a listener older than the field takes
+// the usual hello. Tests shorten it.
+var waitBeyond = DefaultHandshakeTimeout
+
+// targetWait is the wait a hello names, in milliseconds: how long ctx
+// lets the dialer wait for a connection to target, when that is beyond
+// waitBeyond, as a program's own connect timeout may be (vlink exec);
+// else 0. Lookups and datagram sessions wait for no connection.
+func targetWait(ctx context.Context, target string, lookup, datagram bool) uint32 {
+	dl, ok := ctx.Deadline()
+	if !ok || target == "" || lookup || datagram {
+		return 0
+	}
+	left := time.Until(dl)
+	if left <= waitBeyond {
+		return 0
+	}
+	return uint32(min(left/time.Millisecond, 1<<32-1))
+}
+
 // A Dialer connects through a VLink stack. Its zero value follows the
 // user's configuration (see [LoadConfig]), which with no configuration at
 // all means plain TCP, so a zero Dialer is a drop-in net.Dialer.
@@ -1030,7 +1052,8 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 			carrier = layer.DatagramCarrierOf(c)
 		}
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert, cc: d.cc, aeads: d.aeads}, key, binding)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, node: node, lookup: d.lookup, dgram: d.datagram, qdgram: carrier != nil, cert: cert, cc: d.cc, aeads: d.aeads,
+		wait: targetWait(ctx, d.target, d.lookup, d.datagram)}, key, binding)
 	if err == nil && carrier != nil {
 		*d.carrier = carrier
 	}

@@ -112,8 +112,13 @@ const (
 	// one byte each (layer.AEAD), fastest first; in its accept: the one
 	// the listener chose, one byte (layer.AEADNegotiator)
 	tagAEAD fieldTag = 18
+	// in a hello that names a target: how long the dialer waits for the
+	// listener to reach it, in milliseconds, u32 (Hello.TargetWait);
+	// sent only beyond DefaultHandshakeTimeout, which every listener
+	// gives, so that an older listener takes the usual hello
+	tagWait fieldTag = 19
 
-	lastTag = tagAEAD // the newest field this side knows
+	lastTag = tagWait // the newest field this side knows
 )
 
 // maxAEADOffer bounds an offer: room for ciphers not yet known, which a
@@ -128,7 +133,7 @@ const (
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC, tagAEAD},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC, tagAEAD, tagWait},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
 	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert, tagAEAD},
@@ -164,6 +169,7 @@ type message struct {
 	cert   []byte   // the sender's certificate, undecoded (Member checks it)
 	cc     string   // in a hello: the congestion control to use (Hello.CongestionControl)
 	aeads  []byte   // in a hello: the ciphers offered (layer.AEAD); in an accept: the one chosen
+	wait   uint32   // in a hello: how long the dialer waits for its target, ms (Hello.TargetWait)
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -220,6 +226,9 @@ func (m *message) appendFrame(b []byte) []byte {
 	str(tagCC, m.cc)
 	if len(m.aeads) > 0 {
 		field(tagAEAD, m.aeads)
+	}
+	if m.wait != 0 {
+		field(tagWait, binary.BigEndian.AppendUint32(nil, m.wait))
 	}
 	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
 	return b
@@ -310,6 +319,13 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			}
 		case tagAEAD:
 			m.aeads, err = decodeAEADs(t, v)
+		case tagWait:
+			if len(v) != 4 || binary.BigEndian.Uint32(v) == 0 {
+				err = errors.New("wait must be a non-zero u32 of milliseconds")
+			}
+			if len(v) == 4 {
+				m.wait = binary.BigEndian.Uint32(v)
+			}
 		case tagDatagram:
 			if len(v) != 1 || v[0] != datagramStream && v[0] != datagramQUIC {
 				err = errors.New("datagram must be the byte 1 or 2")

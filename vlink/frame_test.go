@@ -24,6 +24,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		{typ: msgHello, stack: "zstd", target: "db.internal:0", lookup: true},
 		{typ: msgAccept, proof: bytes.Repeat([]byte{4}, proofSize), family: FamilyIPv4},
 		{typ: msgHello, stack: "zstd", target: "db.internal:5432", cc: "bbr"},
+		{typ: msgHello, stack: "zstd", target: "db.internal:5432", wait: 127000},
 	}
 	for _, m := range msgs {
 		t.Run(m.typ.String(), func(t *testing.T) {
@@ -35,7 +36,7 @@ func TestFrameRoundTrip(t *testing.T) {
 			if got.stack != m.stack || got.target != m.target || got.node != m.node || !bytes.Equal(got.nonce, m.nonce) ||
 				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason ||
 				strings.Join(got.hops, ",") != strings.Join(m.hops, ",") || got.origin != m.origin || !bytes.Equal(got.trail, m.trail) || got.hop != m.hop ||
-				got.lookup != m.lookup || got.family != m.family {
+				got.lookup != m.lookup || got.family != m.family || got.wait != m.wait {
 				t.Fatalf("got %+v, want %+v", got, m)
 			}
 		})
@@ -93,6 +94,9 @@ func TestFrameErrors(t *testing.T) {
 		{"cipher offer too long", hello(field(tagAEAD, []byte{1, 2, 3, 4, 5, 6, 7, 8, 9})), ErrBadHello, "cipher offer holds 1..8"},
 		{"cipher offered twice", hello(field(tagAEAD, []byte{2, 1, 2})), ErrBadHello, "distinct non-zero"},
 		{"cipher zero", hello(field(tagAEAD, []byte{0})), ErrBadHello, "distinct non-zero"},
+		{"wait zero", hello(field(tagWait, []byte{0, 0, 0, 0})), ErrBadHello, "wait must be"},
+		{"wait short", hello(field(tagWait, []byte{1, 0})), ErrBadHello, "wait must be"},
+		{"a field newer than wait", hello(field(tagWait+1, []byte{1})), ErrBadHello, "newer than this side"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -136,6 +140,7 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgAccept, cert: []byte{1}}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, stack: "noise", aeads: []byte{2, 1, 77}}).appendFrame(nil))
 	f.Add((&message{typ: msgAccept, aeads: []byte{2}}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:1", wait: 15000}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -154,7 +159,8 @@ func FuzzReadFrame(f *testing.F) {
 		}
 		if again.stack != m.stack || again.target != m.target || again.node != m.node || again.code != m.code || again.reason != m.reason ||
 			strings.Join(again.hops, ",") != strings.Join(m.hops, ",") || again.origin != m.origin || !bytes.Equal(again.trail, m.trail) || again.hop != m.hop ||
-			again.lookup != m.lookup || again.family != m.family || !bytes.Equal(again.cert, m.cert) || !bytes.Equal(again.aeads, m.aeads) {
+			again.lookup != m.lookup || again.family != m.family || !bytes.Equal(again.cert, m.cert) || !bytes.Equal(again.aeads, m.aeads) ||
+			again.wait != m.wait {
 			t.Fatalf("re-encoding changed the message: %+v vs %+v", again, m)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
@@ -171,7 +172,8 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (_ *Hell
 		}
 		return nil, fmt.Errorf("reading hello: %w", err)
 	}
-	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, QUICDatagrams: m.qdgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l}
+	h := &Hello{Target: m.target, Lookup: m.lookup, Datagram: m.dgram, QUICDatagrams: m.qdgram, RemoteAddr: c.RemoteAddr(), key: p.Key, listener: l,
+		TargetWait: time.Duration(m.wait) * time.Millisecond}
 	if m.aeads != nil {
 		h.AEAD = layer.ChooseAEAD(aeadsOf(m.aeads))
 	}

@@ -50,8 +50,17 @@ type ListenConfig struct {
 	// Policy decides what dialers may ask for.
 	Policy Policy
 	// HandshakeTimeout bounds each connection's handshake, from accept to
-	// ready. Zero means DefaultHandshakeTimeout.
+	// ready, unless its dialer waits longer for its target (MaxTargetWait).
+	// Zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// MaxTargetWait is the longest a dialer may have Admit wait for its
+	// target (Hello.TargetWait): its handshake's deadline moves that far,
+	// past HandshakeTimeout, and Admit's context is canceled as soon as
+	// the dialer hangs up (a connection over a socket). It lets a
+	// program's own connect timeout govern (vlink exec asks for as long
+	// as the kernel's connect waits), where the handshake's would cut
+	// a host that drops SYNs. Zero: no dialer moves the deadline.
+	MaxTargetWait time.Duration
 	// SniffTimeout is how long a connection may stay silent before it is
 	// taken as plain. Clients of protocols where the server speaks first
 	// (SSH, SMTP) wait this long for the banner. Zero means
@@ -158,6 +167,11 @@ type Hello struct {
 	// before it accepted, so that what goes back uses it too. Empty: the
 	// system's default.
 	CongestionControl string
+	// TargetWait is how long the dialer waits for the listener to reach
+	// Target, when it said (only a wait beyond DefaultHandshakeTimeout is
+	// said): a program's own connect timeout, under vlink exec. Zero: it
+	// said nothing. ListenConfig.MaxTargetWait bounds what it gets.
+	TargetWait time.Duration
 	// AEAD is the cipher the hello agreed on for the stack's encryption
 	// layer (layer.AEADNegotiator): the first this listener runs well
 	// among those the dialer offered. AEADDefault when the hello offered
@@ -756,14 +770,29 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 	var admitted any
 	if l.cfg.Admit != nil && ml == nil {
 		ctx, cancel := context.WithDeadline(l.ctx, deadline)
+		stop := func() {}
+		if longer := l.waitLonger(h, deadline); !longer.IsZero() {
+			// The dialer waits for its target longer than the
+			// handshake would: as long as it waits, or until it
+			// hangs up.
+			deadline = longer
+			raw.SetDeadline(deadline)
+			ctx, cancel = context.WithDeadline(l.ctx, deadline)
+			stop = cancelOnHangUp(raw, cancel, deadline)
+		}
 		var err error
 		admitted, err = l.cfg.Admit(ctx, h)
+		stop()
 		cancel()
 		if err != nil {
 			var re *RefusedError
 			if !errors.As(err, &re) {
 				re = refuse(CodeRejected, "%v", err)
 			}
+			// A target dial that took the handshake's whole time still
+			// says why (timed out), rather than ending the connection
+			// as a crash would.
+			raw.SetWriteDeadline(time.Now().Add(refusalWrite))
 			return nil, sendRefusal(raw, re)
 		}
 	}
@@ -813,6 +842,45 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 	l.log.Debug("vlink: accepted", "remote", h.RemoteAddr.String(), "stack", h.Stack.String(),
 		"target", h.Target, "node", h.Node, "hops", h.Hops, "forwarded", h.Forwarded, "took", time.Since(start))
 	return &Conn{Conn: c, hello: h, admitted: admitted}, nil
+}
+
+// refusalWrite bounds the write of a refusal after Admit, which may
+// have used up the handshake's time.
+const refusalWrite = time.Second
+
+// waitLonger returns the deadline a hello's TargetWait moves the
+// handshake's to, bounded by MaxTargetWait, or the zero time when it
+// moves nothing.
+func (l *Listener) waitLonger(h *Hello, deadline time.Time) time.Time {
+	wait := min(h.TargetWait, l.cfg.MaxTargetWait)
+	if wait <= 0 || h.Target == "" {
+		return time.Time{}
+	}
+	if longer := time.Now().Add(wait); longer.After(deadline) {
+		return longer
+	}
+	return time.Time{}
+}
+
+// cancelOnHangUp calls cancel if c's dialer hangs up (its end of stream
+// or a reset arrives) before stop is called, so that a long wait for a
+// target is not spent on a dialer that gave up. stop ends the watch and
+// puts c's read deadline back to deadline. Only a socket is watched,
+// by peeking: a byte that arrives first ends the watch, unread.
+func cancelOnHangUp(c net.Conn, cancel func(), deadline time.Time) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, n, ok, err := peekFirst(c)
+		if ok && (err == nil && n == 0 || err != nil && !isTimeout(err)) {
+			cancel()
+		}
+	}()
+	return func() {
+		c.SetReadDeadline(time.Unix(1, 0)) // wakes the peek
+		<-done
+		c.SetReadDeadline(deadline)
+	}
 }
 
 // sniff reads exactly as many bytes as it takes to tell the magic from a

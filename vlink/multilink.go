@@ -97,7 +97,7 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		if dl, ok := ctx.Deadline(); ok {
 			c.SetWriteDeadline(dl)
 		}
-		_, err = c.Write(helloBytes(&message{stack: d.stack, target: d.target, dgram: d.datagram}, nil))
+		_, err = c.Write(helloBytes(&message{stack: d.stack, target: d.target, dgram: d.datagram, wait: targetWait(ctx, d.target, false, d.datagram)}, nil))
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			c.Close()
@@ -105,7 +105,8 @@ func (d *nestedHelloDialer) dialSegment(ctx context.Context, network, address st
 		}
 		return &earlyConn{Conn: c, addr: addr{network, address}}, hs, nil
 	}
-	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup, dgram: d.datagram}, nil, nil)
+	transcript, acc, err := handshakeWithContext(ctx, c, &message{stack: d.stack, target: d.target, lookup: d.lookup, dgram: d.datagram,
+		wait: targetWait(ctx, d.target, d.lookup, d.datagram)}, nil, nil)
 	if err == nil && d.peerKey != nil && !d.lookup {
 		err = d.peerKey(d.peer, acc.static)
 	}

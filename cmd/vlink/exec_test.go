@@ -20,7 +20,7 @@ func TestExecUsageErrors(t *testing.T) {
 		{[]string{"exec", "--stack", "zstd", "--config", "x.toml", "--", "true"}, "not both"},
 		{[]string{"exec", "--stack", "zstd:level=99", "--", "true"}, "outside [1, 22]"},
 		{[]string{"exec", "--stack", "zstd", "--via", "nohostport", "--", "true"}, "want HOST:PORT"},
-		{[]string{"exec", "--dial-timeout", "0s", "--", "true"}, "positive duration"},
+		{[]string{"exec", "--dial-timeout", "-1s", "--", "true"}, "positive duration"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runSync(tc.args...)

@@ -205,7 +205,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *base.Env) int {
 	fs.StringVar(&o.via, "via", "", "go through the VLink gateway at `HOST:PORT` (vlink serve --allow), which resolves the names and dials the destinations; needs --stack (default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "prove to the gateway that we hold the pre-shared key in `FILE`; needs --stack (default: none)")
 	fs.StringVar(&o.config, "config", "", "route with the vlink config `FILE` instead of --stack (default: VLINK_CONFIG and the other VLINK_ variables)")
-	fs.DurationVar(&o.dialTimeout, "dial-timeout", 30*time.Second, "give up a connection through a stack, handshake included, after `DURATION`")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 0, "give up a connection through a stack, handshake included, after `DURATION` (default: as the kernel's own connect gives up on a host that does not answer, about 2 minutes: net.ipv4.tcp_syn_retries; a program's shorter timeout still decides, as without vlink)")
 	base.KnownNodesVar(fs, &o.knownNodes)
 	base.InsecurePlaintextVar(fs, &o.plaintext)
 	fs.StringVar(&o.logFile, "log-file", "", "append vlink's log to `FILE` instead of writing it to the program's stderr (default: stderr)")
@@ -235,7 +235,7 @@ var loopbackRules = []selector.Rule{
 
 // routes builds the configuration the flags describe.
 func (o *execOptions) routes() (*vlink.Config, error) {
-	if o.dialTimeout <= 0 {
+	if o.dialTimeout < 0 {
 		return nil, base.Usagef("--dial-timeout wants a positive duration")
 	}
 	if o.config != "" && (o.stack != "" || o.via != "" || o.keyFile != "") {

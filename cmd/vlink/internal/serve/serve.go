@@ -129,6 +129,7 @@ type serveOptions struct {
 	allow, limits, hops, proxyProtocol     base.ListFlag
 	allowUDP                               base.ListFlag
 	handshakeTimeout, dialTimeout          time.Duration
+	maxDialTimeout                         time.Duration
 	idleTimeout, udpIdleTimeout            time.Duration
 	udpSessions, udpPerClient              int
 	insecurePlaintext                      bool
@@ -170,8 +171,9 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.layers, "layers", "", "let dialers ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
 	fs.Var(&o.limits, "limit", "narrow a layer parameter's bounds, written `LAYER.PARAM=MIN-MAX` or LAYER.PARAM=VALUE: the server runs the mirrored layer too, so a high compression level costs it CPU (repeatable; default: the layer's own bounds)")
 	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
-	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`")
-	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`")
+	fs.DurationVar(&o.handshakeTimeout, "handshake-timeout", vlink.DefaultHandshakeTimeout, "close a connection whose handshake, target dial included, takes longer than `DURATION`, unless its dialer waits longer for the target (--max-dial-timeout)")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "give up dialing the target after `DURATION`, unless the dialer waits longer (--max-dial-timeout)")
+	fs.DurationVar(&o.maxDialTimeout, "max-dial-timeout", 130*time.Second, "let a dialer that waits longer than --dial-timeout for its target have the dial take up to `DURATION`, as vlink exec does so that a program's own connect timeout (or the kernel's, about 2 minutes) decides, as without vlink; the dial stops when the dialer hangs up (0: never past --dial-timeout)")
 	fs.BoolVar(&o.quic, "quic", false, "also accept QUIC (reliable UDP) on --listen's UDP port: for lossy, long paths (vlink tunnel --stack zstd+quic; with --key-file the stack needs a filter above quic to carry the key: --stack quic alone sends no hello); dialers check the listener by the key, or by the pin it logs")
 	fs.StringVar(&o.quicCert, "quic-cert", "", "with --quic: a `FILE` keeping the QUIC certificate and key, made (mode 600) if missing, so the pin dialers may hold survives restarts")
 	fs.BoolVar(&o.shm, "shm", false, "also accept connections over shared memory from this machine's processes of the same user, on --listen's port number (vlink tunnel --stack lz4+shm; with --key-file the stack needs a filter above shm to carry the key: --stack shm alone sends no hello; Linux)")
@@ -229,8 +231,9 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"idle-timeout", o.idleTimeout}, {"udp-idle-timeout", o.udpIdleTimeout}} {
-		if d.v < 0 || (d.v == 0 && d.name != "idle-timeout") {
+	}{{"handshake-timeout", o.handshakeTimeout}, {"dial-timeout", o.dialTimeout}, {"idle-timeout", o.idleTimeout}, {"udp-idle-timeout", o.udpIdleTimeout},
+		{"max-dial-timeout", o.maxDialTimeout}} {
+		if d.v < 0 || (d.v == 0 && d.name != "idle-timeout" && d.name != "max-dial-timeout") {
 			return nil, base.Usagef("--%s %v: want a positive duration", d.name, d.v)
 		}
 	}
@@ -311,6 +314,7 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 		QuicCert:         o.quicCert,
 		Policy:           policy,
 		HandshakeTimeout: o.handshakeTimeout,
+		MaxTargetWait:    o.maxDialTimeout,
 		Admit:            s.admit,
 		Lookup:           s.lookup,
 		Logger:           e.Log,
@@ -533,7 +537,14 @@ func (s *server) admit(ctx context.Context, h *vlink.Hello) (any, error) {
 		}
 		to = s.target
 	}
-	c, err := dialTarget(ctx, &net.Dialer{Timeout: s.dialTimeout}, to)
+	// A dialer that waits longer (a program's connect under vlink exec)
+	// has it, as far as the listener's MaxTargetWait let ctx run.
+	c, err := dialTarget(ctx, &net.Dialer{Timeout: max(s.dialTimeout, h.TargetWait)}, to)
+	if errors.Is(ctx.Err(), context.Canceled) && err != nil {
+		// The dialer hung up (or serve is stopping): nobody to tell.
+		s.log.Info("the dialer left before the target answered", "remote", h.RemoteAddr.String(), "target", to)
+		return nil, err
+	}
 	if err != nil {
 		s.log.Warn("target unreachable", "remote", h.RemoteAddr.String(), "target", to, "err", err)
 		return nil, vlink.TargetRefusal(err)
