@@ -9,7 +9,8 @@
 #                 --stack identity+tcp:cc=bbr -> vlink serve
 #
 # Prints, per pair, the median Mbit/s of each flow and its share of the
-# two. No target: the figure says what a user who turns BBR on does to
+# two, and for the pair through vlink the CPU seconds per GB of vlink
+# tunnel and vlink serve (median). No target: the figure says what a user who turns BBR on does to
 # the CUBIC flows beside it.
 #
 # Needs root (network namespaces) and a kernel offering bbr. Environment:
@@ -30,21 +31,26 @@ build_vlink_lab
 results=$work/results.txt
 : >"$results"
 
-# pair PROFILE NAME ARGS1 -- ARGS2: two iperf3 clients at once.
+# pair PROFILE NAME ARGS1 -- ARGS2: two iperf3 clients at once; the CPU of
+# the vlink processes in vlinks (tunnel, serve) over the second's bytes.
+vlinks=()
 pair() {
-  local profile=$1 name=$2 a=() b=()
+  local profile=$1 name=$2 a=() b=() t0=0 t1=0 s0=0 s1=0
   shift 2
   while [ "$1" != -- ]; do a+=("$1"); shift; done
   shift
   b=("$@")
+  [ "$name" = cubic+cubic ] || { t0=$(cpu_ticks "${vlinks[0]}"); s0=$(cpu_ticks "${vlinks[1]}"); }
   lab client iperf3 -J -t "$DURATION" "${a[@]}" >"$work/a.json" &
   local pa=$!
   lab client iperf3 -J -t "$DURATION" "${b[@]}" >"$work/b.json" || true
   wait "$pa" || true
-  python3 - "$profile" "$name" "$work/a.json" "$work/b.json" >>"$results" <<'PY' || echo "$profile $name: iperf3 failed" >&2
+  [ "$name" = cubic+cubic ] || { t1=$(cpu_ticks "${vlinks[0]}"); s1=$(cpu_ticks "${vlinks[1]}"); }
+  python3 - "$profile" "$name" "$work/a.json" "$work/b.json" $((t1 - t0)) $((s1 - s0)) "$(getconf CLK_TCK)" >>"$results" <<'PY' || echo "$profile $name: iperf3 failed" >&2
 import json, sys
-mbps = [json.load(open(f))["end"]["sum_received"]["bits_per_second"] / 1e6 for f in sys.argv[3:5]]
-print(sys.argv[1], sys.argv[2], *mbps)
+recv = [json.load(open(f))["end"]["sum_received"] for f in sys.argv[3:5]]
+gb, hz = recv[1]["bytes"] / 1e9, int(sys.argv[7])
+print(sys.argv[1], sys.argv[2], *(r["bits_per_second"] / 1e6 for r in recv), int(sys.argv[5]) / hz / gb, int(sys.argv[6]) / hz / gb)
 PY
   printf '  %-12s %s\n' "$name" "$(tail -1 "$results" | awk '{printf "%.1f + %.1f Mbit/s", $3, $4}')" >&2
 }
@@ -56,6 +62,7 @@ for profile in $PROFILES; do
   lab_wait_port server 7000
   bbr=$(lab_start client "$VLINK" tunnel --listen 127.0.0.1:8102 --to "$server:7000" --stack identity+tcp:cc=bbr --log-level warn)
   lab_wait_port client 8102
+  vlinks=("$bbr" "$serve")
   echo "== $profile" >&2
   for rep in $(seq "$REPS"); do
     echo " round $rep" >&2
@@ -76,12 +83,13 @@ python3 - "$results" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    profile, pair, a, b = line.split()
-    rows[(profile, pair)].append((float(a), float(b)))
-print(f"{'profile':<12} {'pair':<12} {'first Mbit/s':>12} {'second':>8} {'first share':>11}")
+    profile, pair, a, b, tun, srv = line.split()
+    rows[(profile, pair)].append((float(a), float(b), float(tun), float(srv)))
+print(f"{'profile':<12} {'pair':<12} {'first Mbit/s':>12} {'second':>8} {'first share':>11} {'CPU s/GB tunnel':>15} {'serve':>6}")
 for (profile, pair), runs in rows.items():
     a = statistics.median(r[0] for r in runs)
     b = statistics.median(r[1] for r in runs)
     share = statistics.median(r[0] / (r[0] + r[1]) for r in runs)
-    print(f"{profile:<12} {pair:<12} {a:12.1f} {b:8.1f} {share:11.2f}")
+    cpu = ["-", "-"] if pair == "cubic+cubic" else [f"{statistics.median(r[i] for r in runs):.2f}" for i in (2, 3)]
+    print(f"{profile:<12} {pair:<12} {a:12.1f} {b:8.1f} {share:11.2f} {cpu[0]:>15} {cpu[1]:>6}")
 PY

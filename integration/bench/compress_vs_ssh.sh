@@ -16,12 +16,16 @@
 #   plain    vlink tunnel --stack tcp (the plain stack) -> sink
 #   ssh      ssh -N -L (OpenSSH; encrypts, does not compress) -> sshd -> sink
 #   ssh-C    the same with -C (zlib, level 6, one stream)
+#   identity vlink tunnel --stack identity -> vlink serve -> sink (the
+#            framing of a layer that changes nothing: what carrying costs)
 #   zstd     vlink tunnel --stack zstd -> vlink serve -> sink
 #   adaptive     vlink tunnel --stack adaptive -> vlink serve -> sink
 #
 # Prints the median MB/s (application bytes) of REPS runs per path, paths
-# interleaved and rotated each repetition, and the ratios to the plain
-# path and to ssh -C.
+# interleaved and rotated each repetition, the ratios to the plain path
+# and to ssh -C, and the CPU seconds per GB of each end's tunnel process
+# (the client's ssh or vlink tunnel; the server's sshd sessions or vlink
+# serve: what moved during the push), median of the runs.
 #
 # Needs root (namespaces, tc), iproute2, openssh-server and -client,
 # python3 (integration/deps.sh installs them).
@@ -77,7 +81,7 @@ wait_listen_ns() {
 }
 
 sink=9000 sshp=9022 serve=9100
-ports_ssh=9201 ports_sshc=9202 ports_zstd=9203 ports_auto=9204 ports_plain=9205
+ports_ssh=9201 ports_sshc=9202 ports_zstd=9203 ports_auto=9204 ports_plain=9205 ports_ident=9206
 
 ins python3 "$here/sinkpush.py" sink 0.0.0.0 "$sink" &
 pids+=($!)
@@ -101,29 +105,35 @@ StrictModes no
 AllowTcpForwarding yes
 Compression yes
 CONF
-ins /usr/sbin/sshd -D -e -f "$work/sshd_config" 2>"$work/sshd.log" &
-pids+=($!)
-ins "$VLINK" serve --listen "$srv:$serve" --target "127.0.0.1:$sink" --log-level warn 2>"$work/serve.log" &
-pids+=($!)
+ip netns exec "$sns" /usr/sbin/sshd -D -e -f "$work/sshd_config" 2>"$work/sshd.log" &
+pids+=($!) sshd_pid=$!
+ip netns exec "$sns" "$VLINK" serve --listen "$srv:$serve" --target "127.0.0.1:$sink" --log-level warn 2>"$work/serve.log" &
+pids+=($!) serve_pid=$!
 wait_listen_ns "$sns" "$sink"; wait_listen_ns "$sns" "$sshp"; wait_listen_ns "$sns" "$serve"
 
 ssh_opts=(-N -o BatchMode=yes -o StrictHostKeyChecking=yes -o "UserKnownHostsFile=$work/known_hosts"
   -o ExitOnForwardFailure=yes -i "$work/id" -p "$sshp")
-inc ssh "${ssh_opts[@]}" -L "127.0.0.1:$ports_ssh:127.0.0.1:$sink" "root@$srv" 2>"$work/ssh.log" &
-pids+=($!)
-inc ssh "${ssh_opts[@]}" -C -L "127.0.0.1:$ports_sshc:127.0.0.1:$sink" "root@$srv" 2>"$work/sshc.log" &
-pids+=($!)
-inc "$VLINK" tunnel --listen "127.0.0.1:$ports_zstd" --to "$srv:$serve" --stack zstd --log-level warn &
-pids+=($!)
-inc "$VLINK" tunnel --listen "127.0.0.1:$ports_auto" --to "$srv:$serve" --stack adaptive --log-level warn &
-pids+=($!)
-inc "$VLINK" tunnel --listen "127.0.0.1:$ports_plain" --to "$srv:$sink" --stack tcp --log-level warn &
-pids+=($!)
-for p in $ports_ssh $ports_sshc $ports_zstd $ports_auto $ports_plain; do wait_listen_ns "$cns" "$p"; done
+# ip netns exec runs the program in its own place: $! is the program's
+# (not through inc, whose subshell would be $!).
+declare -A client server
+ip netns exec "$cns" ssh "${ssh_opts[@]}" -L "127.0.0.1:$ports_ssh:127.0.0.1:$sink" "root@$srv" 2>"$work/ssh.log" &
+pids+=($!) client[ssh]=$! server[ssh]=$sshd_pid
+ip netns exec "$cns" ssh "${ssh_opts[@]}" -C -L "127.0.0.1:$ports_sshc:127.0.0.1:$sink" "root@$srv" 2>"$work/sshc.log" &
+pids+=($!) client[ssh-C]=$! server[ssh-C]=$sshd_pid
+ip netns exec "$cns" "$VLINK" tunnel --listen "127.0.0.1:$ports_zstd" --to "$srv:$serve" --stack zstd --log-level warn &
+pids+=($!) client[zstd]=$! server[zstd]=$serve_pid
+ip netns exec "$cns" "$VLINK" tunnel --listen "127.0.0.1:$ports_auto" --to "$srv:$serve" --stack adaptive --log-level warn &
+pids+=($!) client[adaptive]=$! server[adaptive]=$serve_pid
+ip netns exec "$cns" "$VLINK" tunnel --listen "127.0.0.1:$ports_plain" --to "$srv:$sink" --stack tcp --log-level warn &
+pids+=($!) client[plain]=$!
+ip netns exec "$cns" "$VLINK" tunnel --listen "127.0.0.1:$ports_ident" --to "$srv:$serve" --stack identity --log-level warn &
+pids+=($!) client[identity]=$! server[identity]=$serve_pid
+for p in $ports_ssh $ports_sshc $ports_zstd $ports_auto $ports_plain $ports_ident; do wait_listen_ns "$cns" "$p"; done
 
 declare -A port=([direct]="$srv $sink" [plain]="127.0.0.1 $ports_plain" [ssh]="127.0.0.1 $ports_ssh"
-  [ssh-C]="127.0.0.1 $ports_sshc" [zstd]="127.0.0.1 $ports_zstd" [adaptive]="127.0.0.1 $ports_auto")
-paths=(direct plain ssh ssh-C zstd adaptive)
+  [ssh-C]="127.0.0.1 $ports_sshc" [zstd]="127.0.0.1 $ports_zstd" [adaptive]="127.0.0.1 $ports_auto"
+  [identity]="127.0.0.1 $ports_ident")
+paths=(direct plain ssh ssh-C identity zstd adaptive)
 
 env_line="# $(date -u +%FT%TZ) Linux $(uname -r), $(nproc) CPUs; $("$VLINK" version); $(ssh -V 2>&1); link: $link_desc; $size bytes per push"
 echo "$env_line" >&2
@@ -133,31 +143,46 @@ for kind in $KINDS; do
   for rep in $(seq "$REPS"); do
     for i in "${!paths[@]}"; do
       path=${paths[$(( (i + rep) % ${#paths[@]} ))]}
+      # The server's side: sshd's sessions (one per ssh; the other idles
+      # through the push) or serve.
+      c0=$(cpu_ticks ${client[$path]:-}) s0=$(cpu_ticks $(descendants ${server[$path]:-}))
       secs=$(inc python3 "$here/sinkpush.py" push ${port[$path]} "$work/$kind.dat")
+      c1=$(cpu_ticks ${client[$path]:-}) s1=$(cpu_ticks $(descendants ${server[$path]:-}))
       echo "$secs" >"$work/$kind-$path-$rep.s"
+      echo "$((c1 - c0)) $((s1 - s0))" >"$work/$kind-$path-$rep.cpu"
       echo "$kind rep $rep $path: $(python3 -c "print('%.1f MB/s' % ($size/1e6/$secs))")" >&2
     done
   done
 done
 
 echo "$env_line"
-python3 - "$work" "$REPS" "$size" "$KINDS" "${paths[@]}" <<'PY'
+python3 - "$work" "$REPS" "$size" "$KINDS" "$(getconf CLK_TCK)" "${paths[@]}" <<'PY'
 import statistics, sys
 import targets
-work, reps, size, kinds, paths = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5:]
-print(f"median of {reps} runs, MB/s of application bytes (min..max); x plain = / plain stack; x ssh-C = / ssh -C")
+work, reps, size, kinds, hz, paths = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), int(sys.argv[5]), sys.argv[6:]
+print(f"median of {reps} runs, MB/s of application bytes (min..max); x plain = / plain stack; x ssh-C = / ssh -C;")
+print("CPU s/GB of application bytes, median: the client's tunnel (ssh, vlink tunnel) and the server's (sshd's sessions, vlink serve)")
 for kind in kinds:
-    med, rng = {}, {}
+    med, rng, cpu = {}, {}, {}
     for p in paths:
         runs = [size / 1e6 / float(open(f"{work}/{kind}-{p}-{r}.s").read()) for r in range(1, reps + 1)]
         med[p], rng[p] = statistics.median(runs), (min(runs), max(runs))
+        ticks = [[int(x) for x in open(f"{work}/{kind}-{p}-{r}.cpu").read().split()] for r in range(1, reps + 1)]
+        cpu[p] = [statistics.median(t[i] / hz / (size / 1e9) for t in ticks) for i in (0, 1)]
     print(f"{kind}:")
-    print(f"  {'path':<7} {'MB/s':>7} {'min..max':>15} {'x plain':>8} {'x ssh-C':>8}")
+    print(f"  {'path':<8} {'MB/s':>7} {'min..max':>15} {'x plain':>8} {'x ssh-C':>8} {'CPU client':>10} {'server':>7}")
+    cell = lambda p, i: "-" if p == "direct" or p == "plain" and i == 1 else f"{cpu[p][i]:.2f}"
     for p in paths:
-        print(f"  {p:<7} {med[p]:7.1f} {rng[p][0]:7.1f}..{rng[p][1]:6.1f} {med[p] / med['plain']:8.2f} {med[p] / med['ssh-C']:8.2f}")
+        print(f"  {p:<8} {med[p]:7.1f} {rng[p][0]:7.1f}..{rng[p][1]:6.1f} {med[p] / med['plain']:8.2f} {med[p] / med['ssh-C']:8.2f} {cell(p, 0):>10} {cell(p, 1):>7}")
+    both = lambda p: cpu[p][0] + cpu[p][1]
     if kind == "text":
         targets.check("zstd / plain, text", med['zstd'] / med['plain'], ">=", 3)
+        # What it costs for that: zstd's two ends, against ssh -C's (zlib).
+        targets.check("zstd CPU s/GB (both ends) / ssh -C's, text", both('zstd') / both('ssh-C'), "<=", 1)
         print(f"  adaptive / plain, text: {med['adaptive'] / med['plain']:.2f}x")
     if kind == "random":
         targets.check("adaptive / plain, random (within 5%)", med['adaptive'] / med['plain'], ">=", 0.95)
+        # Nothing to gain: adaptive should cost what carrying the bytes
+        # through a layer does (issue 40, point 3: 1.15x identity's).
+        targets.check("adaptive CPU s/GB (both ends) / identity's, random", both('adaptive') / both('identity'), "<=", 1.15)
 PY

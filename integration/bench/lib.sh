@@ -15,6 +15,8 @@
 #   wait_listen PORT     wait until something listens on 127.0.0.1:PORT
 #   cpu_ticks PID...     user+system clock ticks of the processes
 #   cpu_ticks_all PID    the same, with the children it has reaped
+#   descendants PID...   the PIDs and every process below them (sshd's
+#                        sessions), for cpu_ticks
 #   perf_record FILE PID SECONDS  start `perf record -g` of PID for SECONDS
 #                        into FILE in the background; its pid is appended
 #                        to perfs (wait for them with perf_wait)
@@ -25,10 +27,11 @@
 #   lab HOST CMD...      run CMD in a lab host (vlink-lab exec)
 #   lab_start HOST CMD...  start CMD in the background there, print its pid
 #   lab_wait_port HOST PORT  wait until something listens on PORT there
-#   lab_iperf RESULTS PROFILE PATH [PID...] -- ARGS...  run iperf3 -J ARGS
-#                        in the lab's client and append a row to RESULTS:
-#                        profile, path, Mbit/s received, bytes, the iperf3
-#                        ends' CPU seconds and the PIDs' (read by wan_report.py)
+#   lab_iperf RESULTS PROFILE PATH [SERVE [TUNNEL...]] -- ARGS...  run
+#                        iperf3 -J ARGS in the lab's client and append a
+#                        row to RESULTS: profile, path, Mbit/s received,
+#                        bytes, the iperf3 ends' CPU seconds, SERVE's and
+#                        the TUNNELs' (read by wan_report.py)
 #
 # Targets are checked by targets.py (see there), which the scripts' Python
 # reports import: a script that ran to the end but missed a target exits
@@ -118,6 +121,15 @@ cpu_ticks() {
   echo "$t"
 }
 
+descendants() {
+  local pid
+  for pid in "$@"; do
+    echo "$pid"
+    # shellcheck disable=SC2046
+    [ -z "$(pgrep -P "$pid")" ] || descendants $(pgrep -P "$pid")
+  done
+}
+
 cpu_ticks_all() {
   awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"
 }
@@ -169,22 +181,22 @@ lab_wait_port() {
 }
 
 lab_iperf() {
-  local results=$1 profile=$2 path=$3 procs=() before=0 after=0
+  local results=$1 profile=$2 path=$3 procs=() s0=0 s1=0 t0=0 t1=0
   shift 3
   while [ "$1" != -- ]; do procs+=("$1"); shift; done
   shift
-  [ ${#procs[@]} -gt 0 ] && before=$(cpu_ticks "${procs[@]}")
+  if [ ${#procs[@]} -gt 0 ]; then s0=$(cpu_ticks "${procs[0]}"); t0=$(cpu_ticks "${procs[@]:1}"); fi
   lab client iperf3 -J "$@" >"$work/run.json" || true
-  [ ${#procs[@]} -gt 0 ] && after=$(cpu_ticks "${procs[@]}")
-  python3 - "$profile" "$path" $((after - before)) "$(getconf CLK_TCK)" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
+  if [ ${#procs[@]} -gt 0 ]; then s1=$(cpu_ticks "${procs[0]}"); t1=$(cpu_ticks "${procs[@]:1}"); fi
+  python3 - "$profile" "$path" $((s1 - s0)) $((t1 - t0)) "$(getconf CLK_TCK)" "$work/run.json" >>"$results" <<'PY' || echo "$profile $path: iperf3 failed" >&2
 import json, sys
-profile, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-r = json.load(open(sys.argv[5]))
+profile, path, serve, tunnel, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+r = json.load(open(sys.argv[6]))
 end = r["end"]
 recv = end["sum_received"]
 cpu = end["cpu_utilization_percent"]
 iperf_cpu = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
-print(profile, path, recv["bits_per_second"] / 1e6, recv["bytes"], iperf_cpu, ticks / hz)
+print(profile, path, recv["bits_per_second"] / 1e6, recv["bytes"], iperf_cpu, serve / hz, tunnel / hz)
 PY
   printf '  %-12s %s\n' "$path" "$(tail -1 "$results" | awk '{printf "%.1f Mbit/s", $3}')" >&2
 }

@@ -10,8 +10,8 @@
 #            -> vlink serve --allow-udp -> dnsmasq
 #
 # REPS rounds, the paths interleaved. Prints the median queries per second
-# (min..max) and the ratio to direct. No target: the issue asks for the
-# figure.
+# (min..max), the ratio to direct, and the CPU each vlink process spent
+# per query (µs, median). No target: the issue asks for the figure.
 #
 # Needs dnsmasq, python3 and socksify (integration/deps.sh installs them).
 #
@@ -31,16 +31,16 @@ dnsmasq --keep-in-foreground --log-facility=- --conf-file=/dev/null --pid-file -
   --listen-address 127.0.0.1 --bind-interfaces --no-resolv --no-hosts --address=/example.test/192.0.2.7 \
   >"$work/dnsmasq.log" 2>&1 &
 pids+=($!)
-declare -A socks_port
+declare -A socks_port socks_pid serve_pid
 "$VLINK" socks --listen "127.0.0.1:$(p 2)" --log-level warn 2>>"$work/socks.log" &
-pids+=($!)
+pids+=($!) socks_pid[socks]=$!
 socks_port[socks]=$(p 2)
 k=3
 for s in "${stacks[@]}"; do
   "$VLINK" serve --listen "127.0.0.1:$(p $k)" --allow-udp "127.0.0.1:$dns" --log-level warn 2>>"$work/serve.log" &
-  pids+=($!)
+  pids+=($!) serve_pid[$s]=$!
   "$VLINK" socks --listen "127.0.0.1:$(p $((k + 1)))" --stack "$s" --via "127.0.0.1:$(p $k)" --log-level warn 2>>"$work/socks.log" &
-  pids+=($!)
+  pids+=($!) socks_pid[$s]=$!
   socks_port[$s]=$(p $((k + 1)))
   wait_listen "$(p $k)"
   k=$((k + 2))
@@ -79,20 +79,33 @@ for rep in $(seq "$REPS"); do
   n=${#paths[@]}
   for i in $(seq 0 $((n - 1))); do
     path=${paths[$(( (i + rep) % n ))]}
-    echo "$path $(query "$path")" >>"$work/qps"
+    c0=$(cpu_ticks ${socks_pid[$path]:-}) s0=$(cpu_ticks ${serve_pid[$path]:-})
+    qps=$(query "$path")
+    c1=$(cpu_ticks ${socks_pid[$path]:-}) s1=$(cpu_ticks ${serve_pid[$path]:-})
+    echo "$path $qps $((c1 - c0)) $((s1 - s0))" >>"$work/qps"
     echo "rep $rep $(tail -1 "$work/qps")" >&2
   done
 done
 echo "$env_line"
-python3 - "$work/qps" "$QUERIES" "$REPS" "${paths[@]}" <<'PY'
+python3 - "$work/qps" "$QUERIES" "$REPS" "$(getconf CLK_TCK)" "${paths[@]}" <<'PY'
 import collections, statistics, sys
-runs = collections.defaultdict(list)
+runs, cpu = collections.defaultdict(list), collections.defaultdict(list)
+queries, hz = int(sys.argv[2]), int(sys.argv[4])
 for line in open(sys.argv[1]):
-    p, q = line.split()
+    p, q, c, s = line.split()
     runs[p].append(float(q))
-print(f"## DNS queries per second, {sys.argv[2]} queries one at a time, {sys.argv[3]} interleaved rounds, median (min..max)")
+    # The warm-up's 20 queries count too; the clock ticks are coarse.
+    cpu[p].append([int(c) / hz / (queries + 20) * 1e6, int(s) / hz / (queries + 20) * 1e6])
+print(f"## DNS queries per second, {queries} queries one at a time, {sys.argv[3]} interleaved rounds, median (min..max);")
+print("## CPU µs per query of vlink socks and of vlink serve, median (clock ticks of 1/%d s)" % hz)
 d = statistics.median(runs["direct"])
-for p in sys.argv[4:]:
+for p in sys.argv[5:]:
     m = statistics.median(runs[p])
-    print(f"{p:<8} {m:8.0f}  ({min(runs[p]):.0f}..{max(runs[p]):.0f})  {m / d:5.3f}x direct")
+    line = f"{p:<8} {m:8.0f}  ({min(runs[p]):.0f}..{max(runs[p]):.0f})  {m / d:5.3f}x direct"
+    if p != "direct":
+        socks = statistics.median(c[0] for c in cpu[p])
+        line += f"  CPU socks {socks:5.1f} µs"
+        if p != "socks":
+            line += f", serve {statistics.median(c[1] for c in cpu[p]):5.1f} µs"
+    print(line)
 PY
