@@ -774,11 +774,15 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 		if longer := l.waitLonger(h, deadline); !longer.IsZero() {
 			// The dialer waits for its target longer than the
 			// handshake would: as long as it waits, or until it
-			// hangs up.
-			deadline = longer
-			raw.SetDeadline(deadline)
-			ctx, cancel = context.WithDeadline(l.ctx, deadline)
-			stop = cancelOnHangUp(raw, cancel, deadline)
+			// hangs up. What follows Admit gets a handshake's time
+			// of its own, no more.
+			raw.SetDeadline(longer)
+			ctx, cancel = context.WithDeadline(l.ctx, longer)
+			watching := cancelOnHangUp(raw, cancel)
+			stop = func() {
+				watching()
+				raw.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
+			}
 		}
 		var err error
 		admitted, err = l.cfg.Admit(ctx, h)
@@ -864,10 +868,10 @@ func (l *Listener) waitLonger(h *Hello, deadline time.Time) time.Time {
 
 // cancelOnHangUp calls cancel if c's dialer hangs up (its end of stream
 // or a reset arrives) before stop is called, so that a long wait for a
-// target is not spent on a dialer that gave up. stop ends the watch and
-// puts c's read deadline back to deadline. Only a socket is watched,
+// target is not spent on a dialer that gave up. stop ends the watch,
+// which leaves c's read deadline in the past. Only a socket is watched,
 // by peeking: a byte that arrives first ends the watch, unread.
-func cancelOnHangUp(c net.Conn, cancel func(), deadline time.Time) (stop func()) {
+func cancelOnHangUp(c net.Conn, cancel func()) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -879,7 +883,6 @@ func cancelOnHangUp(c net.Conn, cancel func(), deadline time.Time) (stop func())
 	return func() {
 		c.SetReadDeadline(time.Unix(1, 0)) // wakes the peek
 		<-done
-		c.SetReadDeadline(deadline)
 	}
 }
 
