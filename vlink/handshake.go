@@ -221,6 +221,7 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (_ *Hell
 		h.Authenticated = j.authenticated
 		h.Node, h.key, h.Cert = j.node, j.key, j.cert
 		h.nested = true
+		h.Session = j.session
 		if m.node != "" {
 			return nil, sendRefusal(c, refuse(CodeMalformed, "a nested hello names no node: its connection's hello did"))
 		}

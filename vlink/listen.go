@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -167,6 +168,11 @@ type Hello struct {
 	// before it accepted, so that what goes back uses it too. Empty: the
 	// system's default.
 	CongestionControl string
+	// Session is, for a connection a multi-link layer built (a mux
+	// stream, a parallel session), the mirrored layers of its members'
+	// hello: the multi-link layer and those below it, so that Stack and
+	// Session together are what the dialer stacked. Empty otherwise.
+	Session Stack
 	// TargetWait is how long the dialer waits for the listener to reach
 	// Target, when it said (only a wait beyond DefaultHandshakeTimeout is
 	// said): a program's own connect timeout, under vlink exec. Zero: it
@@ -750,7 +756,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 				return nil, sendRefusal(raw, refuse(CodeMalformed, "a hello for a multi-link layer names no target; the nested hello does"))
 			}
 			j = &junction{l: l, authenticated: h.Authenticated, node: h.Node, key: h.key, cert: h.Cert, depth: depth + 1, remote: h.RemoteAddr, forwarded: h.Forwarded,
-				clear: h.clear, unproven: h.unproven}
+				clear: h.clear, unproven: h.unproven, session: Stack{Layers: append(slices.Clip(h.Stack.Layers), h.Session.Layers...)}}
 			// Before the accept: once it is sent, the dialer can no
 			// longer be told that the layer has no room.
 			if r, ok := ml.(layer.Reserver); ok {

@@ -239,6 +239,7 @@ type junction struct {
 	forwarded     int      // the nodes the connections crossed (Hello.Forwarded)
 	clear         bool     // the nested hellos must bring encryption (Hello.clear)
 	unproven      bool     // no encryption below proved the identity (Hello.unproven)
+	session       Stack    // the members' layers, from the multi-link layer down (Hello.Session)
 }
 
 var _ layer.Junction = (*junction)(nil)

@@ -57,6 +57,21 @@ func TestMetrics(t *testing.T) {
 		}
 		c.Close()
 	}
+	// Through a multi-link layer: the session's connection is taken over
+	// by the layer (Observe is told no connection), its stream is served.
+	be.handlers <- func(c net.Conn) { io.Copy(c, c) }
+	keyBytes, err := vlink.ReadKeyFile(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	muxed := vlink.Dialer{Stack: vlink.MustParse("zstd+mux"), Key: keyBytes}
+	mc, err := muxed.Dial("tcp", gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.RoundTrip(t, mc, 1000)
+	mc.Close()
+	muxed.Close()
 	// A dialer with the wrong key, and a plain client, both refused.
 	bad := vlink.Dialer{Stack: vlink.MustParse("zstd"), Key: []byte("not the key, 16 bytes or more")}
 	if c, err := bad.Dial("tcp", gw); err == nil {
@@ -79,6 +94,11 @@ func TestMetrics(t *testing.T) {
 		`vlink_handshake_duration_seconds_count{outcome="ok",stack="zstd"}`:                        conns,
 		`vlink_handshake_duration_seconds_count{outcome="authentication_failed",stack="zstd"}`:     1,
 		`vlink_handshake_duration_seconds_count{outcome="plain_refused",stack="plain"}`:            1,
+		// The mux stream as its dialer spells it, the session's member
+		// apart.
+		`vlink_connections_total{forward="127.0.0.1:0",outcome="ok",stack="zstd+mux",transport="tcp"}`: 1,
+		`vlink_handshake_duration_seconds_count{outcome="ok",stack="zstd+mux"}`:                        1,
+		`vlink_handshake_duration_seconds_count{outcome="ok",stack="member"}`:                          1,
 	})
 	if _, ok := got[`go_goroutines`]; !ok {
 		t.Errorf("serve's metrics have no Go runtime metrics")

@@ -15,6 +15,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -253,6 +254,14 @@ func StackLabel(s vlink.Stack) string {
 	return strings.Join(names, "+")
 }
 
+// HelloStackLabel is the stack label of a connection a listener
+// accepted with hello h: what the dialer stacked, the layers a
+// multi-link layer's session adds below the connection's own included
+// (Hello.Session), as the dialer's StackLabel spells it.
+func HelloStackLabel(h *vlink.Hello) string {
+	return StackLabel(vlink.Stack{Layers: slices.Concat(h.Stack.Layers, h.Session.Layers)})
+}
+
 // Transports (the transport label): what a connection's bytes took
 // below its stack.
 const (
@@ -384,6 +393,10 @@ const (
 	StackNone = "none" // no hello was read: a SOCKS handshake, or one that failed before its hello
 	// stackInvalid: a failed hello's stack that does not parse.
 	stackInvalid = "invalid"
+	// stackMember: a connection a multi-link layer (mux, parallel) took
+	// over as a member of its session; its streams' handshakes count
+	// with their own stacks.
+	stackMember = "member"
 	// maxClaimedLabels bounds the stack labels that only failed
 	// handshakes' claims gave out, apart from maxStackLabels, so that
 	// hellos nobody proved cannot crowd out the stacks that run.
@@ -414,9 +427,12 @@ func (m *Metrics) Handshook(c *vlink.Conn, took time.Duration, err error) {
 		return
 	}
 	if err == nil {
-		stack := "plain"
-		if h := c.Hello(); h != nil {
-			stack = StackLabel(h.Stack)
+		stack := stackMember // a multi-link layer took it over
+		if c != nil {
+			stack = "plain"
+			if h := c.Hello(); h != nil {
+				stack = HelloStackLabel(h)
+			}
 		}
 		m.HandshakeDone(stack, took)
 		return

@@ -75,6 +75,33 @@ type addr string
 func (a addr) Network() string { return string(a) }
 func (a addr) String() string  { return "x" }
 
+// TestHelloStackLabel: a listener spells a stream of a multi-link
+// session's stack as its dialer does, the session's layers included.
+func TestHelloStackLabel(t *testing.T) {
+	// A hello's stacks hold the mirrored layers only, no factory.
+	layers := func(names ...string) vlink.Stack {
+		var s vlink.Stack
+		for _, n := range names {
+			s.Layers = append(s.Layers, vlink.Layer{Name: n})
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		stack, session []string
+		want           string
+	}{
+		{[]string{"zstd"}, nil, "zstd"},
+		{[]string{"zstd"}, []string{"mux"}, "zstd+mux"},
+		{nil, []string{"parallel"}, "parallel"},
+		{[]string{"lz4"}, []string{"mux", "noise"}, "lz4+mux+noise"},
+	} {
+		h := &vlink.Hello{Stack: layers(tc.stack...), Session: layers(tc.session...)}
+		if got := HelloStackLabel(h); got != tc.want {
+			t.Errorf("HelloStackLabel(stack %s, session %s) = %q, want %q", tc.stack, tc.session, got, tc.want)
+		}
+	}
+}
+
 func TestTransport(t *testing.T) {
 	tl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -164,6 +191,7 @@ func TestHandshakeStackLabel(t *testing.T) {
 		{"unparsable", "authentication_failed", stackInvalid, &vlink.HandshakeError{Stack: "no-such-layer", Err: refused}},
 		{"plain", "plain_refused", "plain", vlink.ErrPlainRefused},
 		{"no hello", "timeout", StackNone, os.ErrDeadlineExceeded},
+		{"a multi-link member", "ok", stackMember, nil}, // Observe is told no connection
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMetrics()

@@ -738,7 +738,7 @@ func (s *server) handle(c *vlink.Conn) {
 		s.t.RelayIdle(s.log, s.idleTimeout, metrics.Labels{Forward: s.forward, Stack: "plain", Transport: metrics.Transport(c)}, c, tc, attrs...)
 		return
 	}
-	labels := metrics.Labels{Forward: s.forward, Stack: metrics.StackLabel(h.Stack), Transport: metrics.Transport(c)}
+	labels := metrics.Labels{Forward: s.forward, Stack: metrics.HelloStackLabel(h), Transport: metrics.Transport(c)}
 	to := h.Target
 	if to == "" {
 		to = s.target
