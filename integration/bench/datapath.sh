@@ -11,7 +11,9 @@
 # Prints the median Gbit/s (min..max), the ratios against identity and
 # direct, and the CPU seconds per GB of each vlink process (tunnel, serve),
 # and checks the targets of issue 18: adaptive >= 0.95x identity, each
-# fixed codec >= 0.9x identity, the plain relay >= 0.9x direct.
+# fixed codec >= 0.9x identity, the plain relay >= 0.9x direct; and what
+# they cost, issue 40's: in each vlink process, adaptive's CPU per GB
+# within 1.15x identity's, each fixed codec's within 1.5x.
 #
 # With BASE=/path/to/another/vlink (a build of another commit), each STACK
 # is also run through that binary's tunnel and serve, as path STACK@base,
@@ -131,4 +133,10 @@ targets.check("tcp relay / direct", med["tcp"] / med["direct"], ">=", 0.9)
 for p in paths:
     if ident and p not in ("direct", "tcp", "identity") and not p.endswith("@base"):
         targets.check(f"{p} / identity", med[p] / ident, ">=", 0.95 if p == "adaptive" else 0.9)
+        # And what it costs (issue 40, point 3): on incompressible bytes
+        # adaptive within 1.15x identity's CPU per GB in each process, a
+        # fixed codec within 1.5x.
+        limit = 1.15 if p == "adaptive" else 1.5
+        for i, who in ((0, "tunnel"), (1, "serve")):
+            targets.check(f"{p} / identity, CPU s/GB of {who}", cpu[p][i] / cpu["identity"][i], "<=", limit)
 PY
