@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -89,8 +90,17 @@ func state(inf lab.Info) string {
 }
 
 // heldByCommand reports whether a lab is held by "vlink-lab up", which a
-// SIGTERM takes down cleanly.
+// SIGTERM takes down cleanly: this program, under its own name or
+// installed under another (its owner runs this executable).
 func heldByCommand(inf lab.Info) bool {
 	f := strings.Fields(inf.Owner)
-	return len(f) >= 2 && filepath.Base(f[0]) == "vlink-lab" && f[1] == "up"
+	if len(f) < 2 || f[1] != "up" {
+		return false
+	}
+	if filepath.Base(f[0]) == "vlink-lab" {
+		return true
+	}
+	owner, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", inf.PID))
+	self, err2 := os.Executable()
+	return err == nil && err2 == nil && owner == self
 }

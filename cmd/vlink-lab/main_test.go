@@ -119,10 +119,11 @@ func TestProfiles(t *testing.T) {
 func TestUsageFile(t *testing.T) { clitest.UsageFile(t, program) }
 
 // buildBinary builds vlink-lab for the tests that run it as a program
-// ("up --detach" starts its own executable again).
+// ("up --detach" starts its own executable again), under another name,
+// as an installed copy may be: "down" must still stop its "up".
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "vlink-lab")
+	bin := filepath.Join(t.TempDir(), "vlink-lab-1")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
