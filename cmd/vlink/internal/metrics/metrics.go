@@ -177,7 +177,7 @@ func newMetrics() *Metrics {
 		}, []string{"reason"}),
 		handshake: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vlink_handshake_duration_seconds",
-			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), or to its refusal, by outcome (ok, or the reason as vlink_refusals_total gives it: a handshake that timed out shows how long the peer held a slot) and stack (the hello's, as claimed when it failed; plain for a plain client, none before a hello or for SOCKS).",
+			Help:    "Time from accepting a connection to being ready to relay it (its VLink or SOCKS handshake, reaching the destination included), or to its refusal, by outcome (ok, or the reason as vlink_refusals_total gives it: a handshake that timed out shows how long the peer held a slot) and stack (the hello's, as claimed when it failed; plain for a plain client, none before a hello or for SOCKS, member for a connection a multi-link layer took into its session).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10), // 100 µs to 26 s
 		}, []string{"outcome", "stack"}),
 		dial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
