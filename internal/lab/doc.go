@@ -26,7 +26,8 @@
 // In tests, New brings a lab up and tears it down with the test, and skips
 // (fails, in CI) where labs cannot run: they need Linux and root. Profile
 // returns built-in topologies: "wan50" (1 Gbit/s, 50 ms RTT, 0.1% loss),
-// "wan50-clean", "wan100m", "lan", "firewall", "ceiling". The command
+// "wan50-clean", "wan50-capped" (each flow shaped to 100 Mbit/s),
+// "wan100m", "lan", "firewall", "ceiling". The command
 // vlink-lab (cmd/vlink-lab) brings them up by hand.
 //
 // # Running code in a host
@@ -78,6 +79,16 @@
 // bottleneck's buffer. A queue on the sender's own device would be seen
 // by its TCP as local back-pressure (TCP small queues) and would never
 // overflow, unlike a router's on a real path.
+//
+// A FlowRate under the Rate caps each TCP connection, as a shaper with a
+// queue per flow does (some carriers and middleboxes do): the ifb device
+// has htb instead of tbf, a class for the link and 256 classes under it,
+// each capped at FlowRate with one bandwidth-delay product of queue at
+// that rate, chosen by a hash of the port of the link's A side. The
+// kernels here have neither fq nor sfq, which would do this per flow
+// exactly: connections whose A-side ports are 512 apart share a class
+// (Linux gives the connections one process makes to one destination
+// consecutive even ports, so 256 of them get one each).
 //
 // # Teardown and crashes
 //

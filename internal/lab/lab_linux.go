@@ -232,10 +232,10 @@ func (l *Lab) addLink(ctx context.Context, i int, link Link, seed uint64) error 
 		}
 	}
 	// A→B is shaped where B receives it, B→A where A does.
-	if err := shapeIngress(ctx, hb.netns, devB, ifbName(link.A), ab); err != nil {
+	if err := shapeIngress(ctx, hb.netns, devB, ifbName(link.A), ab, true); err != nil {
 		return err
 	}
-	return shapeIngress(ctx, ha.netns, devA, ifbName(link.B), ba)
+	return shapeIngress(ctx, ha.netns, devA, ifbName(link.B), ba, false)
 }
 
 // shapeIngress limits what dev receives to s.Rate: its ingress is
@@ -244,7 +244,7 @@ func (l *Lab) addLink(ctx context.Context, i int, link Link, seed uint64) error 
 // bottleneck's queue outside the sender's host, as on a real path: the
 // sender's TCP learns of it by loss and delay, not by the local
 // back-pressure (TCP small queues) that a queue on its own device gives.
-func shapeIngress(ctx context.Context, ns, dev, ifb string, s Shape) error {
+func shapeIngress(ctx context.Context, ns, dev, ifb string, s Shape, fromA bool) error {
 	if s.Rate == 0 {
 		return nil
 	}
@@ -258,12 +258,61 @@ func shapeIngress(ctx context.Context, ns, dev, ifb string, s Shape) error {
 			"u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", ifb},
 		append([]string{"tc", "-n", ns, "qdisc", "add", "dev", ifb, "root"}, tbfArgs(s)...),
 	}
+	if s.FlowRate > 0 {
+		steps = steps[:len(steps)-1]
+	}
 	for _, st := range steps {
 		if err := runCmd(ctx, "", st[0], st[1:]...); err != nil {
 			return err
 		}
 	}
+	if s.FlowRate > 0 {
+		return runCmd(ctx, flowShaper(ifb, s, fromA), "tc", "-n", ns, "-batch", "-")
+	}
 	return nil
+}
+
+// flowBuckets is how many flows the per-flow shaper tells apart.
+const flowBuckets = 256
+
+// flowShaper is a tc batch that shapes what ifb sends to s.Rate in all
+// and each TCP flow to s.FlowRate, as a shaper with a queue per flow
+// does. This kernel has neither fq nor sfq, so it is htb: a class for
+// the link, flowBuckets classes under it that may borrow up to FlowRate
+// each, and a u32 hash on the A side's port choosing the class. The
+// ports of A's connections are told apart by bits 1 to 8 (Linux gives
+// the connections a process makes to one destination consecutive even
+// ports), so up to 256 connections from A each get a class of their own;
+// beyond that, or with ports 512 apart, they share one. Each class queues
+// one bandwidth-delay product at FlowRate; packets beyond it are dropped.
+// Anything that is not TCP over IPv4 goes to a class of its own.
+func flowShaper(ifb string, s Shape, fromA bool) string {
+	var b strings.Builder
+	rate := func(r Bitrate) string { return strconv.FormatUint(uint64(r), 10) + "bit" }
+	burst := max(s.Rate.BytesPer(time.Millisecond), 32<<10)
+	flowBurst := max(s.FlowRate.BytesPer(time.Millisecond), 32<<10)
+	queue := max(s.FlowRate.BytesPer(2*s.Delay.D()), 64<<10)
+	share := max(s.Rate/flowBuckets, 8*Kbit)
+	fmt.Fprintf(&b, "qdisc add dev %s root handle 1: htb default 2\n", ifb)
+	fmt.Fprintf(&b, "class add dev %s parent 1: classid 1:1 htb rate %s ceil %s burst %d cburst %d\n", ifb, rate(s.Rate), rate(s.Rate), burst, burst)
+	fmt.Fprintf(&b, "class add dev %s parent 1:1 classid 1:2 htb rate %s ceil %s burst %d cburst %d\n", ifb, rate(share), rate(s.Rate), burst, burst)
+	fmt.Fprintf(&b, "qdisc add dev %s parent 1:2 bfifo limit %d\n", ifb, int64(s.Buffer))
+	for i := range flowBuckets {
+		fmt.Fprintf(&b, "class add dev %s parent 1:1 classid 1:%x htb rate %s ceil %s burst %d cburst %d\n", ifb, 0x100+i, rate(share), rate(s.FlowRate), flowBurst, flowBurst)
+		fmt.Fprintf(&b, "qdisc add dev %s parent 1:%x bfifo limit %d\n", ifb, 0x100+i, queue)
+	}
+	// The hash: TCP's ports are the 32 bits at offset 20 (the lab's
+	// packets carry no IP options); A's port is the source when A sends.
+	mask := "0x000001fe"
+	if fromA {
+		mask = "0x01fe0000"
+	}
+	fmt.Fprintf(&b, "filter add dev %s parent 1: prio 1 handle 2: protocol ip u32 divisor %d\n", ifb, flowBuckets)
+	fmt.Fprintf(&b, "filter add dev %s parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff hashkey mask %s at 20 link 2:\n", ifb, mask)
+	for i := range flowBuckets {
+		fmt.Fprintf(&b, "filter add dev %s parent 1: prio 1 protocol ip u32 ht 2:%x: match u32 0 0 flowid 1:%x\n", ifb, i, 0x100+i)
+	}
+	return b.String()
 }
 
 // SetLink changes what the link between hosts a and b does, while the
@@ -308,10 +357,10 @@ func (l *Lab) SetLink(ctx context.Context, a, b string, ab, ba Shape) error {
 		}
 	}
 	ha, hb := l.hosts[link.A], l.hosts[link.B]
-	if err := reshapeIngress(ctx, hb.netns, devName(link.A), ifbName(link.A), cur[0], ab); err != nil {
+	if err := reshapeIngress(ctx, hb.netns, devName(link.A), ifbName(link.A), cur[0], ab, true); err != nil {
 		return err
 	}
-	if err := reshapeIngress(ctx, ha.netns, devName(link.B), ifbName(link.B), cur[1], ba); err != nil {
+	if err := reshapeIngress(ctx, ha.netns, devName(link.B), ifbName(link.B), cur[1], ba, false); err != nil {
 		return err
 	}
 	if line != nil {
@@ -323,12 +372,21 @@ func (l *Lab) SetLink(ctx context.Context, a, b string, ab, ba Shape) error {
 }
 
 // reshapeIngress moves dev's ingress shaping from old to s.
-func reshapeIngress(ctx context.Context, ns, dev, ifb string, old, s Shape) error {
+func reshapeIngress(ctx context.Context, ns, dev, ifb string, old, s Shape, fromA bool) error {
 	switch {
-	case old.Rate == s.Rate && old.Buffer == s.Buffer:
+	case old.Rate == s.Rate && old.Buffer == s.Buffer && old.FlowRate == s.FlowRate:
 		return nil
+	case old.FlowRate != 0 || s.FlowRate != 0:
+		// htb under a flow cap: take it down and build it again
+		if err := runCmd(ctx, "", "tc", "-n", ns, "qdisc", "del", "dev", dev, "handle", "ffff:", "ingress"); err != nil {
+			return err
+		}
+		if err := runCmd(ctx, "", "ip", "-n", ns, "link", "del", ifb); err != nil {
+			return err
+		}
+		return shapeIngress(ctx, ns, dev, ifb, s, fromA)
 	case old.Rate == 0:
-		return shapeIngress(ctx, ns, dev, ifb, s)
+		return shapeIngress(ctx, ns, dev, ifb, s, fromA)
 	case s.Rate == 0:
 		if err := runCmd(ctx, "", "tc", "-n", ns, "qdisc", "del", "dev", dev, "handle", "ffff:", "ingress"); err != nil {
 			return err

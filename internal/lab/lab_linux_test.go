@@ -675,6 +675,57 @@ func TestRate(t *testing.T) {
 	}
 }
 
+// TestFlowRate checks with iperf3 that a flow cap holds each TCP
+// connection to it in both directions while several connections share
+// the link's rate, and that SetLink removes it.
+func TestFlowRate(t *testing.T) {
+	Require(t, "iperf3", "tc")
+	const rate, flow = 100 * Mbit, 20 * Mbit
+	topo := Topology{
+		Hosts:   []Host{{Name: "a"}, {Name: "b"}},
+		Links:   []Link{{A: "a", B: "b", Rate: rate, FlowRate: flow}},
+		Sysctls: TCPSysctls,
+	}
+	l := New(t, topo)
+	run := func(what string, streams int, reverse bool) float64 {
+		t.Helper()
+		stop := timerLateness()
+		res, err := l.Iperf3(context.Background(), Iperf3{Client: "a", Server: "b", Streams: streams, Reverse: reverse,
+			Time: 3 * time.Second, Args: []string{"-O", "1"}})
+		late := stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %.1f Mbit/s (link %v, each flow %v); timers late %v at the 99th percentile", what, res.Mbps(), rate, flow, late.Round(10*time.Microsecond))
+		return res.BitsPerSecond
+	}
+	if got := run("one flow a->b", 1, false); got > 1.05*float64(flow) {
+		t.Errorf("one flow: %.1f Mbit/s through a cap of %v per flow", got/1e6, flow)
+	}
+	// Four flows carry more than one cap: the cap is per flow, told apart
+	// by a's ports in both directions. (A loaded machine may carry less
+	// than 4 caps, never less than 2 unless the cap is not per flow.)
+	for _, reverse := range []bool{false, true} {
+		what := "four flows a->b"
+		if reverse {
+			what = "four flows b->a"
+		}
+		got := run(what, 4, reverse)
+		if got < 2*float64(flow) {
+			t.Errorf("%s: %.1f Mbit/s, not above two caps of %v: the cap is not per flow", what, got/1e6, flow)
+		}
+		if got > 1.05*float64(rate) {
+			t.Errorf("%s: %.1f Mbit/s through a link of %v", what, got/1e6, rate)
+		}
+	}
+	if err := l.SetLink(context.Background(), "a", "b", Shape{Rate: rate}, Shape{Rate: rate}); err != nil {
+		t.Fatal(err)
+	}
+	if got := run("one flow after SetLink without the cap", 1, false); got < 2*float64(flow) {
+		t.Errorf("after SetLink without a flow cap: one flow %.1f Mbit/s, still capped at %v", got/1e6, flow)
+	}
+}
+
 // timerLateness starts measuring how late this process's timers fire
 // (1 ms sleeps, back to back); stop ends it and returns the 99th
 // percentile.

@@ -48,6 +48,10 @@ var profiles = map[string]func() Topology{
 		return pair("wan50-clean", "1 Gbit/s, 50 ms RTT, no loss: a long, clean path",
 			Link{Rate: wanRate, RTT: Duration(50e6)})
 	},
+	"wan50-capped": func() Topology {
+		return pair("wan50-capped", "1 Gbit/s, 50 ms RTT, no loss, each flow shaped to at most 100 Mbit/s: a path whose shaper caps every TCP connection",
+			Link{Rate: wanRate, FlowRate: 100 * Mbit, RTT: Duration(50e6)})
+	},
 	"wan100m": func() Topology {
 		return pair("wan100m", "100 Mbit/s, 20 ms RTT, no loss: a link slower than the CPU (for compression)",
 			Link{Rate: 100 * Mbit, RTT: Duration(20e6)})

@@ -73,6 +73,11 @@ type Link struct {
 	B string `toml:"b"`
 	// Rate limits each direction to this many bit/s with tbf; 0: no limit.
 	Rate Bitrate `toml:"rate,omitempty"`
+	// FlowRate caps each flow (each TCP connection, by its addresses and
+	// ports) to this many bit/s under Rate, as a per-flow shaper in the
+	// middle of a path does: fq's maxrate under the tbf, with a queue
+	// per flow. 0: no cap. Needs Rate.
+	FlowRate Bitrate `toml:"flow_rate,omitempty"`
 	// RTT is the round-trip time the link adds: half of it each way.
 	RTT Duration `toml:"rtt,omitempty"`
 	// Jitter varies each packet's one-way delay uniformly within
@@ -99,18 +104,19 @@ type Link struct {
 
 // A Shape is what one direction of a link does to packets.
 type Shape struct {
-	Rate   Bitrate  `toml:"rate,omitempty"`
-	Delay  Duration `toml:"delay,omitempty"` // one-way
-	Jitter Duration `toml:"jitter,omitempty"`
-	Loss   Loss     `toml:"loss,omitempty"`
-	Buffer Size     `toml:"buffer,omitempty"`
-	Queue  Size     `toml:"queue,omitempty"`
+	Rate     Bitrate  `toml:"rate,omitempty"`
+	FlowRate Bitrate  `toml:"flow_rate,omitempty"`
+	Delay    Duration `toml:"delay,omitempty"` // one-way
+	Jitter   Duration `toml:"jitter,omitempty"`
+	Loss     Loss     `toml:"loss,omitempty"`
+	Buffer   Size     `toml:"buffer,omitempty"`
+	Queue    Size     `toml:"queue,omitempty"`
 }
 
 // Shapes returns what the link does from A to B and from B to A, with
 // the defaults filled in.
 func (l Link) Shapes() (ab, ba Shape) {
-	base := Shape{Rate: l.Rate, Delay: l.RTT / 2, Jitter: l.Jitter, Loss: l.Loss, Buffer: l.Buffer, Queue: l.Queue}
+	base := Shape{Rate: l.Rate, FlowRate: l.FlowRate, Delay: l.RTT / 2, Jitter: l.Jitter, Loss: l.Loss, Buffer: l.Buffer, Queue: l.Queue}
 	ab, ba = base, base
 	if l.AtoB != nil {
 		ab = *l.AtoB
@@ -149,6 +155,9 @@ func (s Shape) String() string {
 	var parts []string
 	if s.Rate > 0 {
 		parts = append(parts, "rate "+s.Rate.String())
+	}
+	if s.FlowRate > 0 {
+		parts = append(parts, "each flow at most "+s.FlowRate.String())
 	}
 	if s.Delay > 0 {
 		parts = append(parts, "delay "+s.Delay.String())
@@ -244,7 +253,7 @@ func (t *Topology) Validate() error {
 			return fail("%s: %s and %s are already linked", name, l.A, l.B)
 		}
 		pairs[pair] = true
-		if (l.AtoB != nil || l.BtoA != nil) && (l.Rate != 0 || l.RTT != 0 || l.Jitter != 0 || l.Loss != 0 || l.Buffer != 0 || l.Queue != 0) {
+		if (l.AtoB != nil || l.BtoA != nil) && (l.Rate != 0 || l.FlowRate != 0 || l.RTT != 0 || l.Jitter != 0 || l.Loss != 0 || l.Buffer != 0 || l.Queue != 0) {
 			// Not merged: say so rather than silently ignore half of it.
 			if l.AtoB == nil || l.BtoA == nil {
 				return fail("%s: with a_to_b or b_to_a, set both directions and no link-level shape", name)
@@ -302,6 +311,12 @@ func (s Shape) check() error {
 		return fmt.Errorf("rate %v, at most %v", s.Rate, maxRate)
 	case s.Rate > 0 && s.Rate < 8*Kbit:
 		return fmt.Errorf("rate %v, at least 8kbit", s.Rate)
+	case s.FlowRate > 0 && s.Rate == 0:
+		return fmt.Errorf("flow_rate %v without a rate: set the link's rate too", s.FlowRate)
+	case s.FlowRate > s.Rate:
+		return fmt.Errorf("flow_rate %v above the rate %v", s.FlowRate, s.Rate)
+	case s.FlowRate > 0 && s.FlowRate < 8*Kbit:
+		return fmt.Errorf("flow_rate %v, at least 8kbit", s.FlowRate)
 	case s.Delay.D() > maxDelay:
 		return fmt.Errorf("delay %v, at most %v", s.Delay, maxDelay)
 	case s.Jitter.D() > maxDelay:
