@@ -221,3 +221,173 @@ func substreamPort(t *testing.T, l *lab.Lab, addr string) int {
 func isReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ENOTCONN)
 }
+
+// TestParallelAutoInLab runs `parallel:streams=8,auto` over a lab link
+// whose shaper caps each TCP connection at a tenth of the link, where
+// only more connections carry more: an upload and a download each grow
+// to 8 substreams (counted on the client's side of the link), and every
+// byte arrives in order. Before goodput counted what the dialer read,
+// a download stayed at the first 2.
+func TestParallelAutoInLab(t *testing.T) {
+	testenv.Programs(t, "ss")
+	l := lab.New(t, lab.Topology{
+		Hosts: []lab.Host{{Name: "client"}, {Name: "server"}},
+		Links: []lab.Link{{A: "client", B: "server", Rate: 200 * lab.Mbit, FlowRate: 20 * lab.Mbit,
+			RTT: lab.Duration(20 * time.Millisecond)}},
+		Sysctls: lab.TCPSysctls,
+	})
+	server := l.Addr("server").String()
+	const max = 8
+	for i, download := range []bool{false, true} {
+		name := "upload"
+		if download {
+			name = "download"
+		}
+		t.Run(name, func(t *testing.T) {
+			port := 7000 + i
+			targetPort := 9100 + i
+			ln, err := l.Listen("server", "tcp", fmt.Sprintf("127.0.0.1:%d", targetPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			seed := byte(10 + i)
+			var sink *prefixSink
+			if download {
+				go func() {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					defer c.Close()
+					io.Copy(c, newSeeded(seed)) // until the client goes
+				}()
+			} else {
+				sink = startPrefixSink(t, ln, seed)
+			}
+			labProc(t, l, "server", vlinkBin, "serve", "--listen", fmt.Sprintf("%s:%d", server, port),
+				"--target", fmt.Sprintf("127.0.0.1:%d", targetPort), "--grace", "1s")
+			tunnelPort := 8100 + i
+			labProc(t, l, "client", vlinkBin, "tunnel", "--listen", fmt.Sprintf("127.0.0.1:%d", tunnelPort),
+				"--to", fmt.Sprintf("%s:%d", server, port), "--stack", fmt.Sprintf("parallel:streams=%d,auto", max), "--grace", "1s")
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := l.WaitListening(ctx, "server", port); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.WaitListening(ctx, "client", tunnelPort); err != nil {
+				t.Fatal(err)
+			}
+			c, err := l.DialContext(ctx, "client", "tcp", fmt.Sprintf("127.0.0.1:%d", tunnelPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var (
+				moved   atomic.Int64
+				inOrder = true
+				ioErr   error
+				wg      sync.WaitGroup
+			)
+			stop := make(chan struct{})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if !download {
+					n, err := io.Copy(c, &stoppable{newSeeded(seed), stop, &moved})
+					ioErr = err
+					moved.Store(n)
+					c.(interface{ CloseWrite() error }).CloseWrite()
+					return
+				}
+				want := newSeeded(seed)
+				got, exp := make([]byte, 64<<10), make([]byte, 64<<10)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					m, err := c.Read(got)
+					io.ReadFull(want, exp[:m])
+					if string(got[:m]) != string(exp[:m]) {
+						inOrder = false
+					}
+					moved.Add(int64(m))
+					if err != nil {
+						ioErr = err
+						return
+					}
+				}
+			}()
+			// The substreams on the client's side of the link, until all
+			// are there or the time is up.
+			addr := fmt.Sprintf("%s:%d", server, port)
+			var subs int
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				if subs = established(t, l, addr); subs >= max {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			close(stop)
+			if download {
+				c.Close()
+			}
+			wg.Wait()
+			t.Logf("%s: %d substreams, %d bytes moved, then %v", name, subs, moved.Load(), ioErr)
+			if subs != max {
+				t.Errorf("%s through parallel:streams=%d,auto on a link capping each flow: %d substreams after 20 s, want %d", name, max, subs, max)
+			}
+			if download {
+				if !inOrder {
+					t.Error("the download read bytes that are not the seeded stream's")
+				}
+				return
+			}
+			if ioErr != nil {
+				t.Errorf("upload: %v", ioErr)
+			}
+			<-sink.done
+			if !sink.ok || sink.err != nil || sink.n.Load() != moved.Load() {
+				t.Errorf("the target got %d bytes (in order: %v, then %v) of the %d sent", sink.n.Load(), sink.ok, sink.err, moved.Load())
+			}
+		})
+	}
+}
+
+// stoppable reads r until stop is closed, then ends; n counts what it
+// gave.
+type stoppable struct {
+	r    io.Reader
+	stop <-chan struct{}
+	n    *atomic.Int64
+}
+
+func (s *stoppable) Read(p []byte) (int, error) {
+	select {
+	case <-s.stop:
+		return 0, io.EOF
+	default:
+	}
+	m, err := s.r.Read(p)
+	s.n.Add(int64(m))
+	return m, err
+}
+
+// established counts the client host's established connections to addr.
+func established(t *testing.T, l *lab.Lab, addr string) int {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", l.Netns("client"), "ss", "-Htn", "state", "established").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[3] == addr {
+			n++
+		}
+	}
+	return n
+}

@@ -3,7 +3,8 @@
 // (substreams), after GridFTP's parallel streams and PadicoTM's
 // ParallelStreams. On a long, lossy link a single TCP flow is capped by
 // its window and by its reaction to each loss; N flows share the loss and
-// add their windows.
+// add their windows. Where a shaper caps each flow's rate, N flows get N
+// caps, whatever their congestion control (BBR included).
 //
 //	vlink tunnel --stack parallel:streams=8 ...        8 TCP flows
 //	vlink tunnel --stack zstd+parallel:streams=8 ...   compress once, then stripe
@@ -52,7 +53,7 @@ func init() {
 			{Name: "streams", Type: layer.TypeInt, Default: fmt.Sprint(DefaultStreams), Min: 1, Max: MaxStreams,
 				Doc: "number of substreams; with auto, the most it grows to"},
 			{Name: "auto", Type: layer.TypeBool, Default: "false",
-				Doc: "start with 2 substreams and add more while throughput keeps improving, up to streams"},
+				Doc: "start with 2 substreams and add more while goodput (either way) keeps improving, up to streams: for a link whose rate per flow is unknown"},
 			{Name: "window", Type: layer.TypeSize, Default: "32M", Min: 256 << 10, Max: 256 << 20,
 				Doc: "receive window: how far the writer may get ahead of the reader, per direction, and the most the receiver buffers; about 3 times the link's bandwidth-delay product, as a lost packet holds the other substreams' blocks for a round trip or more (32M suits 1 Gbit/s at 80 ms)"},
 			{Name: "stall-timeout", Type: layer.TypeDuration, Default: DefaultStallTimeout.String(),
@@ -97,6 +98,7 @@ func (l *Layer) Dial(ctx context.Context, network, address string, lower layer.L
 	var id sessionID
 	rand.Read(id[:])
 	n := l.initial()
+	start := time.Now()
 	conns := make([]net.Conn, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -118,7 +120,8 @@ func (l *Layer) Dial(ctx context.Context, network, address string, lower layer.L
 	}
 	s := newSession(id, int64(l.Window), l.StallTimeout, conns)
 	if l.Auto && l.Streams > n {
-		s.grower = &grower{s: s, layer: l, network: network, address: address, lower: lower, id: id, fake: l.autoFake}
+		s.grower = &grower{s: s, layer: l, network: network, address: address, lower: lower, id: id,
+			fake: l.autoFake, dialed: time.Since(start)}
 		s.wg.Add(1)
 		go s.grower.run()
 	}
