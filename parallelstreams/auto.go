@@ -16,25 +16,24 @@ import (
 // peer's.
 //
 // After each growth the loop lets the new substreams ramp up for
-// autoSettle (their dial is done by then; slow start over a long path is
-// not), then measures goodput over autoWindow of active time (both
-// longer over a long path: paced), ticks in
-// which the link, not the applications, set the pace, because our
+// autoSettle (their dials are done by then; slow start over a long path
+// is not), then measures goodput over autoWindow of active time: ticks
+// in which the link, not the applications, set the pace, because our
 // writer had more queued than the substreams took or the peer's bytes
-// were arriving. A window whose goodput beats the one before the growth
-// by autoGain grows again: fourfold from the first two substreams, then
-// twofold, so that a long path reaches 16 in two steps. A window that
-// does not is followed by another, and the two are judged together
-// (a lost segment holds every substream's blocks for a round trip, which
-// moves bytes from one window into the next), for autoPatience windows in
-// all; then growth stops for good. It also stops at the layer's streams
-// parameter.
+// were arriving. Over a long path both stretch (paced). A window whose
+// goodput beats the one before the growth by autoGain grows again:
+// fourfold from the first two substreams, then twofold, so that 16 are
+// two steps away. A window that does not is followed by another, and the
+// two are judged together (a lost segment holds every substream's blocks
+// for a round trip, which moves bytes from one window into the next),
+// for autoPatience windows in all; then growth stops for good. It also
+// stops at the layer's streams parameter, and when a dial fails.
 //
-// A window is compared with the whole measurement of the configuration
-// before, never with its best moment: after a stall, the blocks it held
-// are read all at once, and a baseline taken from such a burst would
-// stop the growth one step early (as the first version of this loop did
-// in one round in three on the lab's lossy profile).
+// A window is compared with the whole measurement of the setting before,
+// never with its best moment: after a stall, the blocks it held are read
+// all at once, and a baseline taken from such a burst stops the growth a
+// step early (as the first version of this loop did in 3 of 5 rounds on
+// the lab's wan50 profile, docs/BENCHMARKS.md §4).
 const (
 	autoTick     = 100 * time.Millisecond
 	autoSettle   = 300 * time.Millisecond
