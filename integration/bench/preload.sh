@@ -16,6 +16,11 @@
 #      agent relays the program's loopback connection) against the same
 #      stack through "vlink tunnel". Target: >= 0.9x.
 #
+# CPU: the iperf3 client's own CPU per GB in 1 (the shim adds no call on
+# the data path: target <= 1.1x plain's), and in 3 the CPU per GB of the
+# relaying vlink process, the agent (vlink exec's own, its iperf3 taken
+# out) against the tunnel (target <= 1.1x), and of vlink serve.
+#
 # Environment: DURATION (iperf3 -t, default 5), REPS (default 5), CONNECTS
 # (default 10000), VLINK (a vlink binary; default: built from this
 # checkout), PORT_BASE (default 25300; uses PORT_BASE+1..+3).
@@ -33,9 +38,9 @@ srv=$((PORT_BASE + 1)) gw=$((PORT_BASE + 2)) tun=$((PORT_BASE + 3))
 iperf3 -s -B 127.0.0.1 -p "$srv" >"$work/iperf3-server.log" 2>&1 &
 pids+=($!)
 "$VLINK" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --log-level warn &
-pids+=($!)
+pids+=($!) serve_pid=$!
 "$VLINK" tunnel --listen "127.0.0.1:$tun" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack zstd --log-level warn &
-pids+=($!)
+pids+=($!) tunnel_pid=$!
 for p in "$srv" "$gw" "$tun"; do wait_listen "$p"; done
 cat >"$work/zstd.toml" <<TOML
 [[route]]
@@ -70,7 +75,14 @@ echo "$env_line" >&2
 for rep in $(seq "$REPS"); do
   for i in 0 1 2 3 4; do
     path=${ipaths[$(( (i + rep) % 5 ))]}
-    ${iperf[$path]} -t "$DURATION" --json >"$work/iperf-$path-$rep.json"
+    s0=$(cpu_ticks "$serve_pid") t0=$(cpu_ticks "$tunnel_pid")
+    # The CPU of the command and what it waited for (vlink exec: itself
+    # and iperf3), from wait4.
+    tree=$(python3 -c 'import os, subprocess, sys
+p = subprocess.Popen(sys.argv[2:], stdout=open(sys.argv[1], "w"))
+_, _, ru = os.wait4(p.pid, 0)
+print(ru.ru_utime + ru.ru_stime)' "$work/iperf-$path-$rep.json" ${iperf[$path]} -t "$DURATION" --json)
+    echo "$(($(cpu_ticks "$serve_pid") - s0)) $(($(cpu_ticks "$tunnel_pid") - t0)) $tree" >"$work/iperf-$path-$rep.cpu"
     echo "rep $rep iperf3 $path: $(python3 -c 'import json,sys; print("%.2f Gbit/s" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$work/iperf-$path-$rep.json")" >&2
   done
   for i in 0 1 2; do
@@ -81,10 +93,10 @@ for rep in $(seq "$REPS"); do
 done
 
 echo "$env_line"
-python3 - "$work" "$REPS" "$DURATION" "$CONNECTS" <<'PY'
+python3 - "$work" "$REPS" "$DURATION" "$CONNECTS" "$(getconf CLK_TCK)" <<'PY'
 import json, re, statistics, sys
 import targets
-work, reps, duration, connects = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+work, reps, duration, connects, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 def gbits(path):
     out = []
     for rep in range(1, reps + 1):
@@ -120,9 +132,30 @@ def cpu_per_gb(path):
         out.append(e["cpu_utilization_percent"]["host_total"] / 100 * secs / (e["sum_sent"]["bytes"] / 1e9))
     return out
 print("iperf3 client CPU seconds per GB sent, median (min..max)")
+client = {}
 for path in ("plain", "plain-again", "shim-direct"):
     c = cpu_per_gb(path)
+    client[path] = statistics.median(c)
     print(f"  {path:<12} {statistics.median(c):.3f}  ({min(c):.3f}..{max(c):.3f})")
+targets.check("shim-direct / plain, iperf3 client CPU s/GB", client['shim-direct'] / client['plain'], "<=", 1.1)
+def relay_cpu(path):
+    # CPU seconds per GB received: the relaying process (the tunnel, or
+    # vlink exec's agent: the command's tree less iperf3's own), and serve.
+    relay, serve = [], []
+    for rep in range(1, reps + 1):
+        e = json.load(open(f"{work}/iperf-{path}-{rep}.json"))["end"]
+        gb = e["sum_received"]["bytes"] / 1e9
+        s, t, tree = open(f"{work}/iperf-{path}-{rep}.cpu").read().split()
+        own = e["cpu_utilization_percent"]["host_total"] / 100 * e["sum_sent"]["seconds"]
+        relay.append((int(t) / hz if path == "tunnel-zstd" else float(tree) - own) / gb)
+        serve.append(int(s) / hz / gb)
+    return statistics.median(relay), statistics.median(serve)
+print("CPU seconds per GB received of the vlink processes, median: the relay (tunnel or vlink exec's agent), serve")
+relay = {}
+for path in ("tunnel-zstd", "shim-zstd"):
+    relay[path], serve = relay_cpu(path)
+    print(f"  {path:<12} relay {relay[path]:.3f}  serve {serve:.3f}")
+targets.check("shim-zstd / tunnel-zstd, relay CPU s/GB (agent / tunnel)", relay['shim-zstd'] / relay['tunnel-zstd'], "<=", 1.1)
 print(f"connect(2) latency, {connects} connects per run, {reps} runs each: median of the runs' medians in us (min..max)")
 m = {}
 for path in ("plain", "shim", "shim-nocache"):
