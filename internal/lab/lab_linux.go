@@ -376,6 +376,8 @@ func reshapeIngress(ctx context.Context, ns, dev, ifb string, old, s Shape, from
 	switch {
 	case old.Rate == s.Rate && old.Buffer == s.Buffer && old.FlowRate == s.FlowRate:
 		return nil
+	case old.Rate == 0:
+		return shapeIngress(ctx, ns, dev, ifb, s, fromA)
 	case old.FlowRate != 0 || s.FlowRate != 0:
 		// htb under a flow cap: take it down and build it again
 		if err := runCmd(ctx, "", "tc", "-n", ns, "qdisc", "del", "dev", dev, "handle", "ffff:", "ingress"); err != nil {
@@ -384,8 +386,6 @@ func reshapeIngress(ctx context.Context, ns, dev, ifb string, old, s Shape, from
 		if err := runCmd(ctx, "", "ip", "-n", ns, "link", "del", ifb); err != nil {
 			return err
 		}
-		return shapeIngress(ctx, ns, dev, ifb, s, fromA)
-	case old.Rate == 0:
 		return shapeIngress(ctx, ns, dev, ifb, s, fromA)
 	case s.Rate == 0:
 		if err := runCmd(ctx, "", "tc", "-n", ns, "qdisc", "del", "dev", dev, "handle", "ffff:", "ingress"); err != nil {

@@ -724,6 +724,15 @@ func TestFlowRate(t *testing.T) {
 	if got := run("one flow after SetLink without the cap", 1, false); got < 2*float64(flow) {
 		t.Errorf("after SetLink without a flow cap: one flow %.1f Mbit/s, still capped at %v", got/1e6, flow)
 	}
+	// From no shaping at all to a cap again.
+	for _, s := range []Shape{{}, {Rate: rate, FlowRate: flow}} {
+		if err := l.SetLink(context.Background(), "a", "b", s, s); err != nil {
+			t.Fatalf("SetLink to %v: %v", s, err)
+		}
+	}
+	if got := run("one flow after SetLink from no shaping to the cap", 1, false); got > 1.05*float64(flow) {
+		t.Errorf("after SetLink from no shaping to a cap of %v per flow: one flow %.1f Mbit/s", flow, got/1e6)
+	}
 }
 
 // timerLateness starts measuring how late this process's timers fire
