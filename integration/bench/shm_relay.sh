@@ -9,7 +9,9 @@
 #
 # in the same run, REPS rounds, interleaved and rotated. Prints the median
 # Gbit/s (min..max), shm/tcp, and the CPU seconds per GB of the tunnel and
-# serve processes.
+# of the serve process. Targets (issue 40, point 7): shared memory carries
+# at least 0.95x what loopback TCP does under the relays, at no more CPU
+# per GB in either process.
 #
 # Environment: STACK (default identity), DURATION (iperf3 -t, default 5),
 # REPS (default 3), VLINK, PORT_BASE (default 25700).
@@ -36,29 +38,36 @@ results=$work/results
 for r in $(seq "$REPS"); do
   for i in "${!paths[@]}"; do
     path=${paths[$(( (i + r) % ${#paths[@]} ))]}
-    before=0
-    [ -z "${tun[$path]}" ] || before=$(cpu_ticks "${tun[$path]}" "$serve")
+    t0=0 s0=0
+    [ -z "${tun[$path]}" ] || { t0=$(cpu_ticks "${tun[$path]}"); s0=$(cpu_ticks "$serve"); }
     bps=$(iperf3 -c 127.0.0.1 -p "${port[$path]}" -t "$DURATION" -J | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
-    after=0
-    [ -z "${tun[$path]}" ] || after=$(cpu_ticks "${tun[$path]}" "$serve")
-    echo "$path $bps $((after - before))" >>"$results"
+    t1=0 s1=0
+    [ -z "${tun[$path]}" ] || { t1=$(cpu_ticks "${tun[$path]}"); s1=$(cpu_ticks "$serve"); }
+    echo "$path $bps $((t1 - t0)) $((s1 - s0))" >>"$results"
   done
 done
 python3 - "$results" "$DURATION" "$(getconf CLK_TCK)" <<'PY'
 import statistics, sys
+import targets
 rows = [l.split() for l in open(sys.argv[1])]
 duration, hz = float(sys.argv[2]), float(sys.argv[3])
 by = {}
-for path, bps, ticks in rows:
-    by.setdefault(path, []).append((float(bps), int(ticks)))
-med = {}
-print(f"{'path':7} {'Gbit/s':>7} {'min..max':>15} {'CPU s/GB':>9}")
+for path, bps, tun, srv in rows:
+    by.setdefault(path, []).append((float(bps), int(tun), int(srv)))
+med, cpu = {}, {}
+print(f"{'path':7} {'Gbit/s':>7} {'min..max':>15} {'tunnel s/GB':>11} {'serve s/GB':>10}")
 for path in ("direct", "tcp", "shm"):
     v = by[path]
-    g = [b / 1e9 for b, _ in v]
-    gb = [b * duration / 8 / 1e9 for b, _ in v]
-    cpu = statistics.median(t / hz / x for (_, t), x in zip(v, gb)) if path != "direct" else float("nan")
+    g = [b / 1e9 for b, _, _ in v]
+    gb = [b * duration / 8 / 1e9 for b, _, _ in v]
     med[path] = statistics.median(g)
-    print(f"{path:7} {med[path]:7.2f} {min(g):6.2f}..{max(g):6.2f} {cpu:9.2f}")
+    if path == "direct":
+        print(f"{path:7} {med[path]:7.2f} {min(g):6.2f}..{max(g):6.2f} {'-':>11} {'-':>10}")
+        continue
+    cpu[path] = [statistics.median(r[k] / hz / x for r, x in zip(v, gb)) for k in (1, 2)]
+    print(f"{path:7} {med[path]:7.2f} {min(g):6.2f}..{max(g):6.2f} {cpu[path][0]:11.2f} {cpu[path][1]:10.2f}")
 print(f"shm / tcp = {med['shm'] / med['tcp']:.2f}")
+targets.check("shm / tcp under the relays, Gbit/s", med['shm'] / med['tcp'], ">=", 0.95)
+for k, proc in enumerate(("tunnel", "serve")):
+    targets.check(f"shm / tcp, CPU s/GB of {proc}", cpu['shm'][k] / cpu['tcp'][k], "<=", 1.0)
 PY
