@@ -226,7 +226,7 @@ func TestLaunchSSH(t *testing.T) {
 		p := j.launch(t, 4, "--join-timeout", "0", "--", "sh", "-c", script)
 		p.Strict = false
 		waitCount(t, p, started, 4, startTimeout)
-		if n := leftovers(t, "^sleep "+marker); n != 4 {
+		if n := waitLeftovers(t, "^sleep "+marker, 4); n != 4 {
 			t.Fatalf("%d workers' sleeps running, want 4", n)
 		}
 		ours := j.jobPids()
