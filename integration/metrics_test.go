@@ -16,6 +16,7 @@ import (
 
 	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
+	"github.com/vlink-dev/vlink/internal/testnet"
 )
 
 // TestExecMetrics runs curl under vlink exec --metrics with a rule that
@@ -26,7 +27,7 @@ func TestExecMetrics(t *testing.T) {
 	testenv.Programs(t, "sh", "curl", "python3", "cc") // cc: vlink exec builds its shim
 	web, _ := webFile(t, 1<<20)
 	_, webPort := splitPort(t, web)
-	closed := realserver.FreePort(t)
+	closed := testnet.RefusedPort(t)
 	_, gw := startVLink(t, "serve", "--allow", fmt.Sprintf("127.0.0.1:%s,%d", webPort, closed))
 	config := filepath.Join(t.TempDir(), "config.toml")
 	os.WriteFile(config, []byte(fmt.Sprintf(`

@@ -470,7 +470,7 @@ func TestRoutesTaken(t *testing.T) {
 
 func TestBlockingErrno(t *testing.T) {
 	lb := newLab(t)
-	closed := strconv.Itoa(closedPort(t))
+	closed := strconv.Itoa(testnet.RefusedPort(t))
 	for _, tc := range []struct {
 		name, host, port, want string
 	}{
@@ -501,7 +501,7 @@ func TestBlockingErrno(t *testing.T) {
 // A gateway that is down gives the real errno of the dial to it.
 func TestGatewayDown(t *testing.T) {
 	shim, prog := needBuilds(t)
-	closed := net.JoinHostPort("127.0.0.1", strconv.Itoa(closedPort(t)))
+	closed := net.JoinHostPort("127.0.0.1", strconv.Itoa(testnet.RefusedPort(t)))
 	cfg, err := vlink.NewConfig(nil, selector.Rule{Stack: "zstd", Via: closed}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -524,7 +524,7 @@ func TestGatewayDown(t *testing.T) {
 // socket wakes, and a second connect.
 func TestNonBlockingFailure(t *testing.T) {
 	lb := newLab(t)
-	closed := strconv.Itoa(closedPort(t))
+	closed := strconv.Itoa(testnet.RefusedPort(t))
 	out := lb.mustRun(t, "nberrno", "127.0.0.1", closed)
 	if !strings.Contains(out, "so_error=ECONNREFUSED") {
 		t.Errorf("direct: want SO_ERROR ECONNREFUSED, got:\n%s", out)
@@ -873,27 +873,6 @@ func TestProgramTree(t *testing.T) {
 			t.Errorf("no refusal in the agent's log:\n%s", lb.logs.String())
 		}
 	})
-}
-
-// closedPort returns a loopback port nothing listens on.
-func closedPort(t testing.TB) int {
-	t.Helper()
-	// A socket bound to the port and not listening keeps it refusing for
-	// the whole test: without SO_REUSEADDR, no other test's listener can
-	// take it meanwhile, as one could a port merely closed.
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sa.(*syscall.SockaddrInet4).Port
 }
 
 func TestAgentClose(t *testing.T) {

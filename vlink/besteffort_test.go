@@ -59,15 +59,6 @@ func silent(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func closedPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
-	return ln.Addr().String()
-}
-
 func bestEffort(t *testing.T, try ...string) *vlink.Dialer {
 	t.Helper()
 	cfg, err := vlink.NewConfig([]selector.Rule{{Host: "127.0.0.1", Try: try}}, selector.Rule{}, nil)
@@ -83,7 +74,7 @@ func bestEffort(t *testing.T, try ...string) *vlink.Dialer {
 func TestBestEffort(t *testing.T) {
 	l := listen(t, vlink.ListenConfig{}) // takes plain TCP and VLink hellos
 	hang := "test-xor+test-at:addr=" + silent(t)
-	refused := "test-at:addr=" + closedPort(t)
+	refused := "test-at:addr=" + testnet.RefusedAddr(t)
 	ctx := func() context.Context {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		t.Cleanup(cancel)

@@ -175,14 +175,7 @@ func TestFwdPlainGateway(t *testing.T) {
 func TestFwdRefusals(t *testing.T) {
 	dest, _ := peer(t, vlink.Policy{Key: key, Layers: []string{}})
 	keyless, _ := peer(t, vlink.Policy{})
-	closed := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}()
+	closed := testnet.RefusedAddr(t)
 	open := startNode(t, key, "127.0.0.1", "localhost")
 	strict := startNode(t, key, "*.example")
 	loopback := strings.Replace(open.addr, "127.0.0.1", "localhost", 1)

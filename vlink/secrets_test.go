@@ -222,7 +222,7 @@ func TestConfigHidesSecrets(t *testing.T) {
 // TestBestEffortHidesSecrets: the ways a best-effort dial tried, in its
 // error, its report and the connection's path, show no secret.
 func TestBestEffortHidesSecrets(t *testing.T) {
-	closed := closedPort(t)
+	closed := testnet.RefusedAddr(t)
 	dial := func(t *testing.T, try ...string) (net.Conn, *vlink.RouteReport, error) {
 		t.Helper()
 		cfg, err := vlink.NewConfig([]selector.Rule{{Host: "127.0.0.1", Try: try}}, selector.Rule{}, nil)
@@ -243,9 +243,10 @@ func TestBestEffortHidesSecrets(t *testing.T) {
 		}
 	}
 	t.Run("none won", func(t *testing.T) {
-		_, rep, err := dial(t, "socks5://Al1ce:S3cret@"+closed, "test-at:addr="+closed)
+		c, rep, err := dial(t, "socks5://Al1ce:S3cret@"+closed, "test-at:addr="+closed)
 		if err == nil {
-			t.Fatal("dialed")
+			c.Close()
+			t.Fatalf("dialed %s, which refuses", closed)
 		}
 		if msg := err.Error(); leaked(msg) != nil || !strings.Contains(msg, "socks5://REDACTED@"+closed) {
 			t.Errorf("error shows %q, or not the way: %s", leaked(msg), msg)

@@ -53,7 +53,7 @@ func TestOpenSSHDynamic(t *testing.T) {
 	}
 	// A destination sshd cannot reach: ssh -D sends no failure reply, it
 	// closes the client's connection.
-	closed := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	closed := testnet.RefusedAddr(t)
 	for _, layer := range []string{"socks4a", "socks5"} {
 		_, err := dial(t, layer+":addr="+proxy, closed)
 		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), proxy) {

@@ -111,7 +111,7 @@ func TestDirect(t *testing.T) {
 	}
 
 	// A port the server cannot reach: the refusal names the server.
-	closed := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	closed := testnet.RefusedAddr(t)
 	_, err = dial(t, layer(s), closed)
 	var oe *ssh.OpenError
 	if !errors.As(err, &oe) || !errors.Is(err, ssh.ErrOpenRefused) || !errors.Is(err, vlink.ErrUnreachable) || !strings.Contains(err.Error(), s.Addr) {
@@ -140,7 +140,7 @@ func TestNetcat(t *testing.T) {
 		testnet.RoundTrip(t, c, 2<<20+i)
 		c.Close()
 	}
-	closed := fmt.Sprintf("127.0.0.1:%d", realserver.FreePort(t))
+	closed := testnet.RefusedAddr(t)
 	c, err := dial(t, layer(s, "mode=netcat"), closed)
 	if err != nil {
 		t.Fatal(err) // the command starts; its failure shows on the first read

@@ -18,14 +18,46 @@ import (
 	"time"
 )
 
+// handlerGrace is how long a test's cleanup waits for Serve's handlers
+// before it closes their connections and fails the test.
+var handlerGrace = 20 * time.Second
+
 // Serve runs handle on every connection l accepts, each in its own
 // goroutine, closing the connection when handle returns. The test's
 // cleanup closes l and waits for every handler, so a test that ends
-// leaves nothing running.
+// leaves nothing running. A handler still blocked then is woken by
+// closing its connection: at once if the test has failed (a t.Fatal
+// that left a client open must not hang the run until its timeout),
+// else after handlerGrace, and the test fails for the leak.
 func Serve(tb testing.TB, l net.Listener, handle func(net.Conn)) {
 	tb.Helper()
-	var wg sync.WaitGroup
-	tb.Cleanup(func() { l.Close(); wg.Wait() })
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = map[net.Conn]struct{}{}
+	)
+	closeAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for c := range conns {
+			c.Close()
+		}
+	}
+	tb.Cleanup(func() {
+		l.Close()
+		if tb.Failed() {
+			closeAll()
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(handlerGrace):
+			tb.Errorf("testnet.Serve: a handler for %s still ran %v after the test; closing its connection", l.Addr(), handlerGrace)
+			closeAll()
+			<-done
+		}
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -34,10 +66,18 @@ func Serve(tb testing.TB, l net.Listener, handle func(net.Conn)) {
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns[c] = struct{}{}
+			mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer c.Close()
+				defer func() {
+					mu.Lock()
+					delete(conns, c)
+					mu.Unlock()
+					c.Close()
+				}()
 				handle(c)
 			}()
 		}

@@ -222,14 +222,10 @@ func TestDialPaths(t *testing.T) {
 	t.Run("reverse only, node cannot connect back", func(t *testing.T) {
 		// alice's reverse port is closed: bob cannot connect back, and
 		// must not take the relay instead.
-		closed, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		closed.Close()
+		closed := testnet.RefusedPort(t)
 		dave := connect(t, r.addr, "dave")
 		dave.mu.Lock()
-		dave.reversePorts = []uint16{uint16(closed.Addr().(*net.TCPAddr).Port)}
+		dave.reversePorts = []uint16{uint16(closed)}
 		dave.mu.Unlock()
 		// The connections of the cases above are closed; the relay ends
 		// its side of theirs in its own time.
