@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -24,8 +26,21 @@ import (
 //
 // Run: go test ./factories/shm -run '^$' -bench TwoProcess -benchtime 20x
 // (20 rounds). It reports each median and the ratio shm/tcp, with CPU
-// per GB of both processes for bulk.
+// per GB of both processes for bulk. SHM_BENCH_BUSY=N runs N processes
+// that spin on a core each for the whole benchmark: a busy machine,
+// where a side that polls the ring takes the core its peer needs.
 func BenchmarkTwoProcess(b *testing.B) {
+	if n, _ := strconv.Atoi(os.Getenv("SHM_BENCH_BUSY")); n > 0 {
+		for range n {
+			hog := exec.Command(os.Args[0], "-test.run=^TestBenchHog$")
+			hog.Env = append(os.Environ(), "SHM_BENCH_HOG=1")
+			if err := hog.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer func() { hog.Process.Kill(); hog.Wait() }()
+		}
+		b.Logf("%d processes spin beside the benchmark", n)
+	}
 	dir := filepath.Join(b.TempDir(), "shm")
 	f, err := New(Options{Dir: dir})
 	if err != nil {
@@ -124,6 +139,15 @@ func BenchmarkTwoProcess(b *testing.B) {
 	b.Logf("64 KiB writes: tcp %.2f Gbit/s (%s), shm %.2f Gbit/s (%s); shm/tcp median %.3f (%s)",
 		med(bT), spread(bT), med(bS), spread(bS), med(bulkRatio), spread(bulkRatio))
 	b.Logf("CPU per GB, both processes: tcp %.2f s (%s), shm %.2f s (%s)", med(cT), spread(cT), med(cS), spread(cS))
+	target := func(what string, got float64, ok bool, bound string) {
+		verdict := "met"
+		if !ok {
+			verdict = "MISSED"
+		}
+		b.Logf("  target %s %s: %.3f, %s", what, bound, got, verdict)
+	}
+	target("1-byte round trip shm/tcp", med(ppRatio), med(ppRatio) <= 1.0/3, "<= 1/3")
+	target("bulk shm/tcp with 64 KiB writes", med(bulkRatio), med(bulkRatio) >= 1.5, ">= 1.5")
 }
 
 // cpuTime is the CPU time process pid has used.
@@ -139,6 +163,20 @@ func cpuTime(pid int) time.Duration {
 	var utime, stime int64
 	fmt.Sscan(string(b[i+2:]), &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10], &utime, &stime)
 	return time.Duration(utime+stime) * time.Second / 100
+}
+
+// TestBenchHog is one of BenchmarkTwoProcess's busy processes: it spins
+// until killed.
+func TestBenchHog(t *testing.T) {
+	if os.Getenv("SHM_BENCH_HOG") == "" {
+		return
+	}
+	runtime.GOMAXPROCS(1)
+	for x := uint64(1); ; x = x*6364136223846793005 + 1 {
+		if x == 0 {
+			fmt.Println(x)
+		}
+	}
 }
 
 // TestBenchHelper is BenchmarkTwoProcess's other process.

@@ -31,6 +31,11 @@ type bells struct {
 	ringData, ringRoom int      // out has data, in has room
 }
 
+// wakeData and wakeRoom wake this side's sleepers, on their futex or
+// their doorbell: the control socket brought news.
+func (c *conn) wakeData() { wakeFutex(c.in.wantData); wake(c.b.waitData) }
+func (c *conn) wakeRoom() { wakeFutex(c.out.wantRoom); wake(c.b.waitRoom) }
+
 // wake rings one of this side's own bells, to wake its sleeper.
 func wake(f *os.File) {
 	if rc, err := f.SyscallConn(); err == nil {
@@ -96,7 +101,7 @@ func (c *conn) control() {
 		m, err := readCtl(c.ctl)
 		if err == nil && m.op == opFin && c.finIn.Load() < 0 {
 			c.finIn.Store(int64(m.n))
-			wake(c.b.waitData)
+			c.wakeData()
 			continue
 		}
 		if c.closed.Load() {
@@ -106,8 +111,8 @@ func (c *conn) control() {
 		// socket's end: writes fail from now on. Reads still end at an
 		// end marker received before: the peer closed after it.
 		c.reset.Store(true)
-		wake(c.b.waitData)
-		wake(c.b.waitRoom)
+		c.wakeData()
+		c.wakeRoom()
 		return
 	}
 }
@@ -165,9 +170,7 @@ func (c *conn) readErr(err error) error {
 
 // consumed wakes the producer if it sleeps for room.
 func (c *conn) consumed() {
-	if atomic.LoadUint32(c.in.wantRoom) != 0 {
-		ringFd(c.b.ringRoom)
-	}
+	notify(c.in.wantRoom, c.b.ringRoom)
 }
 
 // awaitData returns how many bytes the ring holds for this side, once
@@ -210,18 +213,11 @@ func (c *conn) awaitData(block bool) (uint64, error) {
 		// Spin a moment first: a peer that answers within it is read
 		// without a doorbell and a wake-up, which cost more than the
 		// round trip itself.
-		if spin(func() bool { n, _ := c.in.readable(); return n > 0 || c.finIn.Load() >= 0 || c.reset.Load() }) {
+		ready := func() bool { n, _ := c.in.readable(); return n > 0 || c.finIn.Load() >= 0 || c.reset.Load() }
+		if spin(ready) {
 			continue
 		}
-		// Sleep until the producer moves tail: say so, then look again,
-		// so that a tail moved in between is not slept through (ring.go
-		// says why raise is a swap).
-		raise(c.in.wantData)
-		if n, _ := c.in.readable(); n == 0 && c.finIn.Load() < 0 && !c.reset.Load() {
-			err = wait(c.b.waitData)
-		}
-		atomic.StoreUint32(c.in.wantData, 0)
-		if err != nil {
+		if err := c.sleep(c.in.wantData, c.b.waitData, &c.rdl, ready); err != nil {
 			return 0, c.waitErr(err)
 		}
 	}
@@ -275,9 +271,7 @@ func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 
 // produced wakes the consumer if it sleeps for data.
 func (c *conn) produced() {
-	if atomic.LoadUint32(c.out.wantData) != 0 {
-		ringFd(c.b.ringData)
-	}
+	notify(c.out.wantData, c.b.ringData)
 }
 
 // writeState returns why this side cannot write, or nil. wmu held.
@@ -310,15 +304,11 @@ func (c *conn) awaitRoom() (uint64, error) {
 		if room > 0 {
 			return room, nil
 		}
-		if spin(func() bool { n, _ := c.out.writable(); return n > 0 || c.reset.Load() }) {
+		ready := func() bool { n, _ := c.out.writable(); return n > 0 || c.reset.Load() }
+		if spin(ready) {
 			continue
 		}
-		raise(c.out.wantRoom)
-		if room, _ := c.out.writable(); room == 0 && !c.reset.Load() {
-			err = wait(c.b.waitRoom)
-		}
-		atomic.StoreUint32(c.out.wantRoom, 0)
-		if err != nil {
+		if err := c.sleep(c.out.wantRoom, c.b.waitRoom, &c.wdl, ready); err != nil {
 			return 0, c.waitErr(err)
 		}
 	}
@@ -393,6 +383,8 @@ func (c *conn) close(abort bool) error {
 			}
 		}
 		c.closed.Store(true)
+		wakeFutex(c.in.wantData) // wakes this side's sleepers on futexes
+		wakeFutex(c.out.wantRoom)
 		c.ctl.Close()
 		c.b.waitData.Close() // wakes this side's sleepers
 		c.b.waitRoom.Close()
@@ -428,6 +420,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 	}
 	c.rdl.set(t)
 	c.b.waitData.SetReadDeadline(t)
+	wakeFutex(c.in.wantData) // a sleeper looks at the new deadline
 	return nil
 }
 
@@ -437,25 +430,8 @@ func (c *conn) SetWriteDeadline(t time.Time) error {
 	}
 	c.wdl.set(t)
 	c.b.waitRoom.SetReadDeadline(t)
+	wakeFutex(c.out.wantRoom)
 	return nil
-}
-
-// spinTime bounds how long a reader or writer polls the ring before it
-// sleeps on its doorbell.
-var spinTime = 10 * time.Microsecond
-
-// spin polls ready for up to spinTime, and reports whether it became
-// true.
-func spin(ready func() bool) bool {
-	start := time.Now()
-	for i := 1; ; i++ {
-		if ready() {
-			return true
-		}
-		if i%64 == 0 && time.Since(start) > spinTime {
-			return false
-		}
-	}
 }
 
 // deadline is a deadline's time, for the check before each attempt: a

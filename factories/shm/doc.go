@@ -8,8 +8,8 @@
 // eventfd doorbells, and passes the five descriptors (SCM_RIGHTS); the
 // listener checks them and maps the memory. From then on a write copies
 // into the ring and publishes the new end with an atomic swap, and a
-// read copies out; a doorbell is rung only when the other side said it
-// sleeps. The unix socket stays open beside the rings: it carries the
+// read copies out; a sleeper is woken (by a futex on the shared memory,
+// or by its doorbell after a millisecond) only when it said it sleeps. The unix socket stays open beside the rings: it carries the
 // end of each direction (with its byte count, so a cut stream is told
 // from a whole one) and aborts, and its end tells the other side that a
 // process died.

@@ -49,8 +49,8 @@ const (
 // publish stores this side's position (tail or head) for the peer.
 func publish(p *uint64, v uint64) { atomic.SwapUint64(p, v) }
 
-// raise puts up a sleeper's flag.
-func raise(flag *uint32) { atomic.SwapUint32(flag, 1) }
+// raise puts up a sleeper's flag, saying how it sleeps (wait.go).
+func raise(flag *uint32, how uint32) { atomic.SwapUint32(flag, how) }
 
 // errCorrupt: the peer wrote values into the ring's header that no
 // correct peer writes.

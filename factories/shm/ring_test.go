@@ -65,7 +65,7 @@ func TestNoLostWakeup(t *testing.T) {
 	for i := range rounds {
 		meet(int64(2*i+1), r)
 		copy(scratch, got)
-		raise(cons.wantData)
+		raise(cons.wantData, wantBell)
 		n, _ := cons.readable()
 		consMissed := n == 0
 		meet(int64(2*i+2), r) // the producer is done with round i
