@@ -4,6 +4,7 @@ package shm
 
 import (
 	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -25,9 +26,12 @@ import (
 // the runtime's poller, which then hands the goroutine to a thread, two
 // wake-ups that each wait for a core while other processes hold them.
 // But a thread asleep on a futex is a thread, where a goroutine asleep
-// on the poller is not: so a side sleeps on it for futexTime at most,
-// and at most maxFutexSleepers at once in this process, and the rest
-// sleep on their doorbells, as before the futex. A peer from before the
+// on the poller is not, and it holds its P (the runtime's right to run
+// Go code) until the runtime's monitor takes it back, 20 µs to 10 ms
+// later: so a side sleeps on it for futexTime at most, and at most
+// maxFutexSleepers at once in this process, and never all of its Ps
+// (with GOMAXPROCS=1, none): the rest sleep on their doorbells, as
+// before the futex. A peer from before the
 // futex reads wantFutex as "asleep" and rings the doorbell, which the
 // sleeper finds when its futex time ends.
 const (
@@ -101,7 +105,7 @@ func (c *conn) sleep(want *uint32, bell *os.File, dl *deadline, ready func() boo
 // FUTEX_WAIT is not lost: the wait finds the word changed and returns
 // at once. So each round puts the word up again before it looks.
 func (c *conn) sleepOnFutex(want *uint32, dl *deadline, ready func() bool) bool {
-	if futexSleepers.Add(1) > maxFutexSleepers {
+	if futexSleepers.Add(1) > min(maxFutexSleepers, int32(runtime.GOMAXPROCS(0))-1) {
 		futexSleepers.Add(-1)
 		return false
 	}
