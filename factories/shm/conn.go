@@ -70,6 +70,7 @@ type conn struct {
 	laddr     net.Addr
 	raddr     net.Addr
 	rmu, wmu  sync.Mutex
+	memMu     sync.RWMutex // over the unmapping, for wakeForDeadline
 	rdl, wdl  deadline
 	finIn     atomic.Int64 // the peer's end marker: its byte count, or -1
 	reset     atomic.Bool  // the peer aborted or is gone without an end marker
@@ -393,10 +394,12 @@ func (c *conn) close(abort bool) error {
 		// can touch them.
 		c.rmu.Lock()
 		c.wmu.Lock()
+		c.memMu.Lock()
 		unix.Close(c.b.ringData)
 		unix.Close(c.b.ringRoom)
 		unix.Munmap(c.mem)
 		c.mem = nil
+		c.memMu.Unlock()
 		c.wmu.Unlock()
 		c.rmu.Unlock()
 	})
@@ -420,7 +423,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 	}
 	c.rdl.set(t)
 	c.b.waitData.SetReadDeadline(t)
-	wakeFutex(c.in.wantData) // a sleeper looks at the new deadline
+	c.wakeForDeadline(c.in.wantData)
 	return nil
 }
 
@@ -430,8 +433,19 @@ func (c *conn) SetWriteDeadline(t time.Time) error {
 	}
 	c.wdl.set(t)
 	c.b.waitRoom.SetReadDeadline(t)
-	wakeFutex(c.out.wantRoom)
+	c.wakeForDeadline(c.out.wantRoom)
 	return nil
+}
+
+// wakeForDeadline wakes a sleeper on want's futex, so that it looks at
+// its new deadline, unless a Close has unmapped the memory meanwhile:
+// the deadline's setter holds neither rmu nor wmu, which a sleeper does.
+func (c *conn) wakeForDeadline(want *uint32) {
+	c.memMu.RLock()
+	defer c.memMu.RUnlock()
+	if c.mem != nil {
+		wakeFutex(want)
+	}
 }
 
 // deadline is a deadline's time, for the check before each attempt: a

@@ -31,9 +31,9 @@ import (
 // later: so a side sleeps on it for futexTime at most, and at most
 // maxFutexSleepers at once in this process, and never all of its Ps
 // (with GOMAXPROCS=1, none): the rest sleep on their doorbells, as
-// before the futex. A peer from before the
-// futex reads wantFutex as "asleep" and rings the doorbell, which the
-// sleeper finds when its futex time ends.
+// before the futex. A peer from before the futex reads wantFutex as
+// "asleep" and rings the doorbell, which the sleeper finds when its
+// futex time ends.
 const (
 	wantBell  = 1
 	wantFutex = 2
