@@ -845,7 +845,8 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		}
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
-				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport), aeads: aeadOffer(seg)}
+				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport), aeads: aeadOffer(seg),
+				first: r.key != nil && r.member == nil && r.transport == nil && len(vias) == 0 && !r.lookup && !r.datagram && firstFlighter(seg), statics: &cache.statics}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -950,6 +951,9 @@ func (d *filterDialer) dialSegment(ctx context.Context, network, address string)
 	}
 	if err != nil {
 		c.Close()
+		if ff, ok := hs.FirstFlight.(*firstFlight); ok && ff.err != nil && ctx.Err() == nil {
+			return nil, hs, ff.err // the hello's failure, which the layer passed on
+		}
 		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
 			Err: fmt.Errorf("layer %s: %w", d.name, err)}
 	}
@@ -1006,6 +1010,11 @@ type helloDialer struct {
 	cc string
 	// aeads is the hello's cipher offer (aeadOffer), nil for none.
 	aeads []byte
+	// first: the segment's bottom layer sends its first message with
+	// the hello (firstFlight), where the connection allows it; statics
+	// are the keys the Dialer's listeners proved, for it to name.
+	first   bool
+	statics *staticKeys
 }
 
 // congestionOf returns the congestion control a chain of factories sets
@@ -1046,6 +1055,17 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 	var carrier layer.DatagramCarrier
 	if d.hops == 0 {
 		binding = channelBinding(c) // the peer is the channel's other end
+		if d.first && vouched == nil && binding == nil && key != nil && cert == nil {
+			aead := layer.AEADDefault
+			if len(d.aeads) > 0 {
+				aead = layer.AEAD(d.aeads[0])
+			}
+			static := d.statics.get(d.peer) // NKpsk0 with the key the listener proved last time
+			hello := &message{stack: d.stack, target: d.target, node: node, cc: d.cc, aeads: d.aeads,
+				wait: targetWait(ctx, d.target, false, false), first: &firstField{aead: aead, static: static}}
+			ff := &firstFlight{d: d, c: c, network: network, hello: hello, key: key}
+			return c, layer.Handshake{Key: key, AEAD: aead, PeerStatic: static, FirstFlight: ff}, nil
+		}
 		if d.datagram && vouched == nil && d.carrier != nil {
 			// A quic stream straight to the listener: the datagrams
 			// that fit ride QUIC's (Hello.QUICDatagrams).

@@ -1,10 +1,17 @@
 package vlink
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
+	"io"
 	"net"
+	"sync"
+	"time"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 // A dialer that holds a key proves it in its first flight, before the
@@ -15,13 +22,16 @@ import (
 // WireGuard answers nothing without its mac1: a dialer without the key
 // can then wait for a free slot, never take one from a key holder.
 //
-// The mark proves nothing on its own: the challenge that follows does.
+// The mark alone proves the key, not freshness: someone who recorded a
+// marked hello can replay it, and it passes the mark. So it decides only
+// which hellos get a handshake slot under load, and, with the record of
+// the marks already taken (replay.go), which hellos skip the challenge
+// (the first flight, below); any other hello still meets the challenge.
 // It costs the listener one HMAC per hello it looks at, and keeps the
 // wire format: a listener that does not check it sees a nonce, half of
 // it random (128 bits, fresh enough for a nonce the listener's own
 // challenge makes unique anyway), and a dialer that does not make one
-// sends a hello that is simply unmarked. Someone who recorded a marked
-// hello can replay it: it passes the mark, and fails the challenge.
+// sends a hello that is simply unmarked.
 const (
 	labelMark = "vlink-v1 first flight\x00"
 	markSize  = nonceSize / 2
@@ -90,4 +100,176 @@ func (l *Listener) markedFirstFlight(c net.Conn, b []byte) bool {
 	body := b[len(magic)+headerSize : len(magic)+headerSize+h.Len()]
 	m, err := decodeBody(msgHello, body)
 	return err == nil && l.marked(c, m, body)
+}
+
+// A keyed hello whose segment's bottom layer can send its first message
+// with it (layer.FirstFlighter: noise) carries the first field, and that
+// message follows it at once: the dialer asks for no challenge. The
+// listener takes the two together when the hello's mark proves the key
+// and the hello is fresh (replay.go): it answers with its accept and the
+// layer's answer at once, so a keyed, encrypted connection costs one
+// round trip where it cost three (hello and challenge, proof and accept,
+// the layer's handshake). Anything else (no mark, an old hello, a cipher
+// or a static key the listener would not choose) it answers the long
+// way: it drops the first message and sends its challenge, and the layer
+// runs its handshake again once the hello is accepted.
+
+// firstFlight is the dialer's side: the hello it sends with the layer's
+// first message (layer.FirstFlight).
+type firstFlight struct {
+	d       *helloDialer
+	c       net.Conn
+	network string
+	hello   *message
+	key     []byte
+	buf     []byte // the hello's bytes, once Hello made them
+	// err is the dial's error when the answer failed: the filter
+	// returns it, and the dial returns it as it is.
+	err error
+}
+
+var _ layer.FirstFlight = (*firstFlight)(nil)
+
+func (f *firstFlight) Hello(n int) []byte {
+	f.hello.first.length = uint32(n)
+	f.hello.first.time = uint64(time.Now().UnixMilli())
+	f.buf = helloBytes(f.hello, f.key)
+	return f.buf
+}
+
+func (f *firstFlight) Send(msg []byte) error {
+	b := append(f.buf[:len(f.buf):len(f.buf)], msg...)
+	if _, err := f.c.Write(b); err != nil {
+		return f.fail(fmt.Errorf("sending hello: %w", err))
+	}
+	return nil
+}
+
+func (f *firstFlight) Answer() (layer.Handshake, bool, error) {
+	transcript, acc, fast, err := clientAnswer(f.c, f.hello, f.buf, f.key, nil)
+	if err != nil {
+		return layer.Handshake{}, false, f.fail(err)
+	}
+	hs := layer.Handshake{Key: f.key, Transcript: transcript, PeerStatic: f.hello.first.static, AEAD: f.hello.first.aead}
+	if !fast {
+		hs.PeerStatic, hs.AEAD = acc.static, layer.AEADDefault
+		if acc.aeads != nil {
+			hs.AEAD = layer.AEAD(acc.aeads[0])
+		}
+	}
+	if f.d.peerKey != nil {
+		if err := f.d.peerKey(f.d.peer, hs.PeerStatic); err != nil {
+			return layer.Handshake{}, false, f.fail(err)
+		}
+	}
+	if !fast && f.d.statics != nil {
+		f.d.statics.set(f.d.peer, hs.PeerStatic) // for the next first flight
+	}
+	return hs, fast, nil
+}
+
+// fail makes err the dial's, as helloDialer returns the failures of a
+// hello, and returns it.
+func (f *firstFlight) fail(err error) error {
+	if f.err == nil {
+		f.err = &net.OpError{Op: "dial", Net: "vlink", Source: f.c.LocalAddr(), Addr: addr{f.network, f.d.peer}, Err: err}
+	}
+	return f.err
+}
+
+// firstFlighter reports whether the bottom layer of seg, the one straight
+// above its hello, sends its first message with the hello.
+func firstFlighter(seg []Layer) bool {
+	if len(seg) == 0 {
+		return false
+	}
+	_, v, err := seg[len(seg)-1].build()
+	if err != nil {
+		return false
+	}
+	ff, ok := v.(layer.FirstFlighter)
+	return ok && ff.FirstFlight()
+}
+
+// takesFirst reports whether the listener takes the first flight of
+// hello m (body helloBody) on c, read straight from the connection
+// (neither nested nor forwarded), whose mark proved the key: the hello
+// is fresh and asks for what the long way would give it (the cipher the
+// listener would choose, its static key). Else the listener answers the
+// long way.
+func (l *Listener) takesFirst(c net.Conn, m *message, body []byte) bool {
+	if _, vouched := c.(Vouched); vouched || l.cfg.Policy.Key == nil || m.cert != nil || m.nonce == nil || m.lookup || m.dgram ||
+		len(m.hops) > 0 || m.trail != nil || m.origin != "" || channelBinding(c) != nil {
+		return false
+	}
+	st, err := Parse(m.stack)
+	if err != nil {
+		return false
+	}
+	if mirrored := st.mirrored(); len(mirrored) == 0 || mirrored[len(mirrored)-1].Name != EncryptionLayer {
+		return false
+	}
+	aead := layer.AEADDefault
+	if m.aeads != nil {
+		aead = layer.ChooseAEAD(aeadsOf(m.aeads))
+	}
+	if m.first.aead != aead || !bytes.Equal(m.first.static, l.static) {
+		return false
+	}
+	at := markAt(body)
+	return l.replay.fresh(body[at:at+markSize], m.first.time, time.Now())
+}
+
+// readFirst reads the first message that follows hello m: into h.first
+// when the listener takes it, else to drop it.
+func (l *Listener) readFirst(c net.Conn, m *message, h *Hello, take bool) error {
+	n := int64(m.first.length)
+	if !take {
+		_, err := io.CopyN(io.Discard, c, n)
+		return err
+	}
+	h.first = make([]byte, n)
+	_, err := io.ReadFull(c, h.first)
+	return err
+}
+
+// staticKeys remembers, per listener address, the static key (identity)
+// a listener announced in its accept and the dialer's PeerKey callback
+// took, so that the next first flight to it can name the key and run
+// NKpsk0 at once: a listener with an identity takes no first flight that
+// names another key or none, and a dialer cannot ask its callback which
+// key it pinned. The guess costs nothing when wrong: the listener
+// answers the long way, its accept says its key, the callback checks it
+// as on the first contact, and the guess is replaced.
+type staticKeys struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+// maxStaticKeys bounds the listeners remembered; past it the memory
+// starts again (a dialer that reaches that many gateways with
+// identities pays one long way more per gateway).
+const maxStaticKeys = 4096
+
+func (s *staticKeys) get(address string) []byte {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[address]
+}
+
+// set remembers key for address; nil forgets it.
+func (s *staticKeys) set(address string, key []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case key == nil:
+		delete(s.m, address)
+		return
+	case s.m == nil || len(s.m) >= maxStaticKeys:
+		s.m = make(map[string][]byte)
+	}
+	s.m[address] = key
 }

@@ -117,9 +117,64 @@ const (
 	// sent only beyond DefaultHandshakeTimeout, which every listener
 	// gives, so that an older listener takes the usual hello
 	tagWait fieldTag = 19
+	// in a keyed hello: the encryption layer's first message follows it
+	// at once, and the dialer expects no challenge (firstField)
+	tagFirst fieldTag = 20
 
-	lastTag = tagWait // the newest field this side knows
+	lastTag = tagFirst // the newest field this side knows
 )
+
+// A hello's first field: what the listener needs to take the encryption
+// layer's first message with the hello (layer.FirstFlight), all of it in
+// the body the hello's mark covers:
+//
+//	time u64 | cipher u8 | length u32 | [static 32]
+//
+// time is the dialer's clock (Unix milliseconds), for the listener's
+// replay window; cipher the layer.AEAD the dialer runs, which the
+// listener must choose from the hello's offer too; length the bytes of
+// the layer's first message after the hello; static, if present, the
+// listener's static key as the dialer pinned it.
+const (
+	firstFieldSize = 8 + 1 + 4
+	// maxFirstMessage bounds what follows a hello with a first field:
+	// one record of the encryption layer, its header and Noise's
+	// largest message.
+	maxFirstMessage = 3 + 65535
+)
+
+type firstField struct {
+	time   uint64
+	aead   layer.AEAD
+	length uint32
+	static []byte
+}
+
+func (f *firstField) encode() []byte {
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, firstFieldSize+identitySize), f.time)
+	b = append(b, byte(f.aead))
+	b = binary.BigEndian.AppendUint32(b, f.length)
+	return append(b, f.static...)
+}
+
+func decodeFirst(v []byte) (*firstField, error) {
+	if len(v) != firstFieldSize && len(v) != firstFieldSize+identitySize {
+		return nil, fmt.Errorf("first is %d bytes, want %d or %d", len(v), firstFieldSize, firstFieldSize+identitySize)
+	}
+	f := &firstField{time: binary.BigEndian.Uint64(v), aead: layer.AEAD(v[8]), length: binary.BigEndian.Uint32(v[9:])}
+	switch f.aead {
+	case layer.AEADDefault, layer.AEADChaChaPoly, layer.AEADAESGCM:
+	default:
+		return nil, fmt.Errorf("first names cipher %d, which is not known", v[8])
+	}
+	if f.length == 0 || f.length > maxFirstMessage {
+		return nil, fmt.Errorf("first announces %d bytes, want 1..%d", f.length, maxFirstMessage)
+	}
+	if len(v) > firstFieldSize {
+		f.static = bytes.Clone(v[firstFieldSize:])
+	}
+	return f, nil
+}
 
 // maxAEADOffer bounds an offer: room for ciphers not yet known, which a
 // listener ignores.
@@ -133,7 +188,7 @@ const (
 
 // allowed lists the fields each message may carry.
 var allowed = map[msgType][]fieldTag{
-	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC, tagAEAD, tagWait},
+	msgHello:     {tagStack, tagTarget, tagNonce, tagNode, tagHops, tagOrigin, tagTrail, tagLookup, tagCert, tagDatagram, tagCC, tagAEAD, tagWait, tagFirst},
 	msgChallenge: {tagNonce},
 	msgAuth:      {tagProof},
 	msgAccept:    {tagProof, tagStatic, tagFamily, tagCert, tagAEAD},
@@ -157,19 +212,20 @@ type message struct {
 	proof  []byte
 	code   RefuseCode
 	reason string
-	hops   []string // next hops, in order
-	origin string   // an IP:port
-	trail  []byte   // trailIDSize bytes per listener crossed
-	hop    uint8    // in a refusal, see RefusedError.Hop
-	static []byte   // in an accept: the listener's static public key
-	lookup bool     // in a hello: a lookup (Dialer.LookupHost)
-	dgram  bool     // in a hello: a datagram session (Hello.Datagram)
-	qdgram bool     // and its datagrams ride QUIC's (Hello.QUICDatagrams)
-	family Families // in the accept of a lookup
-	cert   []byte   // the sender's certificate, undecoded (Member checks it)
-	cc     string   // in a hello: the congestion control to use (Hello.CongestionControl)
-	aeads  []byte   // in a hello: the ciphers offered (layer.AEAD); in an accept: the one chosen
-	wait   uint32   // in a hello: how long the dialer waits for its target, ms (Hello.TargetWait)
+	hops   []string    // next hops, in order
+	origin string      // an IP:port
+	trail  []byte      // trailIDSize bytes per listener crossed
+	hop    uint8       // in a refusal, see RefusedError.Hop
+	static []byte      // in an accept: the listener's static public key
+	lookup bool        // in a hello: a lookup (Dialer.LookupHost)
+	dgram  bool        // in a hello: a datagram session (Hello.Datagram)
+	qdgram bool        // and its datagrams ride QUIC's (Hello.QUICDatagrams)
+	family Families    // in the accept of a lookup
+	cert   []byte      // the sender's certificate, undecoded (Member checks it)
+	cc     string      // in a hello: the congestion control to use (Hello.CongestionControl)
+	aeads  []byte      // in a hello: the ciphers offered (layer.AEAD); in an accept: the one chosen
+	wait   uint32      // in a hello: how long the dialer waits for its target, ms (Hello.TargetWait)
+	first  *firstField // in a hello: the encryption layer's first message follows
 }
 
 // ErrBadHello is matched by errors about a malformed handshake: wrong magic
@@ -229,6 +285,9 @@ func (m *message) appendFrame(b []byte) []byte {
 	}
 	if m.wait != 0 {
 		field(tagWait, binary.BigEndian.AppendUint32(nil, m.wait))
+	}
+	if m.first != nil {
+		field(tagFirst, m.first.encode())
 	}
 	binary.BigEndian.PutUint16(b[start+2:], uint16(len(b)-start-headerSize))
 	return b
@@ -326,6 +385,8 @@ func decodeBody(t msgType, body []byte) (*message, error) {
 			if len(v) == 4 {
 				m.wait = binary.BigEndian.Uint32(v)
 			}
+		case tagFirst:
+			m.first, err = decodeFirst(v)
 		case tagDatagram:
 			if len(v) != 1 || v[0] != datagramStream && v[0] != datagramQUIC {
 				err = errors.New("datagram must be the byte 1 or 2")

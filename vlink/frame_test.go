@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -25,6 +27,8 @@ func TestFrameRoundTrip(t *testing.T) {
 		{typ: msgAccept, proof: bytes.Repeat([]byte{4}, proofSize), family: FamilyIPv4},
 		{typ: msgHello, stack: "zstd", target: "db.internal:5432", cc: "bbr"},
 		{typ: msgHello, stack: "zstd", target: "db.internal:5432", wait: 127000},
+		{typ: msgHello, stack: "noise", nonce: bytes.Repeat([]byte{3}, nonceSize), first: &firstField{time: 1 << 40, aead: layer.AEADAESGCM, length: 51}},
+		{typ: msgHello, stack: "noise", nonce: bytes.Repeat([]byte{3}, nonceSize), first: &firstField{time: 7, length: maxFirstMessage, static: bytes.Repeat([]byte{5}, identitySize)}},
 	}
 	for _, m := range msgs {
 		t.Run(m.typ.String(), func(t *testing.T) {
@@ -36,7 +40,9 @@ func TestFrameRoundTrip(t *testing.T) {
 			if got.stack != m.stack || got.target != m.target || got.node != m.node || !bytes.Equal(got.nonce, m.nonce) ||
 				!bytes.Equal(got.proof, m.proof) || got.code != m.code || got.reason != m.reason ||
 				strings.Join(got.hops, ",") != strings.Join(m.hops, ",") || got.origin != m.origin || !bytes.Equal(got.trail, m.trail) || got.hop != m.hop ||
-				got.lookup != m.lookup || got.family != m.family || got.wait != m.wait {
+				got.lookup != m.lookup || got.family != m.family || got.wait != m.wait ||
+				(got.first == nil) != (m.first == nil) || got.first != nil && (got.first.time != m.first.time || got.first.aead != m.first.aead ||
+				got.first.length != m.first.length || !bytes.Equal(got.first.static, m.first.static)) {
 				t.Fatalf("got %+v, want %+v", got, m)
 			}
 		})
@@ -96,7 +102,12 @@ func TestFrameErrors(t *testing.T) {
 		{"cipher zero", hello(field(tagAEAD, []byte{0})), ErrBadHello, "distinct non-zero"},
 		{"wait zero", hello(field(tagWait, []byte{0, 0, 0, 0})), ErrBadHello, "wait must be"},
 		{"wait short", hello(field(tagWait, []byte{1, 0})), ErrBadHello, "wait must be"},
-		{"a field newer than wait", hello(field(tagWait+1, []byte{1})), ErrBadHello, "newer than this side"},
+		{"first short", hello(field(tagFirst, []byte{1})), ErrBadHello, "first is 1 bytes"},
+		{"first of no length", hello(field(tagFirst, make([]byte, firstFieldSize))), ErrBadHello, "announces 0 bytes"},
+		{"first too long", hello(field(tagFirst, []byte{0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 3})), ErrBadHello, "announces 65539 bytes"},
+		{"first of an unknown cipher", hello(field(tagFirst, []byte{0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 51})), ErrBadHello, "cipher 9"},
+		{"first with a short static key", hello(field(tagFirst, make([]byte, firstFieldSize+5))), ErrBadHello, "want 13 or 45"},
+		{"a field newer than first", hello(field(tagFirst+1, []byte{1})), ErrBadHello, "newer than this side"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,6 +152,8 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add((&message{typ: msgHello, stack: "noise", aeads: []byte{2, 1, 77}}).appendFrame(nil))
 	f.Add((&message{typ: msgAccept, aeads: []byte{2}}).appendFrame(nil))
 	f.Add((&message{typ: msgHello, stack: "zstd", target: "h:1", wait: 15000}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "noise", nonce: make([]byte, nonceSize), first: &firstField{time: 1, aead: 2, length: 51}}).appendFrame(nil))
+	f.Add((&message{typ: msgHello, stack: "noise", first: &firstField{length: 1, static: make([]byte, identitySize)}}).appendFrame(nil))
 	f.Add([]byte{1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{1, 5, 0, 4, 5, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {

@@ -60,15 +60,42 @@ func channelBinding(c net.Conn) []byte {
 // end (see channelBinding). The caller sets c's deadline.
 func clientHandshake(c net.Conn, hello *message, key, binding []byte) (transcript []byte, acc *message, err error) {
 	buf := helloBytes(hello, key)
-	helloBody := buf[len(magic)+headerSize:]
 	if _, err := c.Write(buf); err != nil {
 		return nil, nil, fmt.Errorf("sending hello: %w", err)
 	}
+	transcript, acc, _, err = clientAnswer(c, hello, buf, key, binding)
+	return transcript, acc, err
+}
+
+// clientAnswer reads the listener's answer to hello, sent on c as buf,
+// and goes on to the accept: see clientHandshake. fast reports an accept
+// that took a first flight (hello.first) without a challenge: the
+// transcript is then the hello alone.
+func clientAnswer(c net.Conn, hello *message, buf, key, binding []byte) (transcript []byte, acc *message, fast bool, err error) {
+	helloBody := buf[len(magic)+headerSize:]
 	transcript = buf
 	m, body, err := readFrame(c, msgChallenge, msgAccept, msgRefuse)
 	if err != nil {
-		return nil, nil, answerError(err)
+		return nil, nil, false, answerError(err)
 	}
+	if m.typ == msgAccept && key != nil && hello.first != nil {
+		// The mark proved the key and the listener took the hello as
+		// fresh; its proof covers no nonce of its own.
+		if !hmac.Equal(m.proof, proof(key, labelServer, helloBody, nil, binding)) {
+			return nil, nil, false, fmt.Errorf("%w: the listener could not prove it holds the key", ErrAuth)
+		}
+		return transcript, m, true, nil
+	}
+	transcript, acc, err = clientLongWay(c, hello, m, body, transcript, key, binding)
+	return transcript, acc, false, err
+}
+
+// clientLongWay goes on from the listener's first answer m (with its
+// body) to a hello: the challenge and the proof if it asked for them,
+// then the accept.
+func clientLongWay(c net.Conn, hello *message, m *message, body, transcript, key, binding []byte) ([]byte, *message, error) {
+	helloBody := transcript[len(magic)+headerSize:]
+	var err error
 	if m.typ == msgChallenge {
 		if key == nil && hello.cert != nil {
 			return nil, nil, &RefusedError{Code: CodeAuthRequired, Reason: "the listener requires a pre-shared key and checks no certificate: it is not a member of this network"}
@@ -187,10 +214,18 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (_ *Hell
 			}
 		}
 	}
-	if j == nil && via == nil && l.marked(c, m, helloBody) {
+	marked := j == nil && via == nil && l.marked(c, m, helloBody)
+	if marked {
 		l.shed.markedRead(c) // a replayed hello could have a mark: the challenge decides
 	}
 	h.transcript = appendFrameBytes([]byte(magic), msgHello, helloBody)
+	if m.first != nil {
+		// Read what follows before any answer, so that a refusal never
+		// meets unread bytes (which would make the close a reset).
+		if err := l.readFirst(c, m, h, marked && l.takesFirst(c, m, helloBody)); err != nil {
+			return nil, fmt.Errorf("reading the first message after the hello: %w", err)
+		}
+	}
 	// A connection from another node of a vlink network comes with the
 	// key the relay gave both ends for it, and the dialer's name: the
 	// hello proves that key, whatever the policy's. An end-to-end hello
@@ -241,7 +276,14 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (_ *Hell
 	if p.Key != nil && j != nil && m.nonce != nil {
 		return nil, sendRefusal(c, refuse(CodeMalformed, "a nested hello carries no nonce: its connection is already authenticated"))
 	}
-	if h.key != nil && j == nil {
+	if h.key != nil && j == nil && h.first != nil {
+		// A first flight taken: its mark proved the key, and it is
+		// fresh (takesFirst).
+		h.Authenticated = true
+		h.Node = m.node
+		h.serverProof = proof(h.key, labelServer, helloBody, nil, nil)
+		h.helloBody = helloBody
+	} else if h.key != nil && j == nil {
 		if m.nonce == nil {
 			return nil, sendRefusal(c, refuse(CodeAuthRequired, "this listener requires a pre-shared key"))
 		}
@@ -419,7 +461,11 @@ func accept(c net.Conn, h *Hello) error {
 		m.aeads = []byte{byte(h.AEAD)}
 	}
 	b := m.appendFrame(nil)
-	h.transcript = append(h.transcript, b...)
+	if h.first == nil {
+		// A first flight's layer is bound to the hello alone: its
+		// first message came before this answer.
+		h.transcript = append(h.transcript, b...)
+	}
 	_, err := c.Write(b)
 	return err
 }
@@ -491,7 +537,8 @@ func keyedLayer(layers []Layer) string {
 // named one, as the dialer hands its side) and h's transcript.
 func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn, error) {
 	if hf, ok := f.(layer.HandshakeFilter); ok {
-		hs := layer.Handshake{Key: h.key, Transcript: h.transcript, AEAD: h.AEAD}
+		hs := layer.Handshake{Key: h.key, Transcript: h.transcript, AEAD: h.AEAD, First: h.first}
+		h.first = nil // for this layer only, the bottom one
 		if h.static {
 			hs.Static = layer.KeyPair{Private: l.cfg.Policy.Identity, Public: l.static}
 		}

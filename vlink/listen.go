@@ -195,7 +195,11 @@ type Hello struct {
 	binding     []byte // the channel's, when the proofs cover it (channelBinding)
 	transcript  []byte // the handshake's bytes, for layer.HandshakeFilter
 	static      bool   // the accept announces the listener's identity
-	nested      bool   // a nested hello: its connection's hello carried the certificates
+	// first: the encryption layer's first message, which came with the
+	// hello and was taken with it (firstflight.go); nil once handed to
+	// the layer, and for a hello answered the long way
+	first  []byte
+	nested bool // a nested hello: its connection's hello carried the certificates
 	// clear: the hello needs encryption and has none, which the nested
 	// hellos above its multi-link layer must then bring. unproven: no
 	// encryption layer below has proven the listener's identity yet.
@@ -266,6 +270,7 @@ type Listener struct {
 
 	ready  chan *Conn
 	shed   *shedder      // bounds the accepted connections in handshake
+	replay *replayRecord // the first flights taken, see replay.go
 	sem    chan struct{} // bounds the nested handshakes (Junction.Deliver)
 	done   chan struct{}
 	ctx    context.Context // cancelled by Close, for Admit
@@ -404,6 +409,7 @@ func (lc *ListenConfig) NewListener(inner net.Listener) (*Listener, error) {
 		l.static, _ = IdentityPublic(lc.Policy.Identity) // checked by Validate
 	}
 	rand.Read(l.id[:])
+	l.replay = newReplayRecord(time.Now())
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)

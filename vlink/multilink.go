@@ -188,6 +188,9 @@ type layerCache struct {
 	mu     sync.Mutex
 	m      map[string]layer.MultiLink
 	closed bool
+	// statics: the static keys listeners proved, for first flights
+	// (firstflight.go).
+	statics staticKeys
 }
 
 func (lc *layerCache) get(key string, build func() (layer.MultiLink, error)) (layer.MultiLink, error) {

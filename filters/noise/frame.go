@@ -24,6 +24,7 @@ import (
 const (
 	headerSize = 3
 	tagSize    = 16 // the ChaCha20-Poly1305 tag
+	dhLen      = 32 // an X25519 public key
 	// maxRecord is the largest record body: Noise's bound on a message.
 	maxRecord = flynn.MaxMsgLen
 	// MaxPlain is the most application bytes one record carries. Larger

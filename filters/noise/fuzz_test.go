@@ -79,3 +79,47 @@ func FuzzHandshake(f *testing.F) {
 		}
 	})
 }
+
+// FuzzFirstMessage gives the responder a first message that came with
+// the hello (layer.Handshake.First), made by the fuzzer: a forged one
+// never completes the handshake, and none carries data.
+func FuzzFirstMessage(f *testing.F) {
+	genuine := firstMessage(f, nil)
+	f.Add(genuine)
+	f.Add(append([]byte{byte(recHandshake), 0, 48}, make([]byte, 48)...))
+	f.Add(firstMessage(f, []byte("early")))
+	f.Add([]byte{byte(recHandshake), 0xff, 0xff})
+	f.Add([]byte{byte(recData), 0, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		hs := layer.Handshake{Key: testKey, Transcript: testTranscript, First: in}
+		var out bytes.Buffer
+		nc, err := Filter{}.ServerHandshake(&testnet.FakeConn{R: bytes.NewReader(nil), W: &out}, hs)
+		if nc != nil {
+			nc.(*conn).Abort()
+		}
+		if err == nil && !bytes.Equal(in, genuine) {
+			t.Fatalf("the responder took a first message of %d bytes it was not sent", len(in))
+		}
+		if err != nil && out.Len() > 0 {
+			t.Fatalf("the responder answered a first message it refused: %v", err)
+		}
+	})
+}
+
+// firstMessage returns an initiator's first message under testKey and
+// testTranscript, as a record, carrying payload, always the same.
+func firstMessage(tb testing.TB, payload []byte) []byte {
+	tb.Helper()
+	// A fixed ephemeral key: each fuzzing process makes the same.
+	st, _, err := newState(layer.Handshake{Key: testKey, Transcript: testTranscript}, true, bytes.NewReader(make([]byte, 64)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	msg, _, _, err := st.WriteMessage(nil, payload)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rec := make([]byte, headerSize, headerSize+len(msg))
+	(*header)(rec).set(recHandshake, len(msg))
+	return append(rec, msg...)
+}

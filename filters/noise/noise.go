@@ -100,7 +100,10 @@ type Filter struct {
 	NoAES bool
 }
 
-var _ layer.AEADNegotiator = Filter{}
+var (
+	_ layer.AEADNegotiator = Filter{}
+	_ layer.FirstFlighter  = Filter{}
+)
 
 // AEADs returns the ciphers the hello offers: this machine's
 // (layer.LocalAEADs) if AES-256-GCM is among them and f.NoAES is not
@@ -130,6 +133,11 @@ var errNoHandshake = fmt.Errorf("noise: %w and the hello's transcript (use it in
 func (Filter) ClientHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) {
 	return handshake(c, hs, true)
 }
+
+// FirstFlight reports that the layer sends its first message with the
+// hello (layer.FirstFlighter): a keyed connection then costs one round
+// trip, hello included, instead of three.
+func (Filter) FirstFlight() bool { return true }
 
 // ServerHandshake runs the responder's side of the handshake on c.
 func (Filter) ServerHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) {
@@ -166,26 +174,82 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	opErr := func(err error) error {
 		return &net.OpError{Op: "handshake", Net: "noise", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
+	if initiator && hs.FirstFlight != nil {
+		return firstFlight(c, hs, opErr)
+	}
+	st, mutual, err := newState(hs, initiator, nil)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	var buf [headerSize + maxHandshake]byte
+	if initiator {
+		msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+		if err != nil {
+			return nil, opErr(err)
+		}
+		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
+			return nil, opErr(err)
+		}
+		return finishInitiator(c, hs, st, mutual, opErr)
+	}
+	var msg []byte
+	if hs.First != nil {
+		// It came with the hello, which vlink read.
+		msg, err = firstRecord(hs.First)
+	} else {
+		msg, err = readHandshake(c, &buf, mutual)
+	}
+	if err != nil {
+		return nil, opErr(err)
+	}
+	payload, _, _, err := st.ReadMessage(nil, msg)
+	if err != nil {
+		return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
+	}
+	if len(payload) > 0 {
+		// A replay of it could not be told from the original after
+		// the listener restarts (vlink's replay.go): no data here.
+		return nil, opErr(fmt.Errorf("%w: the first handshake message carries %d bytes of data, which this layer does not take", ErrAuth, len(payload)))
+	}
+	msg, cs1, cs2, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
+		return nil, opErr(err)
+	}
+	cn, err := established(c, hs, cs1, cs2, false)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	return cn, nil
+}
+
+// newState starts the handshake hs asks for (NNpsk0, NKpsk0 or KK, see
+// handshake), bound to its transcript. rng makes the ephemeral key; nil
+// is crypto/rand's.
+func newState(hs layer.Handshake, initiator bool, rng io.Reader) (st *flynn.HandshakeState, mutual bool, err error) {
 	// Both static keys known (members' certificates): KK, which needs
 	// no pre-shared key.
-	mutual := hs.Static.Private != nil && hs.PeerStatic != nil
+	mutual = hs.Static.Private != nil && hs.PeerStatic != nil
 	if len(hs.Key) < MinKeySize && !(mutual && hs.Key == nil) {
-		return nil, opErr(fmt.Errorf("%w: got %d bytes, want at least %d", layer.ErrKeyRequired, len(hs.Key), MinKeySize))
+		return nil, false, fmt.Errorf("%w: got %d bytes, want at least %d", layer.ErrKeyRequired, len(hs.Key), MinKeySize)
 	}
 	cs, err := suiteFor(hs.AEAD)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, false, err
 	}
 	cfg := flynn.Config{
 		CipherSuite: cs,
 		Pattern:     flynn.HandshakeNN,
 		Initiator:   initiator,
 		Prologue:    Prologue(hs.Transcript),
+		Random:      rng,
 	}
 	if hs.Key != nil {
 		psk, err := hkdf.Key(sha256.New, hs.Key, nil, pskLabel, 32)
 		if err != nil {
-			return nil, opErr(err)
+			return nil, false, err
 		}
 		cfg.PresharedKey, cfg.PresharedKeyPlacement = psk, 0
 	}
@@ -198,44 +262,33 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	case !initiator && hs.Static.Private != nil:
 		cfg.Pattern, cfg.StaticKeypair = flynn.HandshakeNK, flynn.DHKey{Private: hs.Static.Private, Public: hs.Static.Public}
 	}
-	st, err := flynn.NewHandshakeState(cfg)
+	st, err = flynn.NewHandshakeState(cfg)
+	return st, mutual, err
+}
+
+// finishInitiator reads the responder's message, which ends the
+// handshake, and returns the encrypted connection.
+func finishInitiator(c net.Conn, hs layer.Handshake, st *flynn.HandshakeState, mutual bool, opErr func(error) error) (net.Conn, error) {
+	var buf [headerSize + maxHandshake]byte
+	msg, err := readHandshake(c, &buf, mutual)
 	if err != nil {
 		return nil, opErr(err)
 	}
-	var buf [headerSize + maxHandshake]byte
-	var cs1, cs2 *flynn.CipherState
-	if initiator {
-		msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
-		if err != nil {
-			return nil, opErr(err)
-		}
-		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
-			return nil, opErr(err)
-		}
-		msg, err = readHandshake(c, &buf, mutual)
-		if err != nil {
-			return nil, opErr(err)
-		}
-		if _, cs1, cs2, err = st.ReadMessage(nil, msg); err != nil {
-			return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
-		}
-	} else {
-		msg, err := readHandshake(c, &buf, mutual)
-		if err != nil {
-			return nil, opErr(err)
-		}
-		if _, _, _, err = st.ReadMessage(nil, msg); err != nil {
-			return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
-		}
-		if msg, cs1, cs2, err = st.WriteMessage(buf[headerSize:headerSize], nil); err != nil {
-			return nil, opErr(err)
-		}
-		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
-			return nil, opErr(err)
-		}
+	_, cs1, cs2, err := st.ReadMessage(nil, msg)
+	if err != nil {
+		return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
 	}
+	cn, err := established(c, hs, cs1, cs2, true)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	return cn, nil
+}
+
+// established makes the connection of a completed handshake.
+func established(c net.Conn, hs layer.Handshake, cs1, cs2 *flynn.CipherState, initiator bool) (*conn, error) {
 	if cs1 == nil || cs2 == nil {
-		return nil, opErr(fmt.Errorf("%w: handshake did not complete", ErrAuth))
+		return nil, fmt.Errorf("%w: handshake did not complete", ErrAuth)
 	}
 	send, recv := cs1, cs2 // the initiator sends with the first
 	if !initiator {
@@ -243,13 +296,66 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	}
 	sc, err := newCipherState(send, hs.AEAD)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, err
 	}
 	rc, err := newCipherState(recv, hs.AEAD)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, err
 	}
 	return newConn(c, sc, rc), nil
+}
+
+// firstFlight runs the initiator's side with its first message sent
+// together with the hello (layer.FirstFlight): a handshake of one round
+// trip, hello included, when the listener takes both; the long way,
+// from the start, when it answers with a challenge.
+func firstFlight(c net.Conn, hs layer.Handshake, opErr func(error) error) (net.Conn, error) {
+	ff := hs.FirstFlight
+	hs.FirstFlight = nil
+	// The first message is the ephemeral key and the empty payload's
+	// tag, whatever the pattern (KK never comes here: members send no
+	// first flight).
+	n := headerSize + dhLen + tagSize
+	hs.Transcript = ff.Hello(n)
+	st, mutual, err := newState(hs, true, nil)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	var buf [headerSize + maxHandshake]byte
+	msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	if headerSize+len(msg) != n {
+		return nil, opErr(fmt.Errorf("the first message is %d bytes, not the %d the hello announced", headerSize+len(msg), n))
+	}
+	(*header)(buf[:headerSize]).set(recHandshake, len(msg))
+	if err := ff.Send(buf[:n]); err != nil {
+		return nil, err
+	}
+	long, fast, err := ff.Answer()
+	if err != nil {
+		return nil, err
+	}
+	if !fast {
+		// The listener dropped the first message: start again under
+		// the hello's whole exchange.
+		return handshake(c, long, true)
+	}
+	return finishInitiator(c, hs, st, mutual, opErr)
+}
+
+// firstRecord checks the handshake record that came with the hello and
+// returns its message.
+func firstRecord(rec []byte) ([]byte, error) {
+	if len(rec) < headerSize {
+		return nil, fmt.Errorf("%w: a first message of %d bytes", ErrAuth, len(rec))
+	}
+	h := (*header)(rec[:headerSize])
+	if h.Type() != recHandshake || h.Len() != len(rec)-headerSize || h.Len() > maxHandshake {
+		return nil, fmt.Errorf("%w: expected a handshake record of %d bytes, got type %d of %d bytes", ErrAuth, len(rec)-headerSize, h[0], h.Len())
+	}
+	return rec[headerSize:], nil
 }
 
 // failure says why a handshake message did not authenticate.

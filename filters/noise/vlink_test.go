@@ -10,7 +10,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,57 +20,6 @@ import (
 )
 
 var key = []byte("a pre-shared key of 32 bytes....")
-
-// tap is a TCP relay that records every byte it carries, both ways.
-type tap struct {
-	addr string
-	mu   sync.Mutex
-	seen bytes.Buffer
-	wg   sync.WaitGroup
-}
-
-func newTap(t *testing.T, target string) *tap {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := &tap{addr: l.Addr().String()}
-	tp.wg.Add(1)
-	go func() {
-		defer tp.wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			tp.wg.Add(2)
-			cp := func(dst, src net.Conn) {
-				defer tp.wg.Done()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					tp.mu.Lock()
-					tp.seen.Write(buf[:n])
-					tp.mu.Unlock()
-					if _, werr := dst.Write(buf[:n]); err != nil || werr != nil {
-						dst.(*net.TCPConn).CloseWrite()
-						return
-					}
-				}
-			}
-			go cp(u, c)
-			go cp(c, u)
-		}
-	}()
-	t.Cleanup(func() { l.Close(); tp.wg.Wait() })
-	return tp
-}
 
 // TestThroughVLink runs noise in vlink stacks, checks what each side must
 // configure, and that the plaintext never crosses the wire.
@@ -114,7 +62,7 @@ func TestThroughVLink(t *testing.T) {
 				}
 				done <- err
 			}()
-			tp := newTap(t, l.Addr().String())
+			tp := newFlightRecorder(t, l.Addr().String())
 			d := &vlink.Dialer{Stack: vlink.MustParse(tt.stack), Key: tt.dialKey}
 			defer d.Close()
 			c, err := d.Dial("tcp", tp.addr)
@@ -135,9 +83,7 @@ func TestThroughVLink(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Close()
-			tp.mu.Lock()
-			defer tp.mu.Unlock()
-			if bytes.Contains(tp.seen.Bytes(), []byte("top secret")) {
+			if bytes.Contains(tp.all(), []byte("top secret")) {
 				t.Fatal("plaintext crossed the wire")
 			}
 		})
@@ -194,7 +140,10 @@ func TestCipherNegotiated(t *testing.T) {
 // to the other cipher the hello offered makes the handshake fail (the
 // accept is in the transcript the handshake binds to): the listener with
 // ErrAuth, the dialer with the listener's close. The same relay without
-// the rewrite carries the connection.
+// the rewrite carries the connection. The listener has an identity the
+// dialer has not pinned, so it answers the long way, with an accept
+// that chooses (a first flight's hello names the cipher itself:
+// TestFirstFlightChanged).
 func TestCipherDowngradeFails(t *testing.T) {
 	if len(layer.LocalAEADs()) < 2 {
 		t.Skip("this CPU has no AES instructions: the hello offers one cipher, there is nothing to downgrade")
@@ -202,13 +151,20 @@ func TestCipherDowngradeFails(t *testing.T) {
 	for _, rewrite := range []bool{false, true} {
 		t.Run(fmt.Sprintf("rewrite=%v", rewrite), func(t *testing.T) {
 			accepted := make(chan error, 1)
-			l, d := keyedPair(t, "noise", func(c *vlink.Conn, _ time.Duration, err error) {
+			lc := vlink.ListenConfig{Policy: vlink.Policy{Key: key, Identity: vlink.NewIdentity()}, Observe: func(c *vlink.Conn, _ time.Duration, err error) {
 				if err == nil {
 					_, err = c.Write([]byte("x"))
 					c.Close()
 				}
 				accepted <- err
-			})
+			}}
+			l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			d := &vlink.Dialer{Stack: vlink.MustParse("noise"), Key: key}
+			t.Cleanup(func() { d.Close() })
 			c, err := d.Dial("tcp", relayAccept(t, l.Addr().String(), rewrite))
 			if err == nil {
 				_, err = io.ReadFull(c, make([]byte, 1))
@@ -229,6 +185,32 @@ func TestCipherDowngradeFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// relayOnce relays one connection to target through relay, which gets
+// the dialer's side c and the target's u, and returns the address to
+// dial. Both close when relay returns.
+func relayOnce(t *testing.T, target string, relay func(c, u net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		u, err := net.Dial("tcp", target)
+		if err != nil {
+			return
+		}
+		defer u.Close()
+		relay(c, u)
+	}()
+	return ln.Addr().String()
 }
 
 // keyedPair returns a listener on loopback, told of each handshake's end
@@ -265,23 +247,7 @@ func echo(t *testing.T, c net.Conn) {
 // changes the cipher the listener's accept chooses (the hello's field 18)
 // to the other one offered.
 func relayAccept(t *testing.T, target string, rewrite bool) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		u, err := net.Dial("tcp", target)
-		if err != nil {
-			return
-		}
-		defer u.Close()
+	return relayOnce(t, target, func(c, u net.Conn) {
 		go io.Copy(u, c)
 		// Frames from the listener: version, type, length, then fields
 		// of tag, length, value. The challenge, then the accept.
@@ -308,6 +274,5 @@ func relayAccept(t *testing.T, target string, rewrite bool) string {
 				return
 			}
 		}
-	}()
-	return ln.Addr().String()
+	})
 }

@@ -42,7 +42,7 @@ run reach_setup gobench ReachSetup 40x ./integration/ # root: a lab at 20 ms RTT
 run compress_random gobench 'Stack/random' 2s ./filters/compress/
 run adaptive_link gobench 'Link' 5x ./filters/compress/ # 100M needs root and tc
 run idle_conns bash integration/bench/idle_conns.sh
-for s in tunnel_vs_socat datapath preload connect_cost ssh_socks compress_vs_ssh noise_vs_ssh relay_vs_serve relay_idle parallel_wan connect_under_attack udp exec_udp cc_wan; do # mux_ttfb has no target
+for s in tunnel_vs_socat datapath preload connect_cost ssh_socks compress_vs_ssh noise_vs_ssh relay_vs_serve relay_idle parallel_wan connect_under_attack udp exec_udp cc_wan first_byte; do # mux_ttfb has no target
   run "$s" bash "integration/bench/$s.sh"
 done
 

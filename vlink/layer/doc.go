@@ -109,8 +109,10 @@
 // wait for the peer; one that must (an encryption layer's handshake) is a
 // [HandshakeFilter], which package vlink runs within the dial's deadline
 // and the listener's handshake timeout, with the pre-shared key and the
-// transcript of the hello ([Handshake]) to bind its channel to. A
-// factory whose channel is already secured (QUIC's TLS) declares
+// transcript of the hello ([Handshake]) to bind its channel to; one that
+// is a [FirstFlighter] sends its first message together with the hello
+// ([FirstFlight]), which saves the keyed hello's challenge round trip and
+// its own. A factory whose channel is already secured (QUIC's TLS) declares
 // Spec.Encrypted, and its connections implement [ChannelBinder]. One
 // whose transport also carries unreliable datagrams (QUIC's, RFC 9221)
 // offers them per connection as a [DatagramCarrier], which vlink's

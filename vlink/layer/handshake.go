@@ -36,6 +36,50 @@ type Handshake struct {
 	// the listener's answer to the dialer's offer. AEADDefault if the
 	// hello offered none.
 	AEAD AEAD
+	// FirstFlight, on the dialer's side only, is set when the hello has
+	// not been sent yet and the filter sends it together with its own
+	// first message: one round trip less, and the listener takes no
+	// challenge round trip either (the hello's mark proves the key, the
+	// filter's handshake gives freshness). Transcript is then empty: the
+	// filter gets it from FirstFlight.Hello. Nil: the hello was answered
+	// already, as Transcript says.
+	FirstFlight FirstFlight
+	// First, on the listener's side only, is the filter's first message
+	// when it came with the hello (the dialer's FirstFlight): read off the
+	// connection already, so the filter takes it from here. Transcript is
+	// then the magic and the hello alone.
+	First []byte
+}
+
+// A FirstFlighter is a HandshakeFilter that can send its first message
+// together with the hello (Handshake.FirstFlight) when FirstFlight
+// returns true. Package vlink offers it only to the filter at the bottom
+// of a keyed hello's segment, straight above the hello.
+type FirstFlighter interface {
+	HandshakeFilter
+	FirstFlight() bool
+}
+
+// A FirstFlight is a hello that waits to travel with the first message
+// of the filter above it (Handshake.FirstFlight). The filter calls Hello,
+// then Send, then Answer, once each and in that order:
+//
+//   - Hello returns the hello (the magic and its frame) announcing that
+//     n bytes of the filter's follow it: the transcript the filter binds
+//     its first message to;
+//   - Send writes the hello and msg (n bytes) together;
+//   - Answer reads the listener's answer. With fast true the listener
+//     took the first message, and the filter reads its own answer next,
+//     under the Handshake it was given. With fast false the listener
+//     dropped it and authenticated the hello the long way (challenge,
+//     proof, accept): the filter runs its handshake again from the start
+//     under hs, whose Transcript is that whole exchange. An error is the
+//     dial's (a refusal, a listener that failed its proof), to be
+//     returned as it is.
+type FirstFlight interface {
+	Hello(n int) []byte
+	Send(msg []byte) error
+	Answer() (hs Handshake, fast bool, err error)
 }
 
 // A KeyPair is an X25519 key pair, 32 bytes each half.
