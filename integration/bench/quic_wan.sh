@@ -15,6 +15,13 @@
 # vlink paths, the tunnel and serve processes (from /proc). The lab's
 # delay line runs in the vlink-lab process and is not counted.
 #
+# Targets (issue 40, point 7: throughput and CPU, each against the
+# same run): on each profile, quic carries at least 0.9x what the tunnel
+# carries over one TCP flow (tunnel-tcp: the same relays, TCP below),
+# and the vlink processes spend at most 3x tunnel-tcp's CPU seconds per
+# GB (a byte over QUIC costs about 3x one over TCP on loopback,
+# BENCHMARKS §4: user-space packets, acknowledgements and TLS).
+#
 # Needs root (network namespaces). Environment: PROFILES (default
 # "wan50 wan50-clean"), DURATION (iperf3 -t, default 20), REPS (default
 # 3), VLINK and VLINK_LAB (binaries; default: built from this checkout).
@@ -60,6 +67,19 @@ done
 
 python3 - "$results" <<'PY'
 import sys
-import wan_report
-wan_report.report(wan_report.read(sys.argv[1]))
+import targets, wan_report
+rows = wan_report.read(sys.argv[1])
+wan_report.report(rows)
+
+
+def vlink_cpu_per_gb(runs):
+    gb = sum(r[1] for r in runs) / 1e9
+    return sum(r[3] + r[4] for r in runs) / gb if gb else float("nan")
+
+
+for profile, paths in rows.items():
+    if "quic" in paths and "tunnel-tcp" in paths:
+        q, t = paths["quic"], paths["tunnel-tcp"]
+        targets.check(f"{profile}: quic / tunnel-tcp, Mbit/s", wan_report.median(q) / wan_report.median(t), ">=", 0.9)
+        targets.check(f"{profile}: quic / tunnel-tcp, CPU s/GB of the vlink processes", vlink_cpu_per_gb(q) / vlink_cpu_per_gb(t), "<=", 3.0)
 PY
