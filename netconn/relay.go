@@ -45,7 +45,9 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 //     destination implementing io.ReaderFrom (a *net.TCPConn, or a wrapper
 //     delegating to one): after the first 4 KiB, copied with read(2) and
 //     write(2) (fewer system calls for a short exchange), the kernel's
-//     zero-copy path (splice(2)), the bytes never enter the process.
+//     zero-copy path (splice(2)), the bytes never enter the process. A
+//     layer that frames the stream may splice its payloads the same way
+//     (the compression layers' ReadFrom, through a Pipe).
 //     Relay waits until the source is readable and calls ReadFrom with an
 //     *io.LimitedReader of just the bytes queued, so an idle direction
 //     holds no splice(2) pipe either;

@@ -1,42 +1,17 @@
 package netconn
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
-
-// procIO returns the bytes this process passed through read(2) and
-// write(2) (rchar, wchar in /proc/self/io). splice(2) and recvfrom(2) do
-// not count, so a relay that keeps the bytes in the kernel adds nothing.
-func procIO(t testing.TB) (rchar, wchar int64) {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/io")
-	if err != nil {
-		testenv.Missing(t, "needs the kernel's I/O accounting (/proc/self/io, CONFIG_TASK_IO_ACCOUNTING): %v", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		var v int64
-		if _, err := fmt.Sscanf(line, "rchar: %d", &v); err == nil {
-			rchar = v
-		}
-		if _, err := fmt.Sscanf(line, "wchar: %d", &v); err == nil {
-			wchar = v
-		}
-	}
-	return rchar, wchar
-}
 
 var zeroCopyModes = map[string]struct {
 	wrapA, wrapB wrap
@@ -65,9 +40,9 @@ func TestRelayHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r0, w0 := procIO(t)
+	r0, w0 := testnet.ProcIO(t)
 	aToB, bToA, err := Relay(mode.wrapA(a), mode.wrapB(b))
-	r1, w1 := procIO(t)
+	r1, w1 := testnet.ProcIO(t)
 	fmt.Printf("result %d %d %d %d %v\n", r1-r0, w1-w0, aToB, bToA, err)
 }
 
@@ -92,23 +67,8 @@ func TestRelayZeroCopy(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%d", tt.mode, size), func(t *testing.T) {
 			back := listen(t)
 			defer back.Close()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestRelayHelperProcess$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "VLINK_RELAY_HELPER="+tt.mode, "VLINK_RELAY_BACKEND="+back.Addr().String())
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Wait()
-			defer cmd.Process.Kill()
-			lines := bufio.NewScanner(out)
-			var addr string
-			for addr == "" && lines.Scan() {
-				fmt.Sscanf(lines.Text(), "addr %s", &addr)
-			}
+			addr, lines := testnet.StartHelper(t, "TestRelayHelperProcess",
+				"VLINK_RELAY_HELPER="+tt.mode, "VLINK_RELAY_BACKEND="+back.Addr().String())
 			client, err := net.DialTimeout("tcp", addr, 5*time.Second)
 			if err != nil {
 				t.Fatalf("dial helper at %q: %v", addr, err)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/vlink-dev/vlink/netconn"
@@ -46,6 +47,7 @@ type conn struct {
 	cnt      *counters        // the layer's, for Stats
 	rungUsed []*atomic.Uint64 // auto's: bytes written at each rung, for AdaptiveStats
 	vectored bool             // c writes a net.Buffers with one writev
+	raw      syscall.RawConn  // c's socket, when payloads may be spliced to and from it (splice_linux.go); else nil
 
 	// The read side (read.go), under ends.LockRead.
 	hdr     header  // the current frame's header
@@ -58,17 +60,25 @@ type conn struct {
 	out     []byte  // decoded bytes not yet returned
 	rerr    error   // sticky: io.EOF or a failure of the stream
 
+	peekHdr func(fd uintptr) bool // nextRawFrame's read (splice_linux.go),
+	peekN   int                   // its count
+	peekErr error                 // and error
+
 	// The write side (write.go), under ends.LockWrite.
-	tail     *[]byte     // holds tailData
-	tailData []byte      // the rest of a frame a deadline cut, sent before anything else
-	skip     int         // blocks to send raw before trying to compress again
-	backoff  int         // skip after the next failed attempt
-	ctrl     *controller // auto's, made by the first Write
+	tail     *[]byte         // holds tailData
+	tailData []byte          // the rest of a frame a deadline cut, sent before anything else
+	skip     int             // blocks to send raw before trying to compress again
+	backoff  int             // skip after the next failed attempt
+	ctrl     *controller     // auto's, made by the first Write
+	shdr     header          // a spliced frame's header (splice_linux.go)
+	rfSrc    net.Conn        // the source of the last ReadFrom that splices,
+	rfRaw    syscall.RawConn // and its socket
 }
 
 var (
 	_ net.Conn        = (*conn)(nil)
 	_ io.WriterTo     = (*conn)(nil)
+	_ io.ReaderFrom   = (*conn)(nil)
 	_ closeWriter     = (*conn)(nil)
 	_ netconn.Aborter = (*conn)(nil)
 	_ framed.Framing  = framing{}
@@ -88,6 +98,7 @@ func newConnDec(c net.Conn, name string, codec blockCodec, dec *decoders) *conn 
 	case *net.TCPConn, *net.UnixConn:
 		cn.vectored = true
 	}
+	cn.raw = spliceSocket(c)
 	return cn
 }
 

@@ -2,6 +2,8 @@ package compress
 
 import (
 	"io"
+	"net"
+	"syscall"
 
 	"github.com/vlink-dev/vlink/netconn/framed"
 )
@@ -107,6 +109,15 @@ func (c *conn) Read(p []byte) (int, error) {
 func (c *conn) WriteTo(w io.Writer) (int64, error) {
 	c.ends.LockRead()
 	defer c.ends.UnlockRead()
+	// Raw payloads go from socket to socket where both ends are kernel
+	// sockets (splice_linux.go).
+	var wc net.Conn
+	var wrc syscall.RawConn
+	if c.raw != nil {
+		if wc, _ = w.(net.Conn); wc != nil {
+			wrc = spliceSocket(wc)
+		}
+	}
 	var total int64
 	for {
 		if err := c.ends.ReadClosed(); err != nil {
@@ -133,6 +144,14 @@ func (c *conn) WriteTo(w io.Writer) (int64, error) {
 				total += int64(k)
 				c.rawLeft -= k
 				c.consume(k)
+				if err != nil {
+					return total, err
+				}
+				continue
+			}
+			if wrc != nil {
+				k, err := c.spliceRaw(wc, wrc)
+				total += int64(k)
 				if err != nil {
 					return total, err
 				}

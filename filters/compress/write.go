@@ -14,22 +14,11 @@ import (
 func (c *conn) Write(p []byte) (int, error) {
 	c.ends.LockWrite()
 	defer c.ends.UnlockWrite()
-	if err := c.ends.Writable(); err != nil {
+	ct, mark, err := c.startWrite()
+	if err != nil {
 		return 0, err
 	}
-	if err := c.flushTail(); err != nil {
-		return 0, err
-	}
-	// The auto layer times each block for its controller (control.go);
-	// mark is when the current block started.
-	ct := c.ctrl
-	if ct == nil && c.rungs != nil {
-		ct = newController(c.rungs, linkSampler(c.c))
-		c.ctrl = ct
-	}
-	var mark time.Time
 	if ct != nil {
-		mark = time.Now()
 		defer func() { ct.spent(time.Since(mark)) }()
 	}
 	n := 0   // bytes of p sent (or, for a frame a deadline cut, in c.tail)
@@ -38,19 +27,9 @@ func (c *conn) Write(p []byte) (int, error) {
 		blk := p[off:min(len(p), off+MaxBlock)]
 		var fb *[]byte
 		size := 0
-		j, probe := 0, false
-		if ct == nil {
-			if c.tryCompress(len(blk)) {
-				fb, size = c.compress(c.codec, 0, blk, true)
-			}
-		} else if j, probe = ct.pick(mark); j > 0 && (probe && len(blk) >= minCompress || !probe && c.tryCompress(len(blk))) {
-			r := &c.rungs[j]
-			fb, size = c.compress(r.codec, r.id, blk, !probe)
-			wire := size
-			if size == 0 {
-				wire = headerSize + len(blk)
-			}
-			ct.tried(j, len(blk), wire, time.Since(mark), size > 0, probe)
+		j, probe, try := c.plan(ct, mark, len(blk))
+		if try {
+			fb, size = c.attempt(ct, mark, j, probe, blk)
 		}
 		// Raw blocks of a Write of several blocks go out together in one
 		// writev. A lone raw block is copied behind its header instead:
@@ -103,6 +82,59 @@ func (c *conn) Write(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// startWrite readies the write side for a write, sending first what a
+// deadline left of the last frame. It returns the auto layer's
+// controller, which times each block (control.go), and the time the
+// first block starts: mark. The write lock is held.
+func (c *conn) startWrite() (ct *controller, mark time.Time, err error) {
+	if err := c.ends.Writable(); err != nil {
+		return nil, mark, err
+	}
+	if err := c.flushTail(); err != nil {
+		return nil, mark, err
+	}
+	if ct = c.controller(); ct != nil {
+		mark = time.Now()
+	}
+	return ct, mark, nil
+}
+
+// controller returns the auto layer's controller, made by the first
+// write; nil for a fixed layer.
+func (c *conn) controller() *controller {
+	if c.ctrl == nil && c.rungs != nil {
+		c.ctrl = newController(c.rungs, linkSampler(c.c))
+	}
+	return c.ctrl
+}
+
+// plan decides how the next block, of n bytes, goes: at which rung j (the
+// auto layer's; 0 for a fixed layer), whether as a probe, and whether
+// compressing it is to be tried at all.
+func (c *conn) plan(ct *controller, mark time.Time, n int) (j int, probe, try bool) {
+	if ct == nil {
+		return 0, false, c.tryCompress(n)
+	}
+	j, probe = ct.pick(mark)
+	return j, probe, j > 0 && (probe && n >= minCompress || !probe && c.tryCompress(n))
+}
+
+// attempt compresses blk as plan said, telling the controller how it
+// went, and returns compress's frame and size: 0 to send blk raw.
+func (c *conn) attempt(ct *controller, mark time.Time, j int, probe bool, blk []byte) (fb *[]byte, size int) {
+	if ct == nil {
+		return c.compress(c.codec, 0, blk, true)
+	}
+	r := &c.rungs[j]
+	fb, size = c.compress(r.codec, r.id, blk, !probe)
+	wire := size
+	if size == 0 {
+		wire = headerSize + len(blk)
+	}
+	ct.tried(j, len(blk), wire, time.Since(mark), size > 0, probe)
+	return fb, size
 }
 
 // account counts a block sent since mark, for Stats, tells the

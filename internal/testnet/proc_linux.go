@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
 // procDir is /proc/PID, or /proc/self for pid 0.
@@ -43,4 +45,21 @@ func OpenFDs(tb testing.TB, pid int) int {
 		tb.Fatal(err)
 	}
 	return len(ents)
+}
+
+// ProcIO returns the bytes this process passed through read(2) and
+// write(2) (rchar and wchar in /proc/self/io). splice(2) and recvfrom(2)
+// do not count, so a relay that keeps the bytes in the kernel adds
+// nothing.
+func ProcIO(tb testing.TB) (rchar, wchar int64) {
+	tb.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		testenv.Missing(tb, "needs the kernel's I/O accounting (/proc/self/io, CONFIG_TASK_IO_ACCOUNTING): %v", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		fmt.Sscanf(line, "rchar: %d", &rchar)
+		fmt.Sscanf(line, "wchar: %d", &wchar)
+	}
+	return rchar, wchar
 }
