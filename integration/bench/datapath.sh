@@ -26,32 +26,45 @@
 #
 # Needs iperf3 and python3 (integration/deps.sh installs them).
 #
+# With PIN=1 the vlink processes run on CPU 1 and the iperf3 ends on CPU
+# 0 (taskset): the relays then share one core, so the path's rate is set
+# by what they cost, as where a tunnel's host is busy with other work,
+# rather than by the kernel's TCP work that the ends do for them on
+# loopback.
+#
 # Environment: DURATION (iperf3 -t, default 5), REPS (default 3), STACKS,
 # VLINK (a vlink binary; default: built from this checkout), PORT_BASE
-# (default 25500; uses PORT_BASE+1 and up, two ports per stack).
+# (default 25500; uses PORT_BASE+1 and up, two ports per stack), PIN.
 DURATION=${DURATION:-5}
 REPS=${REPS:-3}
 PORT_BASE=${PORT_BASE:-25500}
 STACKS=${STACKS:-identity adaptive lz4 zstd s2}
 PERF=${PERF:-}
 BASE=${BASE:-}
+PIN=${PIN:-}
 . "$(dirname "$0")/lib.sh"
 need iperf3 python3
 [ -z "$PERF" ] || need perf
 build_vlink
+relay_cpu=() ends_cpu=()
+if [ -n "$PIN" ]; then
+  need taskset
+  [ "$(nproc)" -ge 2 ] || { echo "datapath.sh: PIN needs 2 CPUs" >&2; exit 1; }
+  relay_cpu=(taskset -c 1) ends_cpu=(taskset -c 0)
+fi
 
 read -ra stacks <<<"$STACKS"
 runs=("${stacks[@]}")
 [ -z "$BASE" ] || for s in "${stacks[@]}"; do runs+=("$s@base"); done
 need_ports $((2 + 2 * ${#runs[@]}))
 iperf_port=$(p 1)
-iperf3 -s -B 127.0.0.1 -p "$iperf_port" >"$work/iperf3.log" 2>&1 &
+"${ends_cpu[@]}" iperf3 -s -B 127.0.0.1 -p "$iperf_port" >"$work/iperf3.log" 2>&1 &
 pids+=($!)
 
 # name -> the port iperf3 connects to, and the vlink processes on the path.
 declare -A port tunnel serve serve_port
 start_tunnel() { # binary name port stack to
-  "$1" tunnel --listen "127.0.0.1:$3" --to "$5" --stack "$4" --log-level warn 2>>"$work/tunnel.log" &
+  "${relay_cpu[@]}" "$1" tunnel --listen "127.0.0.1:$3" --to "$5" --stack "$4" --log-level warn 2>>"$work/tunnel.log" &
   pids+=($!)
   port[$2]=$3 tunnel[$2]=$!
 }
@@ -62,7 +75,7 @@ for name in "${runs[@]}"; do
   bin=$VLINK
   [ "${name%@base}" = "$name" ] || bin=$BASE
   # One serve per stack, so its CPU time is that stack's alone.
-  "$bin" serve --listen "127.0.0.1:$(p $k)" --target "127.0.0.1:$iperf_port" --log-level warn 2>>"$work/serve.log" &
+  "${relay_cpu[@]}" "$bin" serve --listen "127.0.0.1:$(p $k)" --target "127.0.0.1:$iperf_port" --log-level warn 2>>"$work/serve.log" &
   pids+=($!)
   serve[$name]=$! serve_port[$name]=$(p $k)
   start_tunnel "$bin" "$name" "$(p $((k + 1)))" "${name%@base}" "127.0.0.1:$(p $k)"
@@ -85,7 +98,7 @@ for rep in $(seq "$REPS"); do
       [ -z "${tunnel[$path]:-}" ] || perf_record "$PERF/$path-tunnel.data" "${tunnel[$path]}" "$DURATION"
       [ -z "${serve[$path]:-}" ] || perf_record "$PERF/$path-serve.data" "${serve[$path]}" "$DURATION"
     fi
-    iperf3 -c 127.0.0.1 -p "${port[$path]}" -t "$DURATION" --json >"$work/$path-$rep.json" || true
+    "${ends_cpu[@]}" iperf3 -c 127.0.0.1 -p "${port[$path]}" -t "$DURATION" --json >"$work/$path-$rep.json" || true
     perf_wait
     t1=0 s1=0
     [ -z "${tunnel[$path]:-}" ] || t1=$(cpu_ticks "${tunnel[$path]}")
@@ -95,6 +108,7 @@ for rep in $(seq "$REPS"); do
   done
 done
 
+[ -z "$PIN" ] || env_line+="; PIN: vlink on CPU 1, iperf3 on CPU 0"
 echo "$env_line"
 python3 - "$work" "$REPS" "$DURATION" "$(getconf CLK_TCK)" "${paths[@]}" <<'PY'
 import json, statistics, sys
