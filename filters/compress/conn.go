@@ -65,14 +65,18 @@ type conn struct {
 	peekErr error                 // and error
 
 	// The write side (write.go), under ends.LockWrite.
-	tail     *[]byte         // holds tailData
-	tailData []byte          // the rest of a frame a deadline cut, sent before anything else
-	skip     int             // blocks to send raw before trying to compress again
-	backoff  int             // skip after the next failed attempt
-	ctrl     *controller     // auto's, made by the first Write
-	shdr     header          // a spliced frame's header (splice_linux.go)
-	rfSrc    net.Conn        // the source of the last ReadFrom that splices,
-	rfRaw    syscall.RawConn // and its socket
+	tail      *[]byte               // holds tailData
+	tailData  []byte                // the rest of a frame a deadline cut, sent before anything else
+	skip      int                   // blocks to send raw before trying to compress again
+	backoff   int                   // skip after the next failed attempt
+	ctrl      *controller           // auto's, made by the first Write
+	shdr      header                // a spliced frame's header (splice_linux.go)
+	rfSrc     net.Conn              // the source of the last ReadFrom that splices,
+	rfRaw     syscall.RawConn       // and its socket
+	readFn    func(fd uintptr) bool // readNow's read (splice_linux.go),
+	readBuf   []byte                // its buffer,
+	readN     int                   // count
+	readErrno error                 // and error
 }
 
 var (

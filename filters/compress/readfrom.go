@@ -59,7 +59,12 @@ func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 				return total, err
 			}
 			if n == 0 {
-				return total, io.ErrNoProgress
+				// Nothing queued after all (a LimitedReader of the
+				// caller's, not a relay's): wait without the lock.
+				q, err := spliceReadable(sc, rc)
+				if err != nil || q == 0 {
+					return total, err
+				}
 			}
 		}
 	}
@@ -83,10 +88,11 @@ func (c *conn) sourceSocket(src net.Conn) syscall.RawConn {
 	return c.rfRaw
 }
 
-// readBlock sends the next block of src, at most max bytes, which src has
-// queued, as one frame: spliced if the layer sends it raw unread, or read
-// and sent as Write sends a block. With more, the caller has more bytes
-// of src to send at once. It returns the bytes taken from src.
+// readBlock sends the next block of src, at most max bytes, as one frame:
+// spliced if the layer sends it raw unread, or read and sent as Write
+// sends a block. With more, the caller has more bytes of src to send at
+// once. It returns the bytes taken from src: 0 and no error when src had
+// none, since it does not wait for src while it holds the write lock.
 func (c *conn) readBlock(src net.Conn, rc syscall.RawConn, max int, more bool) (int, error) {
 	c.ends.LockWrite()
 	defer c.ends.UnlockWrite()
@@ -103,7 +109,7 @@ func (c *conn) readBlock(src net.Conn, rc syscall.RawConn, max int, more bool) (
 		return n, err
 	}
 	fb := framePool.Get().(*[]byte)
-	n, rerr := src.Read((*fb)[headerSize : headerSize+max])
+	n, rerr := c.readNow(src, rc, (*fb)[headerSize:headerSize+max])
 	if n == 0 {
 		framePool.Put(fb)
 		return 0, rerr

@@ -2,6 +2,7 @@ package compress
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -34,9 +35,9 @@ func (c *conn) spliceBlock(src net.Conn, rc syscall.RawConn, max int, more bool)
 		return 0, 0, err
 	}
 	defer p.Put()
-	n, err = p.Fill(src, rc, max, true)
+	n, err = p.Fill(src, rc, max, false)
 	if n == 0 {
-		return 0, 0, err
+		return 0, 0, err // none now (nil), the end (io.EOF), or src's error
 	}
 	h := &c.shdr
 	h.set(frameRaw, n, n)
@@ -131,6 +132,39 @@ func (c *conn) peekHdrFD(fd uintptr) bool {
 		c.peekN, c.peekErr = syscall.Read(int(fd), c.hdr[c.hdrN:])
 		if c.peekErr != syscall.EINTR {
 			return true // never park: a header not yet here ends the batch
+		}
+	}
+}
+
+// readNow reads what src's socket, rc, has queued into b, at most len(b)
+// bytes, without waiting: 0 and a nil error when it has none, io.EOF at
+// its end. The write lock is held.
+func (c *conn) readNow(src net.Conn, rc syscall.RawConn, b []byte) (int, error) {
+	if c.readFn == nil {
+		c.readFn = c.readFD // made once: a closure per call is an allocation per block
+	}
+	c.readBuf, c.readN, c.readErrno = b, 0, nil
+	err := rc.Read(c.readFn)
+	c.readBuf = nil
+	switch {
+	case err != nil:
+		return 0, err
+	case c.readErrno == syscall.EAGAIN:
+		return 0, nil
+	case c.readErrno != nil:
+		return 0, &net.OpError{Op: "read", Net: src.LocalAddr().Network(), Source: src.LocalAddr(),
+			Addr: src.RemoteAddr(), Err: os.NewSyscallError("read", c.readErrno)}
+	case c.readN == 0:
+		return 0, io.EOF
+	}
+	return c.readN, nil
+}
+
+func (c *conn) readFD(fd uintptr) bool {
+	for {
+		c.readN, c.readErrno = syscall.Read(int(fd), c.readBuf)
+		if c.readErrno != syscall.EINTR {
+			return true // never park: the caller waits without the lock
 		}
 	}
 }

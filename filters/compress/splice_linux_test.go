@@ -334,3 +334,40 @@ func TestReadFromNoAllocs(t *testing.T) {
 	}
 	w.CloseWrite() // r's WriteTo ends
 }
+
+// TestReadFromWaitsUnlocked: a ReadFrom waiting for its source, given a
+// LimitedReader of more than has come, holds no lock: a Write beside it
+// goes through at once, as beside an io.Copy waiting in Read.
+func TestReadFromWaitsUnlocked(t *testing.T) {
+	srcW, srcR := testnet.TCPPair(t)
+	below, peer := testnet.TCPPair(t)
+	c := layerConn(t, below, "lz4")
+	copied := make(chan error, 1)
+	go func() {
+		_, err := c.(io.ReaderFrom).ReadFrom(io.LimitReader(srcR, 1<<20))
+		copied <- err
+	}()
+	got := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(layerConn(t, peer, "lz4")); got <- b }()
+	srcW.Write([]byte("first "))
+	time.Sleep(100 * time.Millisecond) // ReadFrom sent it and waits for more
+	wrote := make(chan error, 1)
+	go func() { _, err := c.Write([]byte("second")); wrote <- err }()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Write waited for a ReadFrom that waits for its source")
+	}
+	srcW.CloseWrite()
+	if err := <-copied; err != nil {
+		t.Fatalf("ReadFrom: %v", err)
+	}
+	c.(*conn).CloseWrite()
+	if b := <-got; string(b) != "first second" {
+		t.Errorf("the peer read %q", b)
+	}
+	c.Close()
+}

@@ -17,3 +17,5 @@ func (c *conn) spliceBlock(net.Conn, syscall.RawConn, int, bool) (int, int, erro
 }
 
 func (c *conn) spliceRaw(net.Conn, syscall.RawConn) (int, error) { panic("unreachable") }
+
+func (c *conn) readNow(net.Conn, syscall.RawConn, []byte) (int, error) { panic("unreachable") }
