@@ -184,7 +184,7 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 // affect the connection. A best-effort route's connection says which way
 // it took (PathOf).
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	return d.dial(ctx, network, address, nil)
+	return d.dial(ctx, network, address, nil, nil)
 }
 
 // DialReport is DialContext, and says how it chose: the route that
@@ -192,11 +192,11 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 // started, how long it took and how it ended.
 func (d *Dialer) DialReport(ctx context.Context, network, address string) (net.Conn, *RouteReport, error) {
 	rep := &RouteReport{Address: address}
-	c, err := d.dial(ctx, network, address, rep)
+	c, err := d.dial(ctx, network, address, rep, nil)
 	return c, rep, err
 }
 
-func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteReport) (net.Conn, error) {
+func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteReport, early *earlyDial) (net.Conn, error) {
 	datagrams := false
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -289,6 +289,9 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 		if len(r.stack.Layers) > 0 {
 			rep.Way = r.stack.String()
 		}
+	}
+	if early != nil {
+		ctx = context.WithValue(ctx, earlyKey{}, early)
 	}
 	return r.dial(ctx, network, address, &d.cache)
 }
@@ -846,7 +849,8 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
 				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport), aeads: aeadOffer(seg),
-				first: r.key != nil && r.member == nil && r.transport == nil && len(vias) == 0 && !r.lookup && !r.datagram && firstFlighter(seg), statics: &cache.statics}
+				first: r.key != nil && r.member == nil && r.transport == nil && len(vias) == 0 && !r.lookup && !r.datagram && firstFlighter(seg), statics: &cache.statics,
+				early: len(segs) == 1}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -951,13 +955,24 @@ func (d *filterDialer) dialSegment(ctx context.Context, network, address string)
 	}
 	if err != nil {
 		c.Close()
-		if ff, ok := hs.FirstFlight.(*firstFlight); ok && ff.err != nil && ctx.Err() == nil {
-			return nil, hs, ff.err // the hello's failure, which the layer passed on
+		return nil, hs, layerDialErr(ctx, hs.FirstFlight, d.name, network, address, err)
+	}
+	if ec, ok := fc.(layer.EarlyConn); ok && hs.Early {
+		if e, _ := ctx.Value(earlyKey{}).(*earlyDial); e != nil && e.conn == nil {
+			e.conn, e.name, e.ff = ec, d.name, hs.FirstFlight
 		}
-		return nil, hs, &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address},
-			Err: fmt.Errorf("layer %s: %w", d.name, err)}
 	}
 	return fc, hs, nil
+}
+
+// layerDialErr is the dial's error for a layer's handshake that failed
+// with err: the hello's failure when the layer passed it on (a refusal
+// read in its first flight's answer), else the layer's.
+func layerDialErr(ctx context.Context, ff layer.FirstFlight, name, network, address string, err error) error {
+	if ff, ok := ff.(*firstFlight); ok && ff.err != nil && ctx.Err() == nil {
+		return ff.err
+	}
+	return &net.OpError{Op: "dial", Net: "vlink", Addr: addr{network, address}, Err: fmt.Errorf("layer %s: %w", name, err)}
 }
 
 // withContext runs a layer's handshake on c within the context's deadline
@@ -1015,6 +1030,9 @@ type helloDialer struct {
 	// are the keys the Dialer's listeners proved, for it to name.
 	first   bool
 	statics *staticKeys
+	// early: the segment is the stack's only one, so the filter at its
+	// bottom may wait for the connection's first bytes (DialEarly).
+	early bool
 }
 
 // congestionOf returns the congestion control a chain of factories sets
@@ -1064,7 +1082,11 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 			hello := &message{stack: d.stack, target: d.target, node: node, cc: d.cc, aeads: d.aeads,
 				wait: targetWait(ctx, d.target, false, false), first: &firstField{aead: aead, static: static}}
 			ff := &firstFlight{d: d, c: c, network: network, hello: hello, key: key}
-			return c, layer.Handshake{Key: key, AEAD: aead, PeerStatic: static, FirstFlight: ff}, nil
+			hs := layer.Handshake{Key: key, AEAD: aead, PeerStatic: static, FirstFlight: ff}
+			if e, _ := ctx.Value(earlyKey{}).(*earlyDial); e != nil && d.early && static != nil && d.statics.takesEarly(d.peer) {
+				hs.Early = true
+			}
+			return c, hs, nil
 		}
 		if d.datagram && vouched == nil && d.carrier != nil {
 			// A quic stream straight to the listener: the datagrams

@@ -168,6 +168,8 @@ func (f *firstFlight) Answer() (layer.Handshake, bool, error) {
 	return hs, fast, nil
 }
 
+func (f *firstFlight) TakesEarly(ok bool) { f.d.statics.setEarly(f.d.peer, ok) }
+
 // fail makes err the dial's, as helloDialer returns the failures of a
 // hello, and returns it.
 func (f *firstFlight) fail(err error) error {
@@ -240,10 +242,18 @@ func (l *Listener) readFirst(c net.Conn, m *message, h *Hello, take bool) error 
 // names another key or none, and a dialer cannot ask its callback which
 // key it pinned. The guess costs nothing when wrong: the listener
 // answers the long way, its accept says its key, the callback checks it
-// as on the first contact, and the guess is replaced.
+// as on the first contact, and the guess is replaced. With the key, it
+// remembers whether the listener's last answer said it takes early data
+// (layer.FirstFlight.TakesEarly): a listener from before early data
+// refuses a first message that carries some.
 type staticKeys struct {
 	mu sync.Mutex
-	m  map[string][]byte
+	m  map[string]staticKey
+}
+
+type staticKey struct {
+	key   []byte
+	early bool // the listener takes early data
 }
 
 // maxStaticKeys bounds the listeners remembered; past it the memory
@@ -257,10 +267,23 @@ func (s *staticKeys) get(address string) []byte {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m[address]
+	return s.m[address].key
 }
 
-// set remembers key for address; nil forgets it.
+// takesEarly reports whether the listener at address has an identity
+// this Dialer knows and said it takes early data.
+func (s *staticKeys) takesEarly(address string) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.m[address]
+	return k.key != nil && k.early
+}
+
+// set remembers key for address, and forgets whether it takes early
+// data until its answer says; nil forgets it.
 func (s *staticKeys) set(address string, key []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -269,7 +292,21 @@ func (s *staticKeys) set(address string, key []byte) {
 		delete(s.m, address)
 		return
 	case s.m == nil || len(s.m) >= maxStaticKeys:
-		s.m = make(map[string][]byte)
+		s.m = make(map[string]staticKey)
 	}
-	s.m[address] = key
+	s.m[address] = staticKey{key: key}
+}
+
+// setEarly remembers whether the listener at address, whose key is
+// known, takes early data.
+func (s *staticKeys) setEarly(address string, ok bool) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k, known := s.m[address]; known && k.early != ok {
+		k.early = ok
+		s.m[address] = k
+	}
 }

@@ -222,9 +222,11 @@ func (l *Listener) serverHandshake(c net.Conn, j *junction, via *Hello) (_ *Hell
 	if m.first != nil {
 		// Read what follows before any answer, so that a refusal never
 		// meets unread bytes (which would make the close a reset).
-		if err := l.readFirst(c, m, h, marked && l.takesFirst(c, m, helloBody)); err != nil {
+		take := marked && l.takesFirst(c, m, helloBody)
+		if err := l.readFirst(c, m, h, take); err != nil {
 			return nil, fmt.Errorf("reading the first message after the hello: %w", err)
 		}
+		h.early, h.offersEarly = take && l.takesEarly(m), l.offersEarly()
 	}
 	// A connection from another node of a vlink network comes with the
 	// key the relay gave both ends for it, and the dialer's name: the
@@ -537,8 +539,8 @@ func keyedLayer(layers []Layer) string {
 // named one, as the dialer hands its side) and h's transcript.
 func (l *Listener) serverFilter(f layer.Filter, c net.Conn, h *Hello) (net.Conn, error) {
 	if hf, ok := f.(layer.HandshakeFilter); ok {
-		hs := layer.Handshake{Key: h.key, Transcript: h.transcript, AEAD: h.AEAD, First: h.first}
-		h.first = nil // for this layer only, the bottom one
+		hs := layer.Handshake{Key: h.key, Transcript: h.transcript, AEAD: h.AEAD, First: h.first, Early: h.early, OffersEarly: h.offersEarly}
+		h.first, h.early, h.offersEarly = nil, false, false // for this layer only, the bottom one
 		if h.static {
 			hs.Static = layer.KeyPair{Private: l.cfg.Policy.Identity, Public: l.static}
 		}

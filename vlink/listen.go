@@ -198,8 +198,12 @@ type Hello struct {
 	// first: the encryption layer's first message, which came with the
 	// hello and was taken with it (firstflight.go); nil once handed to
 	// the layer, and for a hello answered the long way
-	first  []byte
-	nested bool // a nested hello: its connection's hello carried the certificates
+	first []byte
+	// early: the layer takes the data in first (takesEarly);
+	// offersEarly: its answer says this listener takes early data.
+	// Both for the bottom layer only, as first.
+	early, offersEarly bool
+	nested             bool // a nested hello: its connection's hello carried the certificates
 	// clear: the hello needs encryption and has none, which the nested
 	// hellos above its multi-link layer must then bring. unproven: no
 	// encryption layer below has proven the listener's identity yet.

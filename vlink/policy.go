@@ -68,7 +68,21 @@ type Policy struct {
 	// dialers can pin the key on first use and notice when it changes
 	// (Dialer.PeerKey). The pre-shared key alone authenticates a group;
 	// an identity tells one listener of the group from another.
+	//
+	// A listener with an identity also takes early data: the first
+	// bytes of a connection in its first flight (Dialer.DialEarly),
+	// except in the first flights dated before its start plus the
+	// replay window (ARCHITECTURE §2, "Early data"). Each listener
+	// remembers the first flights it took, so that a recorded one
+	// cannot bring its data to the target twice; listeners that share
+	// an identity do not share that record, and a first flight taken by
+	// one could be replayed to another once: give each listener its own
+	// identity, or set RefuseEarlyData.
 	Identity []byte
+	// RefuseEarlyData makes a listener with an identity take no early
+	// data: the dialer sends it again after the handshake, a round trip
+	// later.
+	RefuseEarlyData bool
 	// Member, when set, makes the listener a member of a network with an
 	// owner: a hello that carries a certificate is checked against
 	// Member.Trust, answered with Member.Cert, and proven by both sides'

@@ -34,19 +34,37 @@ type replayRecord struct {
 	mu        sync.Mutex
 	cur, prev map[[markSize]byte]struct{}
 	since     time.Time // when cur began
+	started   time.Time // when the listener started: see takesEarly
 	max       int       // marks per generation: maxFirstFlights
 }
 
 // A listener that restarts loses its record, so a first flight it took
 // in its previous life can be replayed to it within the window: it then
-// admits the connection again, which goes no further. That is why a
-// first flight carries no application data yet: data in it would reach
-// the target a second time. A listener that takes data in the first
-// flight will have to refuse first flights dated before its start plus
-// the window, and listeners sharing a key to share their record.
+// admits the connection again, which goes no further. Data in such a
+// first flight (early data) would reach the target a second time, so a
+// listener takes data only in first flights dated after its start plus
+// the window: its previous life, which ended before that start, took
+// none dated so late (takesEarly). And since the record is one
+// listener's, only a listener with an identity takes data: a first
+// flight names the identity it is for (the hello's first field, under
+// the mark), so one taken by another listener of the same key is not
+// taken here. Listeners that share an identity file share that exposure
+// (Policy.Identity).
 
 func newReplayRecord(start time.Time) *replayRecord {
-	return &replayRecord{since: start, max: maxFirstFlights}
+	return &replayRecord{since: start, started: start, max: maxFirstFlights}
+}
+
+// takesEarly reports whether the listener takes the data in the first
+// flight of hello m, which it takes (takesFirst).
+func (l *Listener) takesEarly(m *message) bool {
+	sent := time.UnixMilli(int64(min(m.first.time, 1<<62)))
+	return l.offersEarly() && m.first.static != nil && sent.After(l.replay.started.Add(firstFlightWindow))
+}
+
+// offersEarly reports whether the listener takes early data at all.
+func (l *Listener) offersEarly() bool {
+	return l.static != nil && !l.cfg.Policy.RefuseEarlyData
 }
 
 // fresh reports whether a first flight with this mark, dated sent (Unix

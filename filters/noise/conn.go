@@ -50,6 +50,11 @@ type conn struct {
 	send     *cipherState
 	tail     *[]byte // holds tailData
 	tailData []byte  // the rest of records a deadline cut, sent before anything else
+
+	// early, on a dialer's connection made to wait for its first bytes
+	// (early.go), until its handshake is done: send and recv are nil
+	// until then. Nil on any other.
+	early *early
 }
 
 var (
@@ -72,19 +77,34 @@ func (c *conn) opErr(op string, err error) error { return c.ends.OpError(op, err
 // CloseWrite shuts down the writing side: it sends the end record, after
 // which the peer reads io.EOF, and shuts down the writing side of the
 // connection below if it can (framed.Ends.CloseWrite).
-func (c *conn) CloseWrite() error { return c.ends.CloseWrite() }
+func (c *conn) CloseWrite() error {
+	if err := c.ready(); err != nil {
+		return err
+	}
+	return c.ends.CloseWrite()
+}
 
 // Close closes the connection as a socket's close does: the end record is
 // still sent, in the background for up to framed.CloseLinger, unless a
 // Write is in progress or failed, which cuts the stream short; after the
 // peer's end record, it reads what the layer below still sends
 // (framed.Ends.Close).
-func (c *conn) Close() error { return c.ends.Close() }
+func (c *conn) Close() error {
+	if c.abandon() {
+		return c.c.Close()
+	}
+	return c.ends.Close()
+}
 
 // Abort closes the connection without its end record and aborts the one
 // below (netconn.Abort), so the peer sees a failure, never an end of
 // stream.
-func (c *conn) Abort() error { return c.ends.Abort() }
+func (c *conn) Abort() error {
+	if c.abandon() {
+		return c.c.Close()
+	}
+	return c.ends.Abort()
+}
 
 // framing is the layer's part of its ends: the end record, the tail a
 // deadline left, the read buffer.

@@ -1,118 +1,17 @@
 package noise_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 )
-
-// flightRecorder is a TCP relay that records what it carries as
-// flights: the runs of bytes one side sends before the other answers.
-type flightRecorder struct {
-	addr  string
-	mu    sync.Mutex
-	conns [][]flight // each connection's, in the order accepted
-}
-
-type flight struct {
-	up    bool // dialer to listener
-	bytes []byte
-}
-
-func newFlightRecorder(t *testing.T, target string) *flightRecorder {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fr := &flightRecorder{addr: l.Addr().String()}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			fr.mu.Lock()
-			i := len(fr.conns)
-			fr.conns = append(fr.conns, nil)
-			fr.mu.Unlock()
-			wg.Add(2)
-			var both sync.WaitGroup // the two directions: then both close
-			both.Add(2)
-			go func() { both.Wait(); c.Close(); u.Close() }()
-			cp := func(dst, src net.Conn, up bool) {
-				defer wg.Done()
-				defer both.Done()
-				defer dst.(*net.TCPConn).CloseWrite() // the other way goes on
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					if n > 0 {
-						fr.record(i, up, buf[:n])
-					}
-					if _, werr := dst.Write(buf[:n]); err != nil || werr != nil {
-						return
-					}
-				}
-			}
-			go cp(u, c, true)
-			go cp(c, u, false)
-		}
-	}()
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	return fr
-}
-
-func (fr *flightRecorder) record(i int, up bool, b []byte) {
-	fr.mu.Lock()
-	defer fr.mu.Unlock()
-	fl := fr.conns[i]
-	if n := len(fl); n > 0 && fl[n-1].up == up {
-		fl[n-1].bytes = append(fl[n-1].bytes, b...)
-		return
-	}
-	fr.conns[i] = append(fl, flight{up: up, bytes: bytes.Clone(b)})
-}
-
-// all returns every byte carried so far, both ways.
-func (fr *flightRecorder) all() []byte {
-	fr.mu.Lock()
-	defer fr.mu.Unlock()
-	var b []byte
-	for _, fl := range fr.conns {
-		for _, f := range fl {
-			b = append(b, f.bytes...)
-		}
-	}
-	return b
-}
-
-// snapshot returns the flights so far of the i-th connection.
-func (fr *flightRecorder) snapshot(i int) []flight {
-	fr.mu.Lock()
-	defer fr.mu.Unlock()
-	if i >= len(fr.conns) {
-		return nil
-	}
-	return append([]flight(nil), fr.conns[i]...)
-}
 
 // countingListener listens on loopback with p and counts the
 // connections it admits.
@@ -163,11 +62,11 @@ func TestFirstFlightRoundTrips(t *testing.T) {
 			})
 			// One address for every dial: what the Dialer remembers is
 			// per listener address.
-			fr := newFlightRecorder(t, l.Addr().String())
+			fr := testnet.NewFlightRecorder(t, l.Addr().String())
 			d := &vlink.Dialer{Stack: vlink.MustParse("zstd+noise"), Key: key}
 			t.Cleanup(func() { d.Close() })
 			for i, want := range tc.flights {
-				c, err := d.Dial("tcp", fr.addr)
+				c, err := d.Dial("tcp", fr.Addr)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -178,12 +77,12 @@ func TestFirstFlightRoundTrips(t *testing.T) {
 				if _, err := io.ReadFull(c, ans[:]); err != nil || string(ans[:]) != "pong" {
 					t.Fatalf("dial %d: answer %q, %v; want pong", i, ans, err)
 				}
-				fl := fr.snapshot(i)
+				fl := fr.Flights(i)
 				c.Close()
-				if len(fl) != want || !fl[0].up {
+				if len(fl) != want || !fl[0].Up {
 					t.Errorf("dial %d: %d flights to the answer; want %d", i, len(fl), want)
 					for j, f := range fl {
-						t.Logf("flight %d: up %v, %d bytes", j, f.up, len(f.bytes))
+						t.Logf("flight %d: up %v, %d bytes", j, f.Up, len(f.Bytes))
 					}
 				}
 			}
@@ -201,17 +100,17 @@ func TestFirstFlightRoundTrips(t *testing.T) {
 func TestFirstFlightReplayed(t *testing.T) {
 	l, admits := countingListener(t, vlink.Policy{Key: key})
 	testnet.Serve(t, l, func(c net.Conn) { io.Copy(c, c) })
-	fr := newFlightRecorder(t, l.Addr().String())
+	fr := testnet.NewFlightRecorder(t, l.Addr().String())
 	d := &vlink.Dialer{Stack: vlink.MustParse("noise"), Key: key}
 	t.Cleanup(func() { d.Close() })
-	c, err := d.Dial("tcp", fr.addr)
+	c, err := d.Dial("tcp", fr.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	echoString(t, c, "first")
 	c.Close()
-	first := fr.snapshot(0)[0]
-	if !first.up {
+	first := fr.Flights(0)[0]
+	if !first.Up {
 		t.Fatal("the listener spoke first")
 	}
 
@@ -220,7 +119,7 @@ func TestFirstFlightReplayed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := raw.Write(first.bytes); err != nil {
+		if _, err := raw.Write(first.Bytes); err != nil {
 			t.Fatal(err)
 		}
 		var h [4]byte // version, type, length of the listener's answer

@@ -82,26 +82,37 @@ func FuzzHandshake(f *testing.F) {
 
 // FuzzFirstMessage gives the responder a first message that came with
 // the hello (layer.Handshake.First), made by the fuzzer: a forged one
-// never completes the handshake, and none carries data.
+// never completes the handshake, and the data of a genuine one are the
+// stream's first bytes only when the listener takes early data
+// (layer.Handshake.Early); else they are dropped, and the answer says so.
 func FuzzFirstMessage(f *testing.F) {
-	genuine := firstMessage(f, nil)
-	f.Add(genuine)
-	f.Add(append([]byte{byte(recHandshake), 0, 48}, make([]byte, 48)...))
-	f.Add(firstMessage(f, []byte("early")))
-	f.Add([]byte{byte(recHandshake), 0xff, 0xff})
-	f.Add([]byte{byte(recData), 0, 0})
-	f.Fuzz(func(t *testing.T, in []byte) {
-		hs := layer.Handshake{Key: testKey, Transcript: testTranscript, First: in}
+	genuine, withData := firstMessage(f, nil), firstMessage(f, []byte("early"))
+	f.Add(genuine, false)
+	f.Add(withData, true)
+	f.Add(withData, false)
+	f.Add(append([]byte{byte(recHandshake), 0, 48}, make([]byte, 48)...), true)
+	f.Add([]byte{byte(recHandshake), 0xff, 0xff}, true)
+	f.Add([]byte{byte(recData), 0, 0}, false)
+	f.Fuzz(func(t *testing.T, in []byte, early bool) {
+		hs := layer.Handshake{Key: testKey, Transcript: testTranscript, First: in, Early: early}
 		var out bytes.Buffer
 		nc, err := Filter{}.ServerHandshake(&testnet.FakeConn{R: bytes.NewReader(nil), W: &out}, hs)
-		if nc != nil {
-			nc.(*conn).Abort()
+		if err != nil {
+			if out.Len() > 0 {
+				t.Fatalf("the responder answered a first message it refused: %v", err)
+			}
+			return
 		}
-		if err == nil && !bytes.Equal(in, genuine) {
+		defer nc.(*conn).Abort()
+		if !bytes.Equal(in, genuine) && !bytes.Equal(in, withData) {
 			t.Fatalf("the responder took a first message of %d bytes it was not sent", len(in))
 		}
-		if err != nil && out.Len() > 0 {
-			t.Fatalf("the responder answered a first message it refused: %v", err)
+		var want []byte
+		if early && bytes.Equal(in, withData) {
+			want = []byte("early")
+		}
+		if got := nc.(*conn).plain; !bytes.Equal(got, want) {
+			t.Fatalf("the stream starts with %q, want %q", got, want)
 		}
 	})
 }

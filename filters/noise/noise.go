@@ -166,32 +166,38 @@ func (Filter) ServerHandshake(c net.Conn, hs layer.Handshake) (net.Conn, error) 
 //	-> e, es, ss     reading it proves the initiator holds its key
 //	<- e, ee, se     reading it proves the responder holds its own
 //
-// Each message's empty payload is sealed with everything mixed in so far
+// Each message's payload is sealed with everything mixed in so far
 // (prologue, PSK, DH), so reading it proves the sender holds the key and
 // saw the same hello; with NKpsk0, reading the responder's also proves it
-// holds the static key's private half.
+// holds the static key's private half. The payloads are empty but for
+// early data (early.go): the initiator's first message may carry the
+// connection's first bytes, and the responder's answer says in a byte of
+// flags what it did with them.
 func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error) {
 	opErr := func(err error) error {
 		return &net.OpError{Op: "handshake", Net: "noise", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
-	if initiator && hs.FirstFlight != nil {
-		return firstFlight(c, hs, opErr)
+	if initiator {
+		var send, recv *cipherState
+		var err error
+		switch {
+		case hs.FirstFlight != nil && hs.Early:
+			return newEarlyConn(c, hs), nil // the handshake waits for the first bytes
+		case hs.FirstFlight != nil:
+			send, recv, _, err = firstFlight(c, hs, nil, opErr)
+		default:
+			send, recv, _, err = initiate(c, hs, opErr)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return newConn(c, send, recv), nil
 	}
-	st, mutual, err := newState(hs, initiator, nil)
+	st, mutual, err := newState(hs, false, nil)
 	if err != nil {
 		return nil, opErr(err)
 	}
 	var buf [headerSize + maxHandshake]byte
-	if initiator {
-		msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
-		if err != nil {
-			return nil, opErr(err)
-		}
-		if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
-			return nil, opErr(err)
-		}
-		return finishInitiator(c, hs, st, mutual, opErr)
-	}
 	var msg []byte
 	if hs.First != nil {
 		// It came with the hello, which vlink read.
@@ -206,23 +212,66 @@ func handshake(c net.Conn, hs layer.Handshake, initiator bool) (net.Conn, error)
 	if err != nil {
 		return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
 	}
-	if len(payload) > 0 {
-		// A replay of it could not be told from the original after
-		// the listener restarts (vlink's replay.go): no data here.
-		return nil, opErr(fmt.Errorf("%w: the first handshake message carries %d bytes of data, which this layer does not take", ErrAuth, len(payload)))
+	var flags byte
+	switch {
+	case len(payload) == 0:
+	case hs.First == nil:
+		// Only a first flight carries data: a dialer that goes the
+		// long way sends it after the handshake.
+		return nil, opErr(fmt.Errorf("%w: the first handshake message carries %d bytes of data outside a first flight", ErrAuth, len(payload)))
+	case hs.Early:
+		flags |= flagEarlyTaken
+	default:
+		// The listener does not take it (a replay of it could not be
+		// told from the original: vlink's replay.go). The answer says
+		// so, and the dialer sends it again after the handshake.
+		payload = nil
 	}
-	msg, cs1, cs2, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+	if hs.OffersEarly {
+		flags |= flagTakesEarly
+	}
+	var answer []byte
+	if flags != 0 {
+		answer = []byte{flags}
+	}
+	msg, cs1, cs2, err := st.WriteMessage(buf[headerSize:headerSize], answer)
 	if err != nil {
 		return nil, opErr(err)
 	}
 	if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
 		return nil, opErr(err)
 	}
-	cn, err := established(c, hs, cs1, cs2, false)
+	send, recv, err := keys(hs, cs1, cs2, false)
 	if err != nil {
 		return nil, opErr(err)
 	}
+	cn := newConn(c, send, recv)
+	cn.plain = payload // early data: the connection's first bytes
 	return cn, nil
+}
+
+// The flags of the responder's answer, its payload's one byte (none from
+// a responder from before early data, which reads as no flag).
+const (
+	flagEarlyTaken = 1 << 0 // the first message's data is the stream's first bytes
+	flagTakesEarly = 1 << 1 // this listener takes early data in first flights
+)
+
+// initiate runs the initiator's side from its first message, sent alone.
+func initiate(c net.Conn, hs layer.Handshake, opErr func(error) error) (send, recv *cipherState, flags byte, err error) {
+	st, mutual, err := newState(hs, true, nil)
+	if err != nil {
+		return nil, nil, 0, opErr(err)
+	}
+	var buf [headerSize + maxHandshake]byte
+	msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+	if err != nil {
+		return nil, nil, 0, opErr(err)
+	}
+	if err := writeHandshake(c, buf[:headerSize+len(msg)]); err != nil {
+		return nil, nil, 0, opErr(err)
+	}
+	return finishInitiator(c, hs, st, mutual, opErr)
 }
 
 // newState starts the handshake hs asks for (NNpsk0, NKpsk0 or KK, see
@@ -267,82 +316,93 @@ func newState(hs layer.Handshake, initiator bool, rng io.Reader) (st *flynn.Hand
 }
 
 // finishInitiator reads the responder's message, which ends the
-// handshake, and returns the encrypted connection.
-func finishInitiator(c net.Conn, hs layer.Handshake, st *flynn.HandshakeState, mutual bool, opErr func(error) error) (net.Conn, error) {
+// handshake, and returns the keys and the answer's flags.
+func finishInitiator(c net.Conn, hs layer.Handshake, st *flynn.HandshakeState, mutual bool, opErr func(error) error) (send, recv *cipherState, flags byte, err error) {
 	var buf [headerSize + maxHandshake]byte
 	msg, err := readHandshake(c, &buf, mutual)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, nil, 0, opErr(err)
 	}
-	_, cs1, cs2, err := st.ReadMessage(nil, msg)
+	answer, cs1, cs2, err := st.ReadMessage(nil, msg)
 	if err != nil {
-		return nil, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
+		return nil, nil, 0, opErr(fmt.Errorf("%w: %s (%v)", ErrAuth, failure(mutual), err))
 	}
-	cn, err := established(c, hs, cs1, cs2, true)
+	if len(answer) > 0 {
+		flags = answer[0] // bits not known here are for later versions
+	}
+	send, recv, err = keys(hs, cs1, cs2, true)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, nil, 0, opErr(err)
 	}
-	return cn, nil
+	return send, recv, flags, nil
 }
 
-// established makes the connection of a completed handshake.
-func established(c net.Conn, hs layer.Handshake, cs1, cs2 *flynn.CipherState, initiator bool) (*conn, error) {
+// keys makes the record keys of a completed handshake.
+func keys(hs layer.Handshake, cs1, cs2 *flynn.CipherState, initiator bool) (send, recv *cipherState, err error) {
 	if cs1 == nil || cs2 == nil {
-		return nil, fmt.Errorf("%w: handshake did not complete", ErrAuth)
+		return nil, nil, fmt.Errorf("%w: handshake did not complete", ErrAuth)
 	}
-	send, recv := cs1, cs2 // the initiator sends with the first
+	sc, rc := cs1, cs2 // the initiator sends with the first
 	if !initiator {
-		send, recv = cs2, cs1
+		sc, rc = cs2, cs1
 	}
-	sc, err := newCipherState(send, hs.AEAD)
-	if err != nil {
-		return nil, err
+	if send, err = newCipherState(sc, hs.AEAD); err != nil {
+		return nil, nil, err
 	}
-	rc, err := newCipherState(recv, hs.AEAD)
-	if err != nil {
-		return nil, err
+	if recv, err = newCipherState(rc, hs.AEAD); err != nil {
+		return nil, nil, err
 	}
-	return newConn(c, sc, rc), nil
+	return send, recv, nil
 }
 
 // firstFlight runs the initiator's side with its first message sent
-// together with the hello (layer.FirstFlight): a handshake of one round
-// trip, hello included, when the listener takes both; the long way,
-// from the start, when it answers with a challenge.
-func firstFlight(c net.Conn, hs layer.Handshake, opErr func(error) error) (net.Conn, error) {
+// together with the hello (layer.FirstFlight), carrying early (which may
+// be empty): a handshake of one round trip, hello included, when the
+// listener takes both; the long way, from the start, when it answers
+// with a challenge. It reports whether early reached the listener's
+// side: if not, the caller sends it again.
+func firstFlight(c net.Conn, hs layer.Handshake, early []byte, opErr func(error) error) (send, recv *cipherState, taken bool, err error) {
 	ff := hs.FirstFlight
 	hs.FirstFlight = nil
-	// The first message is the ephemeral key and the empty payload's
+	// The first message is the ephemeral key and the payload with its
 	// tag, whatever the pattern (KK never comes here: members send no
 	// first flight).
-	n := headerSize + dhLen + tagSize
+	n := headerSize + dhLen + len(early) + tagSize
 	hs.Transcript = ff.Hello(n)
 	st, mutual, err := newState(hs, true, nil)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, nil, false, opErr(err)
 	}
-	var buf [headerSize + maxHandshake]byte
-	msg, _, _, err := st.WriteMessage(buf[headerSize:headerSize], nil)
+	buf := make([]byte, headerSize, n)
+	msg, _, _, err := st.WriteMessage(buf[headerSize:], early)
 	if err != nil {
-		return nil, opErr(err)
+		return nil, nil, false, opErr(err)
 	}
 	if headerSize+len(msg) != n {
-		return nil, opErr(fmt.Errorf("the first message is %d bytes, not the %d the hello announced", headerSize+len(msg), n))
+		return nil, nil, false, opErr(fmt.Errorf("the first message is %d bytes, not the %d the hello announced", headerSize+len(msg), n))
 	}
+	buf = buf[:n]
 	(*header)(buf[:headerSize]).set(recHandshake, len(msg))
-	if err := ff.Send(buf[:n]); err != nil {
-		return nil, err
+	if err := ff.Send(buf); err != nil {
+		return nil, nil, false, err
 	}
 	long, fast, err := ff.Answer()
 	if err != nil {
-		return nil, err
+		return nil, nil, false, err
 	}
-	if !fast {
+	var flags byte
+	if fast {
+		send, recv, flags, err = finishInitiator(c, hs, st, mutual, opErr)
+	} else {
 		// The listener dropped the first message: start again under
 		// the hello's whole exchange.
-		return handshake(c, long, true)
+		send, recv, flags, err = initiate(c, long, opErr)
 	}
-	return finishInitiator(c, hs, st, mutual, opErr)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	ff.TakesEarly(flags&flagTakesEarly != 0)
+	return send, recv, fast && flags&flagEarlyTaken != 0, nil
 }
 
 // firstRecord checks the handshake record that came with the hello and
@@ -352,7 +412,7 @@ func firstRecord(rec []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: a first message of %d bytes", ErrAuth, len(rec))
 	}
 	h := (*header)(rec[:headerSize])
-	if h.Type() != recHandshake || h.Len() != len(rec)-headerSize || h.Len() > maxHandshake {
+	if h.Type() != recHandshake || h.Len() != len(rec)-headerSize || h.Len() > maxRecord {
 		return nil, fmt.Errorf("%w: expected a handshake record of %d bytes, got type %d of %d bytes", ErrAuth, len(rec)-headerSize, h[0], h.Len())
 	}
 	return rec[headerSize:], nil

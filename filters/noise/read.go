@@ -17,6 +17,9 @@ import (
 // Read reads opened bytes. It returns what one record gave rather than
 // wait for more.
 func (c *conn) Read(p []byte) (int, error) {
+	if err := c.ready(); err != nil {
+		return 0, err
+	}
 	c.ends.LockRead()
 	defer c.ends.UnlockRead()
 	if err := c.ends.ReadClosed(); err != nil {

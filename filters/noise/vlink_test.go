@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vlink-dev/vlink/filters/noise"
+	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 	_ "github.com/vlink-dev/vlink/vlink/layers"
@@ -62,10 +63,10 @@ func TestThroughVLink(t *testing.T) {
 				}
 				done <- err
 			}()
-			tp := newFlightRecorder(t, l.Addr().String())
+			tp := testnet.NewFlightRecorder(t, l.Addr().String())
 			d := &vlink.Dialer{Stack: vlink.MustParse(tt.stack), Key: tt.dialKey}
 			defer d.Close()
-			c, err := d.Dial("tcp", tp.addr)
+			c, err := d.Dial("tcp", tp.Addr)
 			if tt.is != nil {
 				if !errors.Is(err, tt.is) || !strings.Contains(err.Error(), tt.mention) {
 					t.Fatalf("dial: %v, want %v mentioning %q", err, tt.is, tt.mention)
@@ -83,7 +84,7 @@ func TestThroughVLink(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Close()
-			if bytes.Contains(tp.all(), []byte("top secret")) {
+			if bytes.Contains(tp.All(), []byte("top secret")) {
 				t.Fatal("plaintext crossed the wire")
 			}
 		})

@@ -9,6 +9,14 @@ import (
 // up to writeBatch records per write to the connection below, before it
 // returns.
 func (c *conn) Write(p []byte) (int, error) {
+	if e := c.early; e != nil && e.state.Load() != earlyDone {
+		if e.hold(p) {
+			return len(p), nil
+		}
+		if err := c.Handshake(); err != nil {
+			return 0, err
+		}
+	}
 	c.ends.LockWrite()
 	defer c.ends.UnlockWrite()
 	if err := c.ends.Writable(); err != nil {

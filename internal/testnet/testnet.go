@@ -2,8 +2,8 @@
 // tests share: an accept loop that a test's cleanup stops and waits for,
 // an echo server, a SHA-256-checked echo round trip, loopback TCP pairs,
 // seeded random bytes and their sums, a process's RSS and descriptors
-// (Linux), and scrapes of a --metrics endpoint. It is imported by tests
-// only.
+// (Linux), scrapes of a --metrics endpoint, and a relay that counts a
+// protocol's flights. It is imported by tests only.
 package testnet
 
 import (

@@ -49,6 +49,33 @@ type Handshake struct {
 	// connection already, so the filter takes it from here. Transcript is
 	// then the magic and the hello alone.
 	First []byte
+	// Early data: application bytes in the first message, so that a
+	// request reaches the listener's target with the first flight.
+	//
+	// On the dialer's side, with FirstFlight, Early lets the filter
+	// return before its handshake: a connection ([EarlyConn]) that keeps
+	// what is written, up to what its first message holds, and sends it
+	// there when its Handshake runs (or at the first Read, or once a
+	// Write would not fit). Set only when the listener said it takes
+	// early data (FirstFlight.TakesEarly) and the caller asked for it.
+	//
+	// On the listener's side, with First, Early says the listener takes
+	// data in that first message: the filter returns it as the
+	// connection's first bytes. Without it the filter drops the data and
+	// its answer says so, and the dialer sends the bytes again once the
+	// handshake is done. OffersEarly: the filter's answer tells the
+	// dialer that this listener takes early data in its first flights.
+	Early, OffersEarly bool
+}
+
+// An EarlyConn is a filter's connection whose handshake waits for the
+// first bytes written (Handshake.Early). Handshake sends them in the
+// first message with the hello, reads the answer, and reports the dial's
+// error; it runs once, and the connection's Reads and Writes run it
+// first if it has not run.
+type EarlyConn interface {
+	net.Conn
+	Handshake() error
 }
 
 // A FirstFlighter is a HandshakeFilter that can send its first message
@@ -76,10 +103,15 @@ type FirstFlighter interface {
 //     under hs, whose Transcript is that whole exchange. An error is the
 //     dial's (a refusal, a listener that failed its proof), to be
 //     returned as it is.
+//
+// Once the filter's handshake is done, it calls TakesEarly with what the
+// listener's answer said: whether it takes early data (Handshake.Early)
+// in its first flights, for the dialer to remember.
 type FirstFlight interface {
 	Hello(n int) []byte
 	Send(msg []byte) error
 	Answer() (hs Handshake, fast bool, err error)
+	TakesEarly(ok bool)
 }
 
 // A KeyPair is an X25519 key pair, 32 bytes each half.

@@ -122,6 +122,7 @@ docs/systemd/vlink@.service runs it under systemd.
 type serveOptions struct {
 	listen, target, keyFile, layers, plain string
 	identityFile                           string
+	refuseEarly                            bool
 	listenStack, hopStack                  string
 	shm                                    bool
 	quic                                   bool
@@ -167,7 +168,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.hopStack, "hop-stack", "tcp", "reach next nodes through the factories of `STACK` (ssh:host=bastion, socks5:addr=proxy:1080, ...)")
 	fs.Var(&o.proxyProtocol, "proxy-protocol", "send targets matching `PATTERN` (HOST:PORTS, as --allow) a PROXY protocol v2 header with the connection's origin, as nginx (listen ... proxy_protocol) and haproxy (accept-proxy) take it; only for targets that expect it (repeatable; default: none)")
 	fs.StringVar(&o.keyFile, "key-file", "", "require VLink dialers to prove they hold the pre-shared key in `FILE` (at least 16 bytes, mode 600; default: no authentication)")
-	fs.StringVar(&o.identityFile, "identity", "", "prove this listener's identity, the X25519 key in `FILE` (mode 600; make one with vlink key --identity), in each encrypted connection, so dialers can pin it on first use and notice if it changes; needs --key-file (default: none, the key alone authenticates the listener)")
+	fs.BoolVar(&o.refuseEarly, "refuse-early-data", false, "with --identity: take no early data (a client's first bytes in its first flight, which cost it a round trip less); set it where another serve shares this identity file, since their replay records are not shared (ARCHITECTURE §2)")
+	fs.StringVar(&o.identityFile, "identity", "", "prove this listener's identity, the X25519 key in `FILE` (mode 600; make one with vlink key --identity), in each encrypted connection, so dialers can pin it on first use and notice if it changes, and take early data (see --refuse-early-data); needs --key-file (default: none, the key alone authenticates the listener)")
 	fs.StringVar(&o.layers, "layers", "", "let dialers ask only for the layers in the comma-separated `LIST` (default: every registered filter)")
 	fs.Var(&o.limits, "limit", "narrow a layer parameter's bounds, written `LAYER.PARAM=MIN-MAX` or LAYER.PARAM=VALUE: the server runs the mirrored layer too, so a high compression level costs it CPU (repeatable; default: the layer's own bounds)")
 	fs.StringVar(&o.plain, "plain", "default", "what to do with plain connections (no hello), `MODE`: default (accept them unless --key-file is given), allow or refuse; without --target they are always refused")
@@ -250,6 +252,7 @@ func (o *serveOptions) prepare(e *base.Env) (forward.Forward, error) {
 			return nil, err
 		}
 	}
+	policy.RefuseEarlyData = o.refuseEarly
 	f := &serveForward{o: o, policy: policy,
 		s: server{target: o.target, dialTimeout: o.dialTimeout, idleTimeout: o.idleTimeout,
 			udpIdle: o.udpIdleTimeout, udpSlots: make(chan struct{}, o.udpSessions),
