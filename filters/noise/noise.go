@@ -393,6 +393,12 @@ func firstFlight(c net.Conn, hs layer.Handshake, early []byte, opErr func(error)
 	var flags byte
 	if fast {
 		send, recv, flags, err = finishInitiator(c, hs, st, mutual, opErr)
+		if err != nil && len(early) > 0 {
+			// A listener from before early data, put back at this
+			// address, took the hello and refused the message: the
+			// next dial sends none, and learns again.
+			ff.TakesEarly(false)
+		}
 	} else {
 		// The listener dropped the first message: start again under
 		// the hello's whole exchange.
