@@ -23,7 +23,8 @@ import (
 // after the handshake (4, the first flight's). After that the request
 // rides the hello and the answer comes back with the gateway's (2, as
 // TCP's handshake and request). The echo comes back whole each time, so
-// the request reached the target once.
+// the request reached the target once. A new process with the same pin
+// file takes the short way at once (Dialer.PinnedKey).
 func TestEarlyDataTunnel(t *testing.T) {
 	testenv.Programs(t, "socat")
 	dir := t.TempDir()
@@ -77,4 +78,19 @@ func TestEarlyDataTunnel(t *testing.T) {
 	time.Sleep(time.Until(up.Add(11 * time.Second)))
 	ask(2, 2)
 	ask(3, 2)
+
+	// A new process with the tunnel's pin file (vlink connect, one
+	// connection each, as ssh's ProxyCommand) names the pinned key in
+	// its first flight, so the gateway takes it: its first answer is the
+	// accept, not a challenge. It has not learnt that the gateway takes
+	// early data, which a process learns from an answer.
+	req := testnet.RandomBytes(1000, 9)
+	out, stderr, err := run(startTimeout, bytes.NewReader(req), vlinkBin, "connect", "--stack", "zstd+noise", "--key-file", keyFile,
+		"--known-nodes", filepath.Join(dir, "known_nodes"), fr.Addr)
+	if err != nil || !bytes.Equal(out, req) {
+		t.Fatalf("vlink connect: echo intact %v, %v: %s", bytes.Equal(out, req), err, stderr)
+	}
+	if fl := fr.Flights(4); len(fl) < 2 || len(fl[1].Bytes) < 2 || fl[1].Bytes[1] != 4 {
+		t.Fatalf("vlink connect's connection: %d flights; want the gateway's accept (message type 4) to answer the first", len(fl))
+	}
 }

@@ -576,7 +576,7 @@ func (k *staggerClock) fire() {
 
 // dialWay dials address one way of best-effort route r.
 func (d *Dialer) dialWay(ctx context.Context, network, address string, r *route, w way) (net.Conn, error) {
-	wr := &route{stack: w.stack, key: r.key, node: r.node, member: r.member, peerCert: r.peerCert, peerKey: r.peerKey, waitAccept: r.waitAccept, shm: r.shm}
+	wr := &route{stack: w.stack, key: r.key, node: r.node, member: r.member, peerCert: r.peerCert, peerKey: r.peerKey, pinned: r.pinned, waitAccept: r.waitAccept, shm: r.shm}
 	if err := wr.checkNode(); err != nil {
 		return nil, err
 	}

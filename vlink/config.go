@@ -48,6 +48,9 @@ type Config struct {
 	// PeerKey checks the identity a listener announces, for Dialers that
 	// have none of their own (see Dialer.PeerKey). Nil: none.
 	PeerKey PeerKeyCallback
+	// PinnedKey gives the keys PeerKey pinned, for Dialers that have
+	// none of their own (see Dialer.PinnedKey). Nil: none.
+	PinnedKey func(address string) []byte
 	// Shm says when dials to this machine take shared memory, for
 	// Dialers that do not say and a $VLINK_SHM that does not either (see
 	// ShmMode); the config file's shm key. Zero: auto.

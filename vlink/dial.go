@@ -98,6 +98,14 @@ type Dialer struct {
 	// authenticated by the pre-shared key alone, as one of the group
 	// that holds it.
 	PeerKey PeerKeyCallback
+	// PinnedKey, if set, returns the static key PeerKey pinned for the
+	// listener at address, nil for none (knownnodes.File.Pinned). A
+	// Dialer's first flight to a listener it has not reached yet then
+	// names that key and takes the short way (ARCHITECTURE §2, "The
+	// first flight"), where it would go the long way to learn the key:
+	// two round trips fewer for the first connection of each process,
+	// such as every `vlink connect`. Nil means the Config's.
+	PinnedKey func(address string) []byte
 	// Member makes the dialer a member of a network with an owner, for
 	// every route: its hellos carry Member.Cert instead of proving Key
 	// (Key and Node are then not used, and the certificate names the
@@ -254,9 +262,12 @@ func (d *Dialer) dial(ctx context.Context, network, address string, rep *RouteRe
 	if err == nil {
 		r.waitAccept = d.WaitAccept
 		r.shm = shm
-		r.peerKey = d.PeerKey
+		r.peerKey, r.pinned = d.PeerKey, d.PinnedKey
 		if r.peerKey == nil && d.Config != nil {
 			r.peerKey = d.Config.PeerKey
+		}
+		if r.pinned == nil && d.Config != nil {
+			r.pinned = d.Config.PinnedKey
 		}
 		err = r.checkNode()
 	}
@@ -397,8 +408,10 @@ type route struct {
 	// member, when set, replaces key and node: see Dialer.Member.
 	member   *Member
 	peerCert PeerCertCallback
-	// peerKey checks the identity of the listener a hello reaches.
+	// peerKey checks the identity of the listener a hello reaches;
+	// pinned gives the key it pinned (Dialer.PinnedKey).
 	peerKey PeerKeyCallback
+	pinned  func(address string) []byte
 	// transport, when set, reaches the destination instead of the
 	// stack's factories, and the hello names target: a node's port,
 	// reached through the network.
@@ -843,14 +856,15 @@ func (r *route) dial(ctx context.Context, network, address string, cache *layerC
 		stack := helloStack(seg)
 		// The first segment that encrypts proves the listener's identity.
 		var peerKey PeerKeyCallback
+		var pinned func(string) []byte
 		if keyedLayer(seg) != "" && !proven {
-			peerKey, proven = r.peerKey, true
+			peerKey, pinned, proven = r.peerKey, r.pinned, true
 		}
 		if d == nil {
 			d = &helloDialer{next: transport, peer: peer, target: segTarget, node: r.node, key: r.key, stack: stack, hops: len(vias), lookup: r.lookup && i == 0, datagram: r.datagram && i == 0, peerKey: peerKey,
 				member: r.member, peerCert: r.peerCert, carrier: &r.carrier, cc: congestionOf(transport), aeads: aeadOffer(seg),
 				first: r.key != nil && r.member == nil && r.transport == nil && len(vias) == 0 && !r.lookup && !r.datagram && firstFlighter(seg), statics: &cache.statics,
-				early: len(segs) == 1}
+				pinned: pinned, early: len(segs) == 1}
 		} else {
 			// A layer bound to the transcript needs the answer first.
 			early = early && keyedLayer(seg) == ""
@@ -1030,6 +1044,9 @@ type helloDialer struct {
 	// are the keys the Dialer's listeners proved, for it to name.
 	first   bool
 	statics *staticKeys
+	// pinned, set with peerKey, gives the key it pinned for a listener
+	// statics do not know yet (Dialer.PinnedKey).
+	pinned func(address string) []byte
 	// early: the segment is the stack's only one, so the filter at its
 	// bottom may wait for the connection's first bytes (DialEarly).
 	early bool
@@ -1079,6 +1096,9 @@ func (d *helloDialer) dialSegment(ctx context.Context, network, _ string) (net.C
 				aead = layer.AEAD(d.aeads[0])
 			}
 			static := d.statics.get(d.peer) // NKpsk0 with the key the listener proved last time
+			if static == nil && d.pinned != nil {
+				static = d.pinned(d.peer) // or the one pinned on a first use before
+			}
 			hello := &message{stack: d.stack, target: d.target, node: node, cc: d.cc, aeads: d.aeads,
 				wait: targetWait(ctx, d.target, false, false), first: &firstField{aead: aead, static: static}}
 			ff := &firstFlight{d: d, c: c, network: network, hello: hello, key: key}

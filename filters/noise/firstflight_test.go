@@ -40,18 +40,29 @@ func TestFirstFlightRoundTrips(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		identity bool
-		flights  []int // of each dial in turn, through one Dialer
+		pinned   string // what Dialer.PinnedKey gives: "", "its key", "another key"
+		flights  []int  // of each dial in turn, through one Dialer
 	}{
-		{"no identity", false, []int{4, 4}},
+		{"no identity", false, "", []int{4, 4}},
 		// The dialer knows no key at the first contact: the listener
 		// answers the long way, and its accept says its key, which the
 		// next first flight names (NKpsk0).
-		{"an identity", true, []int{8, 4, 4}},
+		{"an identity", true, "", []int{8, 4, 4}},
+		// Unless the key was pinned before (by another process).
+		{"an identity pinned before", true, "its key", []int{4, 4}},
+		{"another key pinned", true, "another key", []int{8, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := vlink.Policy{Key: key}
 			if tc.identity {
 				p.Identity = vlink.NewIdentity()
+			}
+			var pin []byte
+			switch tc.pinned {
+			case "its key":
+				pin, _ = vlink.IdentityPublic(p.Identity)
+			case "another key":
+				pin, _ = vlink.IdentityPublic(vlink.NewIdentity())
 			}
 			l, admits := countingListener(t, p)
 			testnet.Serve(t, l, func(c net.Conn) {
@@ -64,6 +75,9 @@ func TestFirstFlightRoundTrips(t *testing.T) {
 			// per listener address.
 			fr := testnet.NewFlightRecorder(t, l.Addr().String())
 			d := &vlink.Dialer{Stack: vlink.MustParse("zstd+noise"), Key: key}
+			if pin != nil {
+				d.PinnedKey = func(string) []byte { return pin }
+			}
 			t.Cleanup(func() { d.Close() })
 			for i, want := range tc.flights {
 				c, err := d.Dial("tcp", fr.Addr)

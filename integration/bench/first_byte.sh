@@ -57,20 +57,7 @@ need curl openssl python3
 build_vlink
 build_vlink_lab
 
-# lib.sh's lab() names no lab, which fails while another lab (a go test's)
-# is up; name ours.
-lab() { "$VLINK_LAB" exec --lab "$lab_id" "$@"; }
-
-out=$("$VLINK_LAB" up --detach "$PROFILE")
-lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
-server=10.77.0.2
-
-mkdir -p "$work/www"
-head -c 1024 /dev/urandom >"$work/www/small"
-want=$(sha256sum <"$work/www/small" | cut -d' ' -f1)
-head -c 32 /dev/urandom | base64 >"$work/key"
-chmod 600 "$work/key"
-"$VLINK" key --identity --out "$work/identity" 2>/dev/null
+lab_up_web "$PROFILE"
 # The certificate names the server's address, so curl verifies it as a
 # real client would (a P-256 key, the usual choice for a web server).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \

@@ -156,6 +156,25 @@ lab_up() {
   lab server iperf3 -s -D -p 5201 -I "$work/iperf3.pid"
 }
 
+# lab_up_web PROFILE brings up a lab for short fetches to a keyed gateway:
+# lab() then names it (lib.sh's names none, which fails while another lab,
+# a go test's, is up), $work/www/small is a 1 KiB file to serve (its
+# SHA-256 in want), $work/key a pre-shared key and $work/identity a
+# gateway's identity.
+lab_up_web() {
+  local out
+  out=$("$VLINK_LAB" up --detach "$1")
+  lab_id=$(sed -n 's/.*vlink-lab down \([0-9-]*\).*/\1/p' <<<"$out" | head -1)
+  server=10.77.0.2
+  lab() { "$VLINK_LAB" exec --lab "$lab_id" "$@"; }
+  mkdir -p "$work/www"
+  head -c 1024 /dev/urandom >"$work/www/small"
+  want=$(sha256sum <"$work/www/small" | cut -d' ' -f1)
+  head -c 32 /dev/urandom | base64 >"$work/key"
+  chmod 600 "$work/key"
+  "$VLINK" key --identity --out "$work/identity" 2>/dev/null
+}
+
 lab_down() {
   # By its pid: a lab host shares the machine's processes, and pkill would
   # reach every iperf3 there.

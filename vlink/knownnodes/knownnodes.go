@@ -140,6 +140,29 @@ func (f *File) Check(address string, key []byte) error {
 	return nil
 }
 
+// Key returns the key pinned for address, nil for none, or if the file
+// cannot be read or parsed (Check then says why): a vlink.Dialer's
+// PinnedKey, so that its first flight to a listener pinned before names
+// the key at once.
+func (f *File) Key(address string) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	data, err := readFile(f.path)
+	if err != nil {
+		return nil
+	}
+	pins, err := Parse(data)
+	if err != nil {
+		return nil
+	}
+	for _, p := range pins {
+		if p.Address == address {
+			return p.Key
+		}
+	}
+	return nil
+}
+
 func readFile(path string) ([]byte, error) {
 	fh, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -57,6 +57,15 @@ func TestCheck(t *testing.T) {
 	if pinned != 2 {
 		t.Errorf("Pinned called %d times, want 2", pinned)
 	}
+	// What a Dialer's first flight names (vlink.Dialer.PinnedKey).
+	for addr, want := range map[string][]byte{"a:7000": testKey(1), "b:7000": testKey(2), "plain:7000": nil, "c:7000": nil} {
+		if got := f.Key(addr); !bytes.Equal(got, want) {
+			t.Errorf("Key(%s) = %x, want %x", addr, got, want)
+		}
+	}
+	if got := New(filepath.Join(t.TempDir(), "none")).Key("a:7000"); got != nil {
+		t.Errorf("Key of a file that does not exist = %x, want none", got)
+	}
 	data, _ := os.ReadFile(path)
 	want := "a:7000 " + base64.StdEncoding.EncodeToString(testKey(1)) + "\nb:7000 " + base64.StdEncoding.EncodeToString(testKey(2)) + "\n"
 	if string(data) != want {

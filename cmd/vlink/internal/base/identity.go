@@ -16,9 +16,10 @@ func KnownNodesVar(fs *flag.FlagSet, p *string) {
 	fs.StringVar(p, "known-nodes", "", "pin in `FILE` the identity (vlink serve --identity) of each listener reached through an encrypted stack, on first use, and refuse one whose identity changed, as ssh's known_hosts does; none: pin nothing (default: ~/.config/vlink/known_nodes)")
 }
 
-// PeerKeyCallback returns the check of the pin file the --known-nodes
-// value names, which logs each key it pins; nil for none.
-func PeerKeyCallback(path string, log *slog.Logger) vlink.PeerKeyCallback {
+// Pins returns the pin file the --known-nodes value names, which logs
+// each key it pins; nil for none. A Dialer takes its Check as PeerKey
+// and its Key as PinnedKey (SetPins).
+func Pins(path string, log *slog.Logger) *knownnodes.File {
 	switch path {
 	case noKnownNodes:
 		return nil
@@ -33,5 +34,16 @@ func PeerKeyCallback(path string, log *slog.Logger) vlink.PeerKeyCallback {
 		log.Info("pinned the identity of a vlink listener, first seen now; it must not change",
 			"addr", address, "fingerprint", knownnodes.Fingerprint(key), "file", path)
 	}
-	return f.Check
+	return f
+}
+
+// SetPins makes the pin file the --known-nodes value names check the
+// identities the dialer meets (peerKey) and name the pinned ones in its
+// first flights (pinned): a Dialer's or a Config's PeerKey and
+// PinnedKey. With none, both are nil.
+func SetPins(path string, log *slog.Logger, peerKey *vlink.PeerKeyCallback, pinned *func(string) []byte) {
+	*peerKey, *pinned = nil, nil
+	if f := Pins(path, log); f != nil {
+		*peerKey, *pinned = f.Check, f.Key
+	}
 }

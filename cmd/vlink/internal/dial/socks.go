@@ -210,7 +210,8 @@ func (o *socksOptions) run(ctx context.Context, e *base.Env) error {
 	if srv.UDP != nil {
 		srv.UDP.Logger = e.Log
 	}
-	srv.Dialer.(*vlink.Dialer).PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
+	sd := srv.Dialer.(*vlink.Dialer)
+	base.SetPins(o.knownNodes, e.Log, &sd.PeerKey, &sd.PinnedKey)
 	if o.node.Given() {
 		d := srv.Dialer.(*vlink.Dialer)
 		node, err := o.node.Connect(ctx, e, d.Key)

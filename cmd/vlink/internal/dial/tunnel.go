@@ -244,7 +244,7 @@ func (o *tunnelOptions) prepare(e *base.Env) (forward.Forward, error) {
 	}
 	base.WarnPassword(e, "--stack", o.stack)
 	base.WarnPassword(e, "--listen-stack", o.listenStack)
-	d.PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
+	base.SetPins(o.knownNodes, e.Log, &d.PeerKey, &d.PinnedKey)
 	label := "config"
 	if o.stack != "" {
 		label = metrics.StackLabel(d.Stack)
@@ -327,7 +327,7 @@ func (o *dialOptions) open(ctx context.Context, e *base.Env) (*vlink.Dialer, fun
 		return nil, nil, err
 	}
 	base.WarnPassword(e, "--stack", o.stack)
-	d.PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
+	base.SetPins(o.knownNodes, e.Log, &d.PeerKey, &d.PinnedKey)
 	if !o.node.Given() {
 		return d, func() { d.Close() }, nil
 	}

@@ -316,7 +316,7 @@ func (o *execOptions) run(ctx context.Context, e *base.Env) int {
 		return code
 	}
 	withPins := *cfg // the agent's dialers check identities against the pins
-	withPins.PeerKey = base.PeerKeyCallback(o.knownNodes, e.Log)
+	base.SetPins(o.knownNodes, e.Log, &withPins.PeerKey, &withPins.PinnedKey)
 	cfg = &withPins
 	if o.node.Given() {
 		node, err := o.node.Connect(ctx, e, cfg.Key)
