@@ -239,8 +239,9 @@ func (l *Listener) readFirst(c net.Conn, m *message, h *Hello, take bool) error 
 // a listener announced in its accept and the dialer's PeerKey callback
 // took, so that the next first flight to it can name the key and run
 // NKpsk0 at once: a listener with an identity takes no first flight that
-// names another key or none, and a dialer cannot ask its callback which
-// key it pinned. The guess costs nothing when wrong: the listener
+// names another key or none. Before a first contact in this process,
+// the Dialer's PinnedKey gives the key a pin file holds, if it has one.
+// The guess costs nothing when wrong: the listener
 // answers the long way, its accept says its key, the callback checks it
 // as on the first contact, and the guess is replaced. With the key, it
 // remembers whether the listener's last answer said it takes early data

@@ -16,10 +16,9 @@ func KnownNodesVar(fs *flag.FlagSet, p *string) {
 	fs.StringVar(p, "known-nodes", "", "pin in `FILE` the identity (vlink serve --identity) of each listener reached through an encrypted stack, on first use, and refuse one whose identity changed, as ssh's known_hosts does; none: pin nothing (default: ~/.config/vlink/known_nodes)")
 }
 
-// Pins returns the pin file the --known-nodes value names, which logs
-// each key it pins; nil for none. A Dialer takes its Check as PeerKey
-// and its Key as PinnedKey (SetPins).
-func Pins(path string, log *slog.Logger) *knownnodes.File {
+// pinFile returns the pin file the --known-nodes value names, which logs
+// each key it pins; nil for none.
+func pinFile(path string, log *slog.Logger) *knownnodes.File {
 	switch path {
 	case noKnownNodes:
 		return nil
@@ -43,7 +42,7 @@ func Pins(path string, log *slog.Logger) *knownnodes.File {
 // PinnedKey. With none, both are nil.
 func SetPins(path string, log *slog.Logger, peerKey *vlink.PeerKeyCallback, pinned *func(string) []byte) {
 	*peerKey, *pinned = nil, nil
-	if f := Pins(path, log); f != nil {
+	if f := pinFile(path, log); f != nil {
 		*peerKey, *pinned = f.Check, f.Key
 	}
 }
