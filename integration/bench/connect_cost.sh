@@ -6,7 +6,9 @@
 #
 #   direct            straight to the server (the baseline of each round)
 #   haproxy           HAProxy in TCP mode in front of the server
-#   tunnel-tcp        vlink tunnel --stack tcp (plain relay)
+#   tunnel-tcp        vlink tunnel --stack tcp (plain relay: its event loop)
+#   tunnel-tcp-gor    the same with --event-loop=false (a goroutine per
+#                     connection, as before the event loop)
 #   tunnel-zstd       vlink tunnel --stack zstd --via -> vlink serve
 #   tunnel-mux        vlink tunnel --stack mux --via -> vlink serve: a new
 #                     stream on the session the warm-up connects set up
@@ -35,7 +37,7 @@
 # Needs cc, python3, haproxy, proxychains4 and microsocks (integration/deps.sh
 # installs them). Environment: CONNECTS (default 1500), ROUNDS (default 5),
 # ROUTES (a subset, in this order), VLINK (default: built from the checkout),
-# BASE, PORT_BASE (default 25700; uses PORT_BASE+1..+7, with BASE +1..+12).
+# BASE, PORT_BASE (default 25700; uses PORT_BASE+1..+8, with BASE +1..+13).
 
 CONNECTS=${CONNECTS:-1500}
 ROUNDS=${ROUNDS:-5}
@@ -43,7 +45,7 @@ PORT_BASE=${PORT_BASE:-25700}
 . "$(dirname "$0")/lib.sh"
 need cc python3 haproxy proxychains4 microsocks
 build_vlink
-if [ -n "${BASE:-}" ]; then need_ports 12; else need_ports 7; fi
+if [ -n "${BASE:-}" ]; then need_ports 13; else need_ports 8; fi
 cc -O2 -Wall -Wextra -o "$work/connlat" "$here/connlat.c" -pthread
 
 srv=$(p 1) hap=$(p 2) ttcp=$(p 3) gw=$(p 4) tzstd=$(p 5) tmux=$(p 6) socks=$(p 7)
@@ -81,10 +83,20 @@ declare -A procs=([haproxy]="$hap_pid" [proxychains]="$socks_pid")
 # binary on four ports (tunnel tcp, serve, tunnel zstd, tunnel mux) and
 # defines its routes, named with SUFFIX.
 vlink_routes() {
-  local bin=$1 sfx=$2 ttcp=$3 gw=$4 tzstd=$5 tmux=$6 s ttcp_pid gw_pid tzstd_pid tmux_pid
+  local bin=$1 sfx=$2 ttcp=$3 gw=$4 tzstd=$5 tmux=$6 tgor=$7 s ttcp_pid gw_pid tzstd_pid tmux_pid tgor_pid
   "$bin" tunnel --listen "127.0.0.1:$ttcp" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
   pids+=($!)
   ttcp_pid=$!
+  # A build from before --event-loop takes the flag for an error: it has
+  # no loop to turn off. (grep reads all: with -q, vlink could die of
+  # SIGPIPE and pipefail take the match for a miss.)
+  if "$bin" tunnel --help 2>&1 | grep -- --event-loop >/dev/null; then
+    "$bin" tunnel --listen "127.0.0.1:$tgor" --to "127.0.0.1:$srv" --stack tcp --event-loop=false --log-level warn &
+  else
+    "$bin" tunnel --listen "127.0.0.1:$tgor" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
+  fi
+  pids+=($!)
+  tgor_pid=$!
   "$bin" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --log-level warn &
   pids+=($!)
   gw_pid=$!
@@ -100,20 +112,22 @@ vlink_routes() {
     procs[exec-$s$sfx]=$gw_pid
   done
   cmd[tunnel-tcp$sfx]="${client[*]} $ttcp"
+  cmd[tunnel-tcp-gor$sfx]="${client[*]} $tgor"
+  procs[tunnel-tcp-gor$sfx]=$tgor_pid
   cmd[tunnel-zstd$sfx]="${client[*]} $tzstd"
   cmd[tunnel-mux$sfx]="${client[*]} $tmux"
   procs[tunnel-tcp$sfx]=$ttcp_pid
   procs[tunnel-zstd$sfx]="$tzstd_pid $gw_pid"
   procs[tunnel-mux$sfx]="$tmux_pid $gw_pid"
-  for s in "$ttcp" "$gw" "$tzstd" "$tmux"; do wait_listen "$s"; done
+  for s in "$ttcp" "$gw" "$tzstd" "$tmux" "$tgor"; do wait_listen "$s"; done
   # The shim is built on first use; build it now, outside the timings.
   "$bin" exec -- true 2>/dev/null
 }
-vroutes="tunnel-tcp tunnel-zstd tunnel-mux exec-tcp exec-zstd exec-mux+lz4"
-vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux"
+vroutes="tunnel-tcp tunnel-tcp-gor tunnel-zstd tunnel-mux exec-tcp exec-zstd exec-mux+lz4"
+vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux" "$(p 8)"
 all="direct haproxy $vroutes proxychains"
 if [ -n "${BASE:-}" ]; then
-  vlink_routes "$BASE" @base "$(p 9)" "$(p 10)" "$(p 11)" "$(p 12)"
+  vlink_routes "$BASE" @base "$(p 9)" "$(p 10)" "$(p 11)" "$(p 12)" "$(p 13)"
   all+=" ${vroutes// /@base }@base"
 fi
 for port in "$srv" "$hap" "$socks"; do wait_listen "$port"; done
@@ -176,7 +190,7 @@ def cpu(route):
     return statistics.median(out)
 print(f"connect to the first byte of a one-byte answer, {connects} connects per route and round, {rounds} rounds interleaved")
 print(f"direct: median {statistics.median(rows['direct'][r]['first'] for r in rnds):.1f} us (connect alone {statistics.median(rows['direct'][r]['connect'] for r in rnds):.1f})")
-print(f"  {'route':<14} {'us over direct: median (min..max)':>34} {'connect alone':>14} {'/ haproxy':>10} {'/ proxychains':>14} {'CPU s / 1k conns':>17}")
+print(f"  {'route':<20} {'us over direct: median (min..max)':>34} {'connect alone':>14} {'/ haproxy':>10} {'/ proxychains':>14} {'CPU s / 1k conns':>17}")
 med = {}
 for route in order:
     if route == "direct":
@@ -184,14 +198,14 @@ for route in order:
     e = excess(route)
     med[route] = statistics.median(e)
     rh, rp = ratio(route, "haproxy"), ratio(route, "proxychains")
-    print(f"  {route:<14} {fmt(e):>34} {statistics.median(excess(route, 'connect')):14.0f}"
+    print(f"  {route:<20} {fmt(e):>34} {statistics.median(excess(route, 'connect')):14.0f}"
           f" {statistics.median(rh) if rh else float('nan'):10.2f} {statistics.median(rp) if rp else float('nan'):14.2f} {cpu(route):17.3f}")
 twins = [r for r in order if r + "@base" in rows]
 if twins:
     print("  before and after in the same rounds: excess over direct, this build / BASE, median of the rounds (min..max)")
     for route in twins:
         x = [(rows[route][r]["first"] - rows["direct"][r]["first"]) / (rows[route + "@base"][r]["first"] - rows["direct"][r]["first"]) for r in rnds]
-        print(f"    {route:<14} {statistics.median(x):.2f} ({min(x):.2f}..{max(x):.2f})")
+        print(f"    {route:<20} {statistics.median(x):.2f} ({min(x):.2f}..{max(x):.2f})")
 def check(name, route, base, limit):
     if route in rows and base in rows:
         targets.check(name, statistics.median(ratio(route, base)), "<=", limit, "x")

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -17,10 +18,12 @@ import (
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/base"
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/forward"
 	"github.com/vlink-dev/vlink/cmd/vlink/internal/metrics"
+	"github.com/vlink-dev/vlink/factories/tcp"
 	"github.com/vlink-dev/vlink/internal/cli"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/netconn/dgram"
+	"github.com/vlink-dev/vlink/netconn/evloop"
 	"github.com/vlink-dev/vlink/vlink"
 )
 
@@ -108,6 +111,7 @@ type tunnelOptions struct {
 	udpIdleTimeout      time.Duration
 	udpSessions         int
 	earlyWait           time.Duration
+	eventLoop           bool
 }
 
 // dialOptions are what the commands reaching one destination through a
@@ -153,6 +157,7 @@ func (o *tunnelOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.BoolVar(&o.udp, "udp", false, "carry UDP instead: listen on --listen's UDP port and carry each client's datagrams whole through --stack to the gateway --via, which sends them to --to as UDP (vlink serve --allow-udp) and returns the answers; one session per client address. Over a stack whose bottom is quic (serve --quic), those that fit a packet ride QUIC datagrams, unreliable as UDP. Without --via and with a plain stack, datagrams go straight to --to")
 	fs.DurationVar(&o.earlyWait, "early-wait", 2*time.Millisecond, "when the gateway takes early data (vlink serve --identity), wait up to `DURATION` for a new client's first bytes and send them with the hello: a request then costs two round trips to its answer, as over TCP, instead of three. A server that speaks first (SMTP, MySQL) pays the wait; 0 turns it off")
+	fs.BoolVar(&o.eventLoop, "event-loop", true, "with --stack tcp to an IP address (a plain relay), serve connections on one thread with epoll, as HAProxy does: a short connection then costs about half the CPU and latency of a goroutine's; those that carry bulk data move to the splicing relay. false: a goroutine per connection (Linux only)")
 	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", 2*time.Minute, "with --udp: end a client's session after `DURATION` without a datagram either way, as a NAT forgets a mapping")
 	fs.IntVar(&o.udpSessions, "udp-sessions", dgram.DefaultMaxSessions, "with --udp: carry at most `N` clients at once; a new one takes the place of the oldest that never got an answer, else its datagrams are dropped, as is a datagram that finds its client's queue full (256 datagrams, 8 MiB in all)")
 	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
@@ -314,8 +319,49 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			stack += " " + d.Config.Source
 		}
 	}
+	if lp := o.startLoop(e, t, labels, l); lp != nil {
+		e.Log.Info("listening", "addr", lp.Addr().String(), "to", o.to, "stack", stack, "event_loop", true)
+		stopCut := t.CutLoop(lp)
+		return lp, func(net.Conn) {}, func() {
+			stopCut()
+			closeAll()
+		}, nil
+	}
 	e.Log.Info("listening", "addr", l.Addr().String(), "to", o.to, "via", o.via, "stack", stack)
 	return l, func(c net.Conn) { o.handle(e, t, d, labels, c) }, closeAll, nil
+}
+
+// startLoop serves l on an event loop (netconn/evloop) when the forward
+// is a plain relay to an IP address and --event-loop allows: a bare tcp
+// stack, no --via, no node, listening on this host. It returns nil
+// otherwise, or where there is no event loop, and l stays the
+// goroutines'.
+func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, labels metrics.Labels, l net.Listener) *evloop.Loop {
+	tl, ok := l.(*net.TCPListener)
+	if !ok || !o.eventLoop || o.listenStack != "" || o.via != "" || o.node.Given() || o.stack == "" {
+		return nil
+	}
+	s, err := vlink.Parse(o.stack)
+	if err != nil || len(s.Layers) != 1 || s.Layers[0].Name != "tcp" || len(s.Layers[0].Params) > 0 {
+		return nil
+	}
+	to, err := netip.ParseAddrPort(o.to)
+	if err != nil || to.Addr().Zone() != "" {
+		return nil // a name: the goroutines resolve it for each connection
+	}
+	f, err := tcp.New(tcp.Options{})
+	if err != nil {
+		return nil
+	}
+	cfg := evloop.Config{Target: to, DialTimeout: o.dialTimeout, DialControl: f.PrepareSocket}
+	lp, err := evloop.Listen(tl, cfg, t.LoopHandler(e.Log, labels, l.Addr().String(), o.to))
+	if err != nil {
+		if !errors.Is(err, evloop.ErrUnsupported) {
+			e.Log.Warn("no event loop; a goroutine per connection", "err", err)
+		}
+		return nil
+	}
+	return lp
 }
 
 // open builds the Dialer the flags describe, with the pin check and,

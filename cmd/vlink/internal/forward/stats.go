@@ -35,6 +35,9 @@ type liveRelay struct {
 	// tunnel's local client), else b (serve's target).
 	app, wire *net.TCPConn
 	appIsA    bool
+	// carried, if not nil, counts the application's bytes instead of
+	// app: an event loop's (evloop.Conn.Carried).
+	carried func() (up, down int64)
 	// seen is what the last sample counted, application bytes up and
 	// down, and wire bytes when wire is known.
 	seenUp, seenDown, seenWire uint64
@@ -42,6 +45,11 @@ type liveRelay struct {
 
 // sample reads the kernel's counts into r.seen*.
 func (r *liveRelay) sample() {
+	if r.carried != nil {
+		up, down := r.carried()
+		r.seenUp, r.seenDown = max(r.seenUp, uint64(up)), max(r.seenDown, uint64(down))
+		return
+	}
 	if r.app == nil {
 		return
 	}

@@ -1,0 +1,676 @@
+package evloop
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/netconn"
+)
+
+// bufSize is the loop's copy buffer: one per loop, since each read is
+// written out before the next.
+const bufSize = 16 << 10
+
+// acceptPause is how long the loop stops accepting after the system ran
+// out of descriptors or memory, as net/http backs off.
+const acceptPause = 100 * time.Millisecond
+
+// ErrAborted is what Handler.Ended reports of a connection Loop.Abort
+// reset.
+var ErrAborted = errors.New("evloop: connection aborted")
+
+// A Loop serves a listener's connections on one thread. It is a
+// net.Listener whose Accept returns no connection: it blocks until Close.
+type Loop struct {
+	cfg    Config
+	h      Handler
+	addr   net.Addr
+	target unix.Sockaddr
+	family int
+
+	ep, wake int // the epoll set, and the eventfd that wakes it
+
+	closing  atomic.Bool
+	aborting atomic.Bool
+	stop     sync.Once
+	closed   chan struct{} // closed once the listening socket is
+	done     chan struct{} // closed when the loop's thread is done
+
+	mu     sync.Mutex
+	exited bool                       // wake is closed
+	bulk   map[*relayConn][2]net.Conn // the connections moved to netconn.Relay
+
+	// The loop's own, touched by its thread only.
+	lfd        int // -1 once closed
+	halves     map[int]*half
+	connecting []*relayConn // oldest first: with one DialTimeout, by deadline
+	resume     time.Time    // when accepting resumes after a pause
+	buf        [bufSize]byte
+}
+
+var _ net.Listener = (*Loop)(nil)
+
+// relayConn is one accepted connection and its connection to Target.
+type relayConn struct {
+	Conn
+	client, target half
+	start          time.Time
+	deadline       time.Time // of the connect; zero: none
+	connecting     bool
+	done           bool
+}
+
+// half is one socket of a relayConn. Bytes read from it go to peer.
+type half struct {
+	fd    int
+	rc    *relayConn
+	peer  *half
+	count *int64 // the direction it feeds: Up for the client, Down for the target
+	// carried is count for Conn.Carried, which other goroutines call.
+	carried *atomic.Int64
+	eof     bool // its read side reached the end of stream
+	shut    bool // its write side was shut down: its peer was told of our end
+}
+
+// Listen serves l's connections on a new thread with cfg and h until Close.
+// It takes the listening socket over: l is closed, and the port stays
+// bound until Close. On an error l is left open.
+func Listen(l *net.TCPListener, cfg Config, h Handler) (*Loop, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rc, err := l.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	lp := &Loop{cfg: cfg, h: h, addr: l.Addr(), lfd: -1, ep: -1, wake: -1,
+		closed: make(chan struct{}), done: make(chan struct{}),
+		halves: map[int]*half{}, bulk: map[*relayConn][2]net.Conn{}}
+	var dupErr error
+	if err := rc.Control(func(fd uintptr) {
+		lp.lfd, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, err
+	}
+	if dupErr != nil {
+		return nil, os.NewSyscallError("fcntl", dupErr)
+	}
+	if err := lp.setup(); err != nil {
+		lp.release() // l is left as it was
+		return nil, err
+	}
+	l.Close() // the duplicate holds the socket
+	go lp.run()
+	return lp, nil
+}
+
+// setup makes the epoll set and the target's address.
+func (lp *Loop) setup() error {
+	t := lp.cfg.Target
+	if a := t.Addr(); a.Is4() || a.Is4In6() {
+		lp.family, lp.target = unix.AF_INET, &unix.SockaddrInet4{Port: int(t.Port()), Addr: a.Unmap().As4()}
+	} else {
+		lp.family, lp.target = unix.AF_INET6, &unix.SockaddrInet6{Port: int(t.Port()), Addr: a.As16()}
+	}
+	if err := unix.SetNonblock(lp.lfd, true); err != nil {
+		return os.NewSyscallError("fcntl", err)
+	}
+	// Set once on the listening socket, these pass to every socket it
+	// accepts: no system call per connection.
+	setNoDelay(lp.lfd)
+	lp.keepAlive(lp.lfd)
+	var err error
+	if lp.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return os.NewSyscallError("epoll_create1", err)
+	}
+	if lp.wake, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		return os.NewSyscallError("eventfd", err)
+	}
+	if err := lp.ctl(unix.EPOLL_CTL_ADD, lp.wake, unix.EPOLLIN); err != nil {
+		return err
+	}
+	return lp.ctl(unix.EPOLL_CTL_ADD, lp.lfd, unix.EPOLLIN)
+}
+
+// release closes the loop's own descriptors.
+func (lp *Loop) release() {
+	for _, fd := range []int{lp.lfd, lp.ep} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	lp.mu.Lock()
+	if lp.wake >= 0 {
+		unix.Close(lp.wake)
+	}
+	lp.exited = true
+	lp.mu.Unlock()
+}
+
+// Accept blocks until the Loop is closed: the loop accepts by itself.
+func (lp *Loop) Accept() (net.Conn, error) {
+	<-lp.closed
+	return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: lp.addr, Err: net.ErrClosed}
+}
+
+// Addr is the listener's address.
+func (lp *Loop) Addr() net.Addr { return lp.addr }
+
+// Close stops accepting: the port is free when it returns. The
+// connections in progress go on until they end or Abort. It must not be
+// called from a Handler's method.
+func (lp *Loop) Close() error {
+	lp.stop.Do(func() {
+		lp.closing.Store(true)
+		lp.wakeUp()
+		<-lp.closed
+	})
+	return nil
+}
+
+// Abort resets every connection in progress, in the loop or moved to
+// the splicing relay; each is reported to Ended with ErrAborted.
+func (lp *Loop) Abort() {
+	// The splicing relay's now, since the loop may have ended; the loop's
+	// on its thread, which sweeps the splicing relay's again for one it
+	// was moving meanwhile.
+	lp.abortBulk()
+	lp.aborting.Store(true)
+	lp.wakeUp()
+}
+
+func (lp *Loop) abortBulk() {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	for c, cs := range lp.bulk {
+		c.Aborted = true
+		netconn.Abort(cs[0])
+		netconn.Abort(cs[1])
+	}
+}
+
+// Done is closed once the loop is closed and its last connection has
+// left it (connections in the splicing relay may go on).
+func (lp *Loop) Done() <-chan struct{} { return lp.done }
+
+func (lp *Loop) wakeUp() {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if !lp.exited {
+		var one = [8]byte{1}
+		unix.Write(lp.wake, one[:])
+	}
+}
+
+func (lp *Loop) ctl(op, fd int, events uint32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
+	if err := unix.EpollCtl(lp.ep, op, fd, &ev); err != nil {
+		return os.NewSyscallError("epoll_ctl", err)
+	}
+	return nil
+}
+
+// run is the loop's thread. It ends once the Loop is closed and holds
+// no connection.
+func (lp *Loop) run() {
+	runtime.LockOSThread() // never unlocked: the thread ends with the loop
+	defer close(lp.done)
+	defer lp.release()
+	events := make([]unix.EpollEvent, 128)
+	for lp.lfd >= 0 || len(lp.halves) > 0 {
+		n, err := unix.EpollWait(lp.ep, events, lp.timeout())
+		if err != nil && err != unix.EINTR {
+			// Not expected of a valid epoll set: give every connection
+			// up rather than spin.
+			lp.abortAll(os.NewSyscallError("epoll_wait", err))
+			lp.closeListener()
+			return
+		}
+		accept := false
+		for _, ev := range events[:max(n, 0)] {
+			switch fd := int(ev.Fd); {
+			case fd == lp.wake:
+				lp.woken()
+			case fd == lp.lfd:
+				accept = true
+			default:
+				if h := lp.halves[fd]; h != nil {
+					lp.event(h)
+				}
+			}
+		}
+		lp.expire(time.Now())
+		if accept && lp.lfd >= 0 {
+			// Last: a socket it makes may reuse the number of one closed
+			// above, whose events of this round must not reach it.
+			lp.accept()
+		}
+	}
+}
+
+// timeout is epoll_wait's: until the next connect deadline or the end
+// of an accept pause, in whole milliseconds rounded up; -1 for none.
+func (lp *Loop) timeout() int {
+	var next time.Time
+	for len(lp.connecting) > 0 && !lp.connecting[0].connecting {
+		lp.connecting = lp.connecting[1:]
+	}
+	if len(lp.connecting) > 0 {
+		next = lp.connecting[0].deadline
+	}
+	if !lp.resume.IsZero() && (next.IsZero() || lp.resume.Before(next)) {
+		next = lp.resume
+	}
+	if next.IsZero() {
+		return -1
+	}
+	d := time.Until(next)
+	if d <= 0 {
+		return 0
+	}
+	return int((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// expire fails the connects past their deadline and resumes accepting
+// after a pause.
+func (lp *Loop) expire(now time.Time) {
+	for len(lp.connecting) > 0 {
+		c := lp.connecting[0]
+		if c.connecting && now.Before(c.deadline) {
+			break
+		}
+		lp.connecting = lp.connecting[1:]
+		if c.connecting {
+			lp.dialFailed(c, os.ErrDeadlineExceeded)
+		}
+	}
+	if !lp.resume.IsZero() && !now.Before(lp.resume) && lp.lfd >= 0 {
+		lp.resume = time.Time{}
+		lp.ctl(unix.EPOLL_CTL_MOD, lp.lfd, unix.EPOLLIN)
+	}
+}
+
+// woken handles Close and Abort.
+func (lp *Loop) woken() {
+	var b [8]byte
+	unix.Read(lp.wake, b[:])
+	if lp.closing.Load() {
+		lp.closeListener()
+	}
+	if lp.aborting.Swap(false) {
+		lp.abortAll(ErrAborted)
+	}
+}
+
+func (lp *Loop) closeListener() {
+	if lp.lfd < 0 {
+		return
+	}
+	unix.Close(lp.lfd) // leaves the epoll set with it
+	lp.lfd = -1
+	close(lp.closed)
+}
+
+// abortAll resets every connection, the loop's and the splicing relay's.
+func (lp *Loop) abortAll(err error) {
+	seen := map[*relayConn]bool{}
+	for _, h := range lp.halves {
+		if c := h.rc; !seen[c] {
+			seen[c] = true
+			c.Aborted = err == ErrAborted
+			if c.connecting {
+				lp.dialFailed(c, err)
+				continue
+			}
+			lp.fail(c, err)
+		}
+	}
+	lp.abortBulk()
+}
+
+// accept takes the connections waiting, a bounded number per event so
+// the others get their turn.
+func (lp *Loop) accept() {
+	for range 64 {
+		fd, sa, err := unix.Accept4(lp.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch err {
+		case nil:
+			lp.start(fd, sa)
+			continue
+		case unix.EAGAIN:
+			return
+		case unix.EINTR, unix.ECONNABORTED:
+			continue
+		}
+		// Out of descriptors or memory (or the socket failed): try again
+		// in a while, as the goroutine listeners' AcceptBackoff does.
+		lp.resume = time.Now().Add(acceptPause)
+		lp.ctl(unix.EPOLL_CTL_MOD, lp.lfd, 0)
+		return
+	}
+}
+
+// start connects an accepted connection on to Target.
+func (lp *Loop) start(fd int, sa unix.Sockaddr) {
+	c := &relayConn{start: time.Now()}
+	c.Remote = addrPort(sa)
+	c.client = half{fd: fd, rc: c, peer: &c.target, count: &c.Up, carried: &c.up}
+	c.target = half{fd: -1, rc: c, peer: &c.client, count: &c.Down, carried: &c.down}
+	if !lp.h.Accepted(&c.Conn) {
+		abortFd(fd)
+		return
+	}
+	tfd, err := unix.Socket(lp.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		lp.dialFailed(c, os.NewSyscallError("socket", err))
+		return
+	}
+	c.target.fd = tfd
+	if ctl := lp.cfg.DialControl; ctl != nil {
+		if err := ctl(rawFD(tfd)); err != nil {
+			lp.dialFailed(c, err)
+			return
+		}
+	} else {
+		setNoDelay(tfd)
+	}
+	for {
+		err = unix.Connect(tfd, lp.target)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil && err != unix.EINPROGRESS {
+		lp.dialFailed(c, os.NewSyscallError("connect", err))
+		return
+	}
+	if err := lp.ctl(unix.EPOLL_CTL_ADD, tfd, unix.EPOLLOUT); err != nil {
+		lp.dialFailed(c, err)
+		return
+	}
+	lp.halves[tfd] = &c.target
+	c.connecting = true
+	if d := lp.cfg.DialTimeout; d > 0 {
+		c.deadline = c.start.Add(d)
+		lp.connecting = append(lp.connecting, c)
+	}
+}
+
+// dialFailed reports a connect that failed and resets the client.
+func (lp *Loop) dialFailed(c *relayConn, err error) {
+	if c.target.fd >= 0 {
+		delete(lp.halves, c.target.fd)
+		unix.Close(c.target.fd)
+		c.target.fd = -1
+	}
+	c.done, c.connecting = true, false
+	abortFd(c.client.fd)
+	lp.h.Dialed(&c.Conn, time.Since(c.start), &net.OpError{Op: "dial", Net: "tcp",
+		Addr: net.TCPAddrFromAddrPort(lp.cfg.Target), Err: err})
+}
+
+// connected starts relaying once the connect completed.
+func (lp *Loop) connected(c *relayConn) {
+	c.connecting = false
+	soErr, err := unix.GetsockoptInt(c.target.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err == nil && soErr != 0 {
+		err = unix.Errno(soErr)
+	}
+	if err != nil {
+		lp.dialFailed(c, os.NewSyscallError("connect", err))
+		return
+	}
+	lp.h.Dialed(&c.Conn, time.Since(c.start), nil)
+	if err := lp.ctl(unix.EPOLL_CTL_MOD, c.target.fd, unix.EPOLLIN); err != nil {
+		lp.fail(c, err)
+		return
+	}
+	lp.halves[c.client.fd] = &c.client
+	if err := lp.ctl(unix.EPOLL_CTL_ADD, c.client.fd, unix.EPOLLIN); err != nil {
+		lp.fail(c, err)
+	}
+}
+
+// event handles what epoll reported of h.
+func (lp *Loop) event(h *half) {
+	c := h.rc
+	if c.connecting {
+		lp.connected(c)
+		return
+	}
+	if h.eof {
+		// Its read side is done, so only an error or a hang-up wakes it:
+		// its peer reset the connection while we still had to send.
+		lp.fail(c, lp.sockError(h, "read"))
+		return
+	}
+	n, err := unix.Read(h.fd, lp.buf[:])
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+		return
+	case err != nil:
+		lp.fail(c, lp.opError(h, "read", err))
+		return
+	case n == 0:
+		lp.ended(h)
+		return
+	}
+	w, err := unix.Write(h.peer.fd, lp.buf[:n])
+	if err == unix.EAGAIN {
+		w, err = 0, nil
+	}
+	if err != nil {
+		lp.fail(c, lp.opError(h.peer, "write", err))
+		return
+	}
+	*h.count += int64(w)
+	h.carried.Add(int64(w))
+	if w < n || *h.count > BulkBytes {
+		lp.moveToRelay(c, h, lp.buf[w:n])
+	}
+}
+
+// ended passes the end of h's stream on to its peer, and closes the
+// connection once both ways ended.
+func (lp *Loop) ended(h *half) {
+	c := h.rc
+	if !h.shut && tcpState(h.fd) == tcpStateClose {
+		// A reset the kernel reported to an earlier write as EPIPE, and
+		// to this read as an end of stream (netconn.Relay's hiddenReset):
+		// passing on a FIN would make a cut stream look whole.
+		lp.fail(c, lp.opError(h, "read", unix.ECONNRESET))
+		return
+	}
+	h.eof = true
+	h.peer.shut = true
+	err := unix.Shutdown(h.peer.fd, unix.SHUT_WR)
+	switch {
+	case h.peer.eof:
+		// Both ways ended; a reset by the peer after its own end is no
+		// failure (netconn.Relay).
+		lp.finish(c)
+	case err != nil && !netconn.ResetByPeer(err):
+		lp.fail(c, lp.opError(h.peer, "shutdown", err))
+	default:
+		// A reset by the peer says nothing yet: the read it wakes tells
+		// whether it came after the peer's own end. Meanwhile h, whose
+		// readiness stays, must not wake the loop.
+		if err := lp.ctl(unix.EPOLL_CTL_MOD, h.fd, 0); err != nil {
+			lp.fail(c, err)
+		}
+	}
+}
+
+// fail resets both connections and reports err.
+func (lp *Loop) fail(c *relayConn, err error) {
+	if c.done {
+		return
+	}
+	lp.forget(c)
+	abortFd(c.client.fd)
+	abortFd(c.target.fd)
+	lp.h.Ended(&c.Conn, err)
+}
+
+// finish closes both connections after both ways ended.
+func (lp *Loop) finish(c *relayConn) {
+	lp.forget(c)
+	unix.Close(c.client.fd)
+	unix.Close(c.target.fd)
+	lp.h.Ended(&c.Conn, nil)
+}
+
+func (lp *Loop) forget(c *relayConn) {
+	c.done = true
+	delete(lp.halves, c.client.fd)
+	delete(lp.halves, c.target.fd)
+}
+
+// moveToRelay hands c to netconn.Relay on goroutines of their own, with
+// pending, read from src but not yet written, to go first.
+func (lp *Loop) moveToRelay(c *relayConn, src *half, pending []byte) {
+	lp.forget(c)
+	for _, fd := range []int{c.client.fd, c.target.fd} {
+		unix.EpollCtl(lp.ep, unix.EPOLL_CTL_DEL, fd, nil)
+	}
+	client, cerr := fileConn(c.client.fd)
+	target, terr := fileConn(c.target.fd)
+	if err := errors.Join(cerr, terr); err != nil {
+		for _, nc := range []net.Conn{client, target} {
+			if nc != nil {
+				netconn.Abort(nc)
+			}
+		}
+		lp.h.Ended(&c.Conn, err)
+		return
+	}
+	if src == &c.client {
+		client = netconn.Prefixed(client, pending)
+	} else {
+		target = netconn.Prefixed(target, pending)
+	}
+	if tc, ok := client.(*net.TCPConn); ok {
+		c.moved.Store(tc)
+	}
+	lp.mu.Lock()
+	lp.bulk[c] = [2]net.Conn{client, target}
+	lp.mu.Unlock()
+	go func() {
+		up, down, err := netconn.Relay(client, target)
+		lp.mu.Lock()
+		delete(lp.bulk, c)
+		if c.Aborted {
+			err = ErrAborted // not the net.ErrClosed Relay met
+		}
+		lp.mu.Unlock()
+		c.Up += up
+		c.Down += down
+		lp.h.Ended(&c.Conn, err)
+	}()
+}
+
+// rawFD is a socket the loop owns as a syscall.RawConn, for
+// Config.DialControl: Control runs f on it, Read and Write are not for
+// the loop's sockets.
+type rawFD int
+
+func (fd rawFD) Control(f func(fd uintptr)) error { f(uintptr(fd)); return nil }
+func (rawFD) Read(func(fd uintptr) bool) error    { return ErrUnsupported }
+func (rawFD) Write(func(fd uintptr) bool) error   { return ErrUnsupported }
+
+// fileConn makes a net.Conn of fd, which it closes.
+func fileConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "")
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// sockError returns the socket's pending error, as a read would have.
+func (lp *Loop) sockError(h *half, op string) error {
+	soErr, err := unix.GetsockoptInt(h.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err == nil {
+		err = unix.ECONNRESET // a hang-up without an error: reset all the same
+		if soErr != 0 {
+			err = unix.Errno(soErr)
+		}
+	}
+	return lp.opError(h, op, err)
+}
+
+// opError names the hop as the net package does: the client's address,
+// or Target.
+func (lp *Loop) opError(h *half, op string, errno error) error {
+	addr := net.TCPAddrFromAddrPort(lp.cfg.Target)
+	if h == &h.rc.client {
+		addr = net.TCPAddrFromAddrPort(h.rc.Remote)
+	}
+	return &net.OpError{Op: op, Net: "tcp", Addr: addr, Err: os.NewSyscallError(op, errno)}
+}
+
+// keepAlive sets the keep-alives of the sockets the listening socket fd
+// accepts, as net.ListenConfig would.
+func (lp *Loop) keepAlive(fd int) {
+	ka := lp.cfg.KeepAlive
+	if ka == (net.KeepAliveConfig{}) {
+		ka = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: 9}
+	}
+	if !ka.Enable || ka.Idle < 0 {
+		return
+	}
+	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
+	if ka.Idle > 0 {
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs(ka.Idle))
+	}
+	if ka.Interval > 0 {
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs(ka.Interval))
+	}
+	if ka.Count > 0 {
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT, ka.Count)
+	}
+}
+
+func secs(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }
+
+func setNoDelay(fd int) { unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) }
+
+// abortFd closes fd with a reset (SO_LINGER 0), as netconn.Abort does.
+func abortFd(fd int) {
+	if fd < 0 {
+		return
+	}
+	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	unix.Close(fd)
+}
+
+// tcpStateClose is the kernel's TCP_CLOSE (include/net/tcp_states.h).
+const tcpStateClose = 7
+
+func tcpState(fd int) uint8 {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0
+	}
+	return info.State
+}
+
+func addrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// String names the loop in logs.
+func (lp *Loop) String() string { return fmt.Sprintf("evloop %s -> %s", lp.addr, lp.cfg.Target) }
