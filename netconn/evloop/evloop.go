@@ -1,11 +1,11 @@
 // Package evloop forwards the TCP connections a listener accepts to one
 // address, as an event-driven proxy does (HAProxy in TCP mode): one
-// thread, locked to its goroutine, accepts, connects and relays with
-// epoll(7), so a short connection costs no goroutine start and no hand-off
-// between threads. On a machine where each thread wake-up is dear (a
-// virtual machine, two cores) that is most of what a Go relay spends on a
-// short connection (docs/BENCHMARKS.md §3, "Connect to first byte, out of
-// process").
+// goroutine accepts, connects and relays with epoll(7), blocking its
+// thread in epoll_wait(2), so a short connection costs no goroutine start
+// and no hand-off between threads. On a machine where each thread
+// wake-up is dear (a virtual machine, two cores) that is most of what a
+// Go relay spends on a short connection (docs/BENCHMARKS.md §3, "Connect
+// to first byte, out of process").
 //
 // The loop copies with read(2) and write(2) through one buffer. A
 // connection that carries more than BulkBytes either way, or whose
@@ -74,7 +74,7 @@ func (c Config) Validate() error {
 }
 
 // A Handler follows a Loop's connections. Its methods are called on the
-// loop's thread, or for a connection that moved to the splicing relay,
+// loop's goroutine, or for a connection that moved to the splicing relay,
 // Ended on that relay's goroutine: they must be safe for concurrent use
 // and return quickly, since the loop serves nothing else meanwhile.
 type Handler interface {

@@ -35,7 +35,7 @@ type ended struct {
 	aborted  bool
 }
 
-func newRecorder() *recorder { return &recorder{done: make(chan struct{}, 100)} }
+func newRecorder() *recorder { return &recorder{done: make(chan struct{}, 1000)} }
 
 func (r *recorder) Accepted(*Conn) bool { return !r.refuse }
 
@@ -406,5 +406,97 @@ func TestResetIdle(t *testing.T) {
 				t.Errorf("Ended: %v, want a reset", e.err)
 			}
 		})
+	}
+}
+
+// TestMany runs connections of every kind at once, short and bulk, ended
+// whole or reset by either side: each client reads its bytes whole and a
+// clean end only when the target ended cleanly, a reset otherwise, and a
+// target whose client reset fails instead of writing on forever.
+func TestMany(t *testing.T) {
+	const (
+		whole       = iota // the target sends its bytes and ends
+		targetReset        // the target sends half and resets
+		clientReset        // the client reads half and resets
+	)
+	sizes := []int{1, 100, 5000, 70000, 1 << 20}
+	targetErrs := make(chan error, 1000)
+	target := serve(t, func(c *net.TCPConn) {
+		var hdr [5]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			targetErrs <- err
+			return
+		}
+		kind, n := int(hdr[0]), int(uint32(hdr[1])<<24|uint32(hdr[2])<<16|uint32(hdr[3])<<8|uint32(hdr[4]))
+		data := testnet.RandomBytes(n, uint64(n))
+		switch kind {
+		case whole:
+			_, err := c.Write(data)
+			c.CloseWrite()
+			targetErrs <- err
+		case targetReset:
+			c.Write(data[:n/2])
+			time.Sleep(5 * time.Millisecond)
+			c.SetLinger(0)
+			targetErrs <- nil
+		case clientReset:
+			c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			var err error
+			for err == nil {
+				_, err = c.Write(data)
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				targetErrs <- errors.New("the target wrote on for 10 s to a client that reset")
+				return
+			}
+			targetErrs <- nil
+		}
+	})
+	r := newRecorder()
+	lp := startLoop(t, target, r, 0)
+	var wg sync.WaitGroup
+	for i := range 150 {
+		kind, n := i%3, sizes[(i/3)%len(sizes)]
+		if kind == clientReset && n < 5000 {
+			n = 1 << 20 // enough to still be writing when the client resets
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.DialTCP("tcp", nil, lp.Addr().(*net.TCPAddr))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			c.Write([]byte{byte(kind), byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			switch kind {
+			case whole:
+				got, err := io.ReadAll(c)
+				if err != nil || testnet.Sum(got) != testnet.Sum(testnet.RandomBytes(n, uint64(n))) {
+					t.Errorf("whole %d bytes: got %d, %v", n, len(got), err)
+				}
+			case targetReset:
+				got, err := io.ReadAll(c)
+				if !errors.Is(err, syscall.ECONNRESET) {
+					t.Errorf("target reset after %d of %d bytes: client read %d and %v, want a reset", n/2, n, len(got), err)
+				}
+			case clientReset:
+				io.ReadFull(c, make([]byte, n/2))
+				c.SetLinger(0)
+			}
+		}()
+	}
+	wg.Wait()
+	for range 150 {
+		select {
+		case err := <-targetErrs:
+			if err != nil {
+				t.Error("target:", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("a target never finished")
+		}
 	}
 }

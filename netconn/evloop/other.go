@@ -4,7 +4,7 @@ package evloop
 
 import "net"
 
-// A Loop serves a listener's connections on one thread (Linux only).
+// A Loop serves a listener's connections on one goroutine (Linux only).
 type Loop struct{ net.Listener }
 
 // Listen returns ErrUnsupported outside Linux.
