@@ -82,8 +82,12 @@ func BenchmarkTwoProcess(b *testing.B) {
 	}()
 	const pings, bulkBytes = 20000, 1 << 30
 	buf := make([]byte, 64<<10)
-	pingpong := func(c net.Conn) time.Duration {
+	// pingpong also returns what the kernel's scheduler saw of both
+	// processes per round trip: time on a core, time runnable but
+	// waiting for one, and times run (about the wake-ups).
+	pingpong := func(c net.Conn) (rtt time.Duration, sched schedStat) {
 		one := buf[:1]
+		s0 := readSchedStat(helper.Process.Pid).add(readSchedStat(os.Getpid()))
 		start := time.Now()
 		for range pings {
 			c.Write(one)
@@ -91,7 +95,9 @@ func BenchmarkTwoProcess(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		return time.Since(start) / pings
+		rtt = time.Since(start) / pings
+		s1 := readSchedStat(helper.Process.Pid).add(readSchedStat(os.Getpid()))
+		return rtt, s1.sub(s0).per(pings)
 	}
 	bulk := func(c net.Conn) (gbps, cpuPerGB float64) {
 		cpu0 := cpuTime(helper.Process.Pid) + cpuTime(os.Getpid())
@@ -112,6 +118,7 @@ func BenchmarkTwoProcess(b *testing.B) {
 	}
 	var ppRatio, bulkRatio []float64
 	var ppT, ppS, bT, bS, cT, cS []float64
+	schedOf := map[string][]schedStat{}
 	b.ResetTimer()
 	for i := range b.N {
 		order := []string{"tcp", "shm"}
@@ -120,7 +127,9 @@ func BenchmarkTwoProcess(b *testing.B) {
 		}
 		pp, bk, cp := map[string]float64{}, map[string]float64{}, map[string]float64{}
 		for _, k := range order {
-			pp[k] = float64(pingpong(conns[k+"-echo"]).Nanoseconds()) / 1e3
+			rtt, st := pingpong(conns[k+"-echo"])
+			pp[k] = float64(rtt.Nanoseconds()) / 1e3
+			schedOf[k] = append(schedOf[k], st)
 		}
 		for _, k := range order {
 			bk[k], cp[k] = bulk(conns[k+"-sink"])
@@ -139,6 +148,14 @@ func BenchmarkTwoProcess(b *testing.B) {
 	b.Logf("64 KiB writes: tcp %.2f Gbit/s (%s), shm %.2f Gbit/s (%s); shm/tcp median %.3f (%s)",
 		med(bT), spread(bT), med(bS), spread(bS), med(bulkRatio), spread(bulkRatio))
 	b.Logf("CPU per GB, both processes: tcp %.2f s (%s), shm %.2f s (%s)", med(cT), spread(cT), med(cS), spread(cS))
+	for _, k := range []string{"tcp", "shm"} {
+		var run, wait, slices []float64
+		for _, st := range schedOf[k] {
+			run, wait, slices = append(run, st.run), append(wait, st.wait), append(slices, st.slices)
+		}
+		b.Logf("per round trip, both processes (schedstat): %s on a core %.2f µs, waiting for one %.2f µs (%s), %.2f runs",
+			k, med(run), med(wait), spread(wait), med(slices))
+	}
 	target := func(what string, got float64, ok bool, bound string) {
 		verdict := "met"
 		if !ok {
@@ -163,6 +180,36 @@ func cpuTime(pid int) time.Duration {
 	var utime, stime int64
 	fmt.Sscan(string(b[i+2:]), &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10], &utime, &stime)
 	return time.Duration(utime+stime) * time.Second / 100
+}
+
+// schedStat is what /proc/PID/task/*/schedstat says of a process's
+// threads: µs on a core, µs runnable and waiting for one, and the number
+// of times a thread was run.
+type schedStat struct{ run, wait, slices float64 }
+
+func readSchedStat(pid int) schedStat {
+	var s schedStat
+	paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var run, wait, n float64
+		fmt.Sscan(string(b), &run, &wait, &n)
+		s = s.add(schedStat{run / 1e3, wait / 1e3, n})
+	}
+	return s
+}
+
+func (s schedStat) add(t schedStat) schedStat {
+	return schedStat{s.run + t.run, s.wait + t.wait, s.slices + t.slices}
+}
+func (s schedStat) sub(t schedStat) schedStat {
+	return schedStat{s.run - t.run, s.wait - t.wait, s.slices - t.slices}
+}
+func (s schedStat) per(n int) schedStat {
+	return schedStat{s.run / float64(n), s.wait / float64(n), s.slices / float64(n)}
 }
 
 // TestBenchHog is one of BenchmarkTwoProcess's busy processes: it spins
