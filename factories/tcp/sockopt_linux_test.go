@@ -64,7 +64,21 @@ func TestSocketOptions(t *testing.T) {
 			}
 			defer ln.Close()
 			c, s := dialAccept(t, f, "tcp", ln)
-			for side, conn := range map[string]net.Conn{"dialed": c, "accepted": s} {
+			// PrepareSocket (an event loop's dials) on a socket the net
+			// package dialed with no keep-alives must set the same.
+			bare, err := (&net.Dialer{KeepAlive: -1}).Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer bare.Close()
+			rc, err := bare.(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.PrepareSocket(rc); err != nil {
+				t.Fatalf("PrepareSocket: %v", err)
+			}
+			for side, conn := range map[string]net.Conn{"dialed": c, "accepted": s, "prepared": bare} {
 				cc := tt.cc
 				if cc == "" {
 					cc = strings.TrimSpace(string(def))

@@ -10,10 +10,9 @@ import (
 )
 
 // LoopHandler follows the connections of an event loop (package evloop)
-// as Relay follows a goroutine's: shutdown waits for them and then cuts
-// them (through the returned func's Abort, once the Tracker's Ctx ends),
-// and they count in the metrics under l and in --stats. to is the
-// destination the log names.
+// as Relay follows a goroutine's: shutdown waits for them (CutLoop cuts
+// them after the grace), they count in the metrics under l and in
+// --stats, and they are logged as Relay logs, naming listen and to.
 func (t *Tracker) LoopHandler(log *slog.Logger, l metrics.Labels, listen, to string) evloop.Handler {
 	return &loopHandler{t: t, log: log, labels: l, listen: listen, to: to}
 }
