@@ -26,6 +26,8 @@ func TestTunnelEventLoop(t *testing.T) {
 		loop bool
 	}{
 		{"tcp to an IP address", []string{"--to", echo, "--stack", "tcp"}, true},
+		{"tcp with parameters", []string{"--to", echo, "--stack", "tcp:nodelay=false,keepalive=1m"}, true},
+		{"tcp from a port range", []string{"--to", echo, "--stack", "tcp:ports=47100-47199"}, false},
 		{"event loop off", []string{"--to", echo, "--stack", "tcp", "--event-loop=false"}, false},
 		{"a name", []string{"--to", "localhost:" + port, "--stack", "tcp"}, false},
 	} {

@@ -31,7 +31,7 @@ gobench() { # the benchmark's -bench, package: a miss fails it
   rc=$?
   echo "$out" | grep -E '^Benchmark|target '
   if [ "$rc" -ne 0 ]; then
-    echo "$out" | grep -q 'MISSED' && return 3
+    grep -q 'MISSED' <<<"$out" && return 3
     echo "$out" | tail -20
     return 1
   fi

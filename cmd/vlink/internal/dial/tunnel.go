@@ -25,6 +25,7 @@ import (
 	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/netconn/evloop"
 	"github.com/vlink-dev/vlink/vlink"
+	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 var TunnelCmd = &cli.Command{
@@ -157,7 +158,7 @@ func (o *tunnelOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.BoolVar(&o.udp, "udp", false, "carry UDP instead: listen on --listen's UDP port and carry each client's datagrams whole through --stack to the gateway --via, which sends them to --to as UDP (vlink serve --allow-udp) and returns the answers; one session per client address. Over a stack whose bottom is quic (serve --quic), those that fit a packet ride QUIC datagrams, unreliable as UDP. Without --via and with a plain stack, datagrams go straight to --to")
 	fs.DurationVar(&o.earlyWait, "early-wait", 2*time.Millisecond, "when the gateway takes early data (vlink serve --identity), wait up to `DURATION` for a new client's first bytes and send them with the hello: a request then costs two round trips to its answer, as over TCP, instead of three. A server that speaks first (SMTP, MySQL) pays the wait; 0 turns it off")
-	fs.BoolVar(&o.eventLoop, "event-loop", true, "with --stack tcp to an IP address (a plain relay), serve connections on one goroutine with epoll, as HAProxy does on one thread: a short connection then costs about half the CPU and latency of a goroutine's; those that carry bulk data move to the splicing relay. false: a goroutine per connection (Linux only)")
+	fs.BoolVar(&o.eventLoop, "event-loop", true, "with a tcp stack alone (its parameters but ports and local) to an IP address, serve connections on one goroutine with epoll, as HAProxy does on one thread: a short connection then costs about half the CPU and latency of a goroutine's; those that carry bulk data move to the splicing relay. false: a goroutine per connection (Linux only)")
 	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", 2*time.Minute, "with --udp: end a client's session after `DURATION` without a datagram either way, as a NAT forgets a mapping")
 	fs.IntVar(&o.udpSessions, "udp-sessions", dgram.DefaultMaxSessions, "with --udp: carry at most `N` clients at once; a new one takes the place of the oldest that never got an answer, else its datagrams are dropped, as is a datagram that finds its client's queue full (256 datagrams, 8 MiB in all)")
 	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
@@ -332,8 +333,8 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 }
 
 // startLoop serves l on an event loop (netconn/evloop) when the forward
-// is a plain relay to an IP address and --event-loop allows: a bare tcp
-// stack, no --via, no node, listening on this host. It returns nil
+// is a plain relay to an IP address and --event-loop allows: a tcp stack
+// alone, no --via, no node, listening on this host. It returns nil
 // otherwise, or where there is no event loop, and l stays the
 // goroutines'.
 func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, labels metrics.Labels, l net.Listener) *evloop.Loop {
@@ -341,16 +342,12 @@ func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, labels metric
 	if !ok || !o.eventLoop || o.listenStack != "" || o.via != "" || o.node.Given() || o.stack == "" {
 		return nil
 	}
-	s, err := vlink.Parse(o.stack)
-	if err != nil || len(s.Layers) != 1 || s.Layers[0].Name != "tcp" || len(s.Layers[0].Params) > 0 {
-		return nil
-	}
 	to, err := netip.ParseAddrPort(o.to)
 	if err != nil || to.Addr().Zone() != "" {
 		return nil // a name: the goroutines resolve it for each connection
 	}
-	f, err := tcp.New(tcp.Options{})
-	if err != nil {
+	f := loopFactory(o.stack, to.Addr())
+	if f == nil {
 		return nil
 	}
 	cfg := evloop.Config{Target: to, DialTimeout: o.dialTimeout, DialControl: f.PrepareSocket}
@@ -362,6 +359,38 @@ func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, labels metric
 		return nil
 	}
 	return lp
+}
+
+// loopFactory returns the tcp factory of a stack that is tcp alone, with
+// parameters the event loop carries out (PrepareSocket sets them on the
+// socket): not a port range or a source address, which the goroutines'
+// dial binds, nor a family other than target's, whose error they give.
+func loopFactory(stack string, target netip.Addr) *tcp.Factory {
+	s, err := vlink.Parse(stack)
+	if err != nil || len(s.Layers) != 1 || s.Layers[0].Name != "tcp" {
+		return nil
+	}
+	spec, ok := layer.Lookup("tcp")
+	if !ok {
+		return nil
+	}
+	v, err := spec.Build(s.Layers[0].Params)
+	if err != nil {
+		return nil
+	}
+	f, ok := v.(*tcp.Factory)
+	if !ok {
+		return nil
+	}
+	fam := "tcp4"
+	if target.Is6() && !target.Is4In6() {
+		fam = "tcp6"
+	}
+	switch opts := f.Options(); {
+	case !opts.Ports.IsZero(), opts.Local.IsValid(), opts.Network != "tcp" && opts.Network != fam:
+		return nil
+	}
+	return f
 }
 
 // open builds the Dialer the flags describe, with the pin check and,
