@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,21 +21,36 @@ func TestTunnelEventLoop(t *testing.T) {
 	testenv.Programs(t, "socat")
 	_, echo := startSocatEcho(t)
 	port := echo[strings.LastIndexByte(echo, ':')+1:]
+	dir := t.TempDir()
+	direct, refuse := filepath.Join(dir, "direct.toml"), filepath.Join(dir, "refuse.toml")
+	writeFile(t, direct, "# every destination direct\n")
+	writeFile(t, refuse, "[default]\naction = \"refuse\"\n")
 	for _, tc := range []struct {
-		name string
-		args []string
-		loop bool
+		name   string
+		args   []string
+		loop   bool
+		config string // VLINK_CONFIG; "": direct
 	}{
-		{"tcp to an IP address", []string{"--to", echo, "--stack", "tcp"}, true},
-		{"tcp with parameters", []string{"--to", echo, "--stack", "tcp:nodelay=false,keepalive=1m"}, true},
-		{"tcp from a port range", []string{"--to", echo, "--stack", "tcp:ports=47100-47199"}, false},
-		{"event loop off", []string{"--to", echo, "--stack", "tcp", "--event-loop=false"}, false},
-		{"a name", []string{"--to", "localhost:" + port, "--stack", "tcp"}, false},
+		{"tcp to an IP address", []string{"--to", echo, "--stack", "tcp"}, true, ""},
+		{"tcp with parameters", []string{"--to", echo, "--stack", "tcp:nodelay=false,keepalive=1m"}, true, ""},
+		{"tcp from a port range", []string{"--to", echo, "--stack", "tcp:ports=47100-47199"}, false, ""},
+		{"event loop off", []string{"--to", echo, "--stack", "tcp", "--event-loop=false"}, false, ""},
+		{"a name", []string{"--to", "localhost:" + port, "--stack", "tcp"}, false, ""},
+		{"no --stack, a direct route", []string{"--to", echo}, true, direct},
+		{"no --stack, a refusing route", []string{"--to", echo}, false, refuse},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			config := tc.config
+			if config == "" {
+				config = direct
+			}
+			t.Setenv("VLINK_CONFIG", config)
 			tun, addr := startVLink(t, append([]string{"tunnel"}, tc.args...)...)
 			if got := strings.Contains(tun.Output(), "event_loop=true"); got != tc.loop {
 				t.Fatalf("event loop %v, want %v:\n%s", got, tc.loop, tun.Output())
+			}
+			if tc.config == refuse {
+				return
 			}
 			var wg sync.WaitGroup
 			for i := range 20 {

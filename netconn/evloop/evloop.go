@@ -57,8 +57,9 @@ type Config struct {
 	KeepAlive net.KeepAliveConfig
 	// DialControl, if not nil, is called with each socket dialing Target
 	// before it connects, to set its options (tcp.Factory.PrepareSocket).
-	// Only the RawConn's Control works. Nil: TCP_NODELAY is set, as on
-	// every socket the net package makes.
+	// Only the RawConn's Control works. Nil: TCP_NODELAY and keep-alives
+	// are set as net.Dialer's zero value sets them (15 s idle and
+	// interval, 9 probes).
 	DialControl func(rc syscall.RawConn) error
 }
 

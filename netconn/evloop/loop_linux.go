@@ -127,7 +127,7 @@ func (lp *Loop) setup() error {
 	// Set once on the listening socket, these pass to every socket it
 	// accepts: no system call per connection.
 	setNoDelay(lp.lfd)
-	lp.keepAlive(lp.lfd)
+	keepAlive(lp.lfd, lp.cfg.KeepAlive)
 	var err error
 	if lp.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return os.NewSyscallError("epoll_create1", err)
@@ -385,6 +385,7 @@ func (lp *Loop) start(fd int, sa unix.Sockaddr) {
 		}
 	} else {
 		setNoDelay(tfd)
+		keepAlive(tfd, defaultKeepAlive)
 	}
 	for {
 		err = unix.Connect(tfd, lp.target)
@@ -619,12 +620,16 @@ func (lp *Loop) opError(h *half, op string, errno error) error {
 	return &net.OpError{Op: op, Net: "tcp", Addr: addr, Err: os.NewSyscallError(op, errno)}
 }
 
-// keepAlive sets the keep-alives of the sockets the listening socket fd
-// accepts, as net.ListenConfig would.
-func (lp *Loop) keepAlive(fd int) {
-	ka := lp.cfg.KeepAlive
+// defaultKeepAlive is what the net package's zero Dialer and
+// ListenConfig set.
+var defaultKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: 9}
+
+// keepAlive sets fd's keep-alives as ka says, its zero value meaning the
+// net package's default. On a listening socket they pass to the sockets
+// it accepts.
+func keepAlive(fd int, ka net.KeepAliveConfig) {
 	if ka == (net.KeepAliveConfig{}) {
-		ka = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: 9}
+		ka = defaultKeepAlive
 	}
 	if !ka.Enable || ka.Idle < 0 {
 		return

@@ -24,6 +24,7 @@ import (
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/netconn/dgram"
 	"github.com/vlink-dev/vlink/netconn/evloop"
+	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
 	"github.com/vlink-dev/vlink/vlink/layer"
 )
@@ -158,7 +159,7 @@ func (o *tunnelOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.BoolVar(&o.udp, "udp", false, "carry UDP instead: listen on --listen's UDP port and carry each client's datagrams whole through --stack to the gateway --via, which sends them to --to as UDP (vlink serve --allow-udp) and returns the answers; one session per client address. Over a stack whose bottom is quic (serve --quic), those that fit a packet ride QUIC datagrams, unreliable as UDP. Without --via and with a plain stack, datagrams go straight to --to")
 	fs.DurationVar(&o.earlyWait, "early-wait", 2*time.Millisecond, "when the gateway takes early data (vlink serve --identity), wait up to `DURATION` for a new client's first bytes and send them with the hello: a request then costs two round trips to its answer, as over TCP, instead of three. A server that speaks first (SMTP, MySQL) pays the wait; 0 turns it off")
-	fs.BoolVar(&o.eventLoop, "event-loop", true, "with a tcp stack alone (its parameters but ports and local) to an IP address, serve connections on one goroutine with epoll, as HAProxy does on one thread: a short connection then costs about half the CPU and latency of a goroutine's; those that carry bulk data move to the splicing relay. false: a goroutine per connection (Linux only)")
+	fs.BoolVar(&o.eventLoop, "event-loop", true, "to an IP address with a tcp stack alone (its parameters but ports and local), or without --stack where the configuration's route to --to is direct, serve connections on one goroutine with epoll, as HAProxy does on one thread: a short connection then costs about half the CPU and latency of a goroutine's; those that carry bulk data move to the splicing relay. false: a goroutine per connection (Linux only)")
 	fs.DurationVar(&o.udpIdleTimeout, "udp-idle-timeout", 2*time.Minute, "with --udp: end a client's session after `DURATION` without a datagram either way, as a NAT forgets a mapping")
 	fs.IntVar(&o.udpSessions, "udp-sessions", dgram.DefaultMaxSessions, "with --udp: carry at most `N` clients at once; a new one takes the place of the oldest that never got an answer, else its datagrams are dropped, as is a datagram that finds its client's queue full (256 datagrams, 8 MiB in all)")
 	base.InsecurePlaintextVar(fs, &o.insecurePlaintext)
@@ -320,7 +321,7 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 			stack += " " + d.Config.Source
 		}
 	}
-	if lp := o.startLoop(e, t, labels, l); lp != nil {
+	if lp := o.startLoop(e, t, d, labels, l); lp != nil {
 		e.Log.Info("listening", "addr", lp.Addr().String(), "to", o.to, "stack", stack, "event_loop", true)
 		stopCut := t.CutLoop(lp)
 		return lp, func(net.Conn) {}, func() {
@@ -334,23 +335,33 @@ func (f *tunnelForward) Start(ctx context.Context, e *base.Env, t *forward.Track
 
 // startLoop serves l on an event loop (netconn/evloop) when the forward
 // is a plain relay to an IP address and --event-loop allows: a tcp stack
-// alone, no --via, no node, listening on this host. It returns nil
+// alone, or no --stack and a configuration whose route to --to is
+// direct; no --via, no node, listening on this host. It returns nil
 // otherwise, or where there is no event loop, and l stays the
 // goroutines'.
-func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, labels metrics.Labels, l net.Listener) *evloop.Loop {
+func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, d *vlink.Dialer, labels metrics.Labels, l net.Listener) *evloop.Loop {
 	tl, ok := l.(*net.TCPListener)
-	if !ok || !o.eventLoop || o.listenStack != "" || o.via != "" || o.node.Given() || o.stack == "" {
+	if !ok || !o.eventLoop || o.listenStack != "" || o.via != "" || o.node.Given() {
 		return nil
 	}
 	to, err := netip.ParseAddrPort(o.to)
 	if err != nil || to.Addr().Zone() != "" {
 		return nil // a name: the goroutines resolve it for each connection
 	}
-	f := loopFactory(o.stack, to.Addr())
-	if f == nil {
-		return nil
+	cfg := evloop.Config{Target: to, DialTimeout: o.dialTimeout}
+	if o.stack == "" {
+		// As the Dialer dials a direct route: net.Dialer's zero value,
+		// which evloop's nil DialControl mirrors.
+		if !directRoute(d.Config, o.to) {
+			return nil
+		}
+	} else {
+		f := loopFactory(o.stack, to.Addr())
+		if f == nil {
+			return nil
+		}
+		cfg.DialControl = f.PrepareSocket
 	}
-	cfg := evloop.Config{Target: to, DialTimeout: o.dialTimeout, DialControl: f.PrepareSocket}
 	lp, err := evloop.Listen(tl, cfg, t.LoopHandler(e.Log, labels, l.Addr().String(), o.to))
 	if err != nil {
 		if !errors.Is(err, evloop.ErrUnsupported) {
@@ -359,6 +370,20 @@ func (o *tunnelOptions) startLoop(e *base.Env, t *forward.Tracker, labels metric
 		return nil
 	}
 	return lp
+}
+
+// directRoute reports whether cfg routes address straight to it, plain
+// TCP with no layer and no gateway.
+func directRoute(cfg *vlink.Config, address string) bool {
+	if cfg == nil {
+		return false
+	}
+	sel := cfg.Selector()
+	if sel == nil {
+		return true // no rules: everything direct
+	}
+	r, err := sel.Match(address)
+	return err == nil && r.Action == selector.Direct
 }
 
 // loopFactory returns the tcp factory of a stack that is tcp alone, with
