@@ -17,26 +17,11 @@ import (
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
-// freeUDPPort returns a loopback port free for TCP and UDP both, for a
-// program that takes one number for both (iperf3).
-func freeUDPPort(t *testing.T) int {
-	t.Helper()
-	for range 20 {
-		port := realserver.FreePort(t)
-		if pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no port free for both TCP and UDP")
-	return 0
-}
-
 // startDnsmasq runs dnsmasq on loopback, answering every name under
 // example.test with 192.0.2.7 and refusing the rest.
 func startDnsmasq(t *testing.T) string {
 	t.Helper()
-	port := freeUDPPort(t)
+	port := realserver.FreePort(t)
 	p := startProc(t, "dnsmasq", "--keep-in-foreground", "--log-facility=-", "--conf-file=/dev/null", "--pid-file",
 		"--port", strconv.Itoa(port), "--listen-address", "127.0.0.1", "--bind-interfaces",
 		"--no-resolv", "--no-hosts", "--address=/example.test/192.0.2.7")
@@ -48,7 +33,7 @@ func startDnsmasq(t *testing.T) string {
 // (PIPE: one datagram written, the same read back).
 func startUDPEcho(t *testing.T) string {
 	t.Helper()
-	port := freeUDPPort(t)
+	port := realserver.FreePort(t)
 	startProc(t, "socat", "-b65536", fmt.Sprintf("UDP4-RECVFROM:%d,bind=127.0.0.1,fork", port), "PIPE")
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	// socat logs nothing when ready: ask until it answers.
@@ -253,12 +238,12 @@ type iperfUDP struct {
 // order, or is dropped before it (never reordered).
 func TestUDPIperf3(t *testing.T) {
 	testenv.Programs(t, "iperf3")
-	port := freeUDPPort(t)
+	port := realserver.FreePort(t)
 	srv := fmt.Sprintf("127.0.0.1:%d", port)
 	iperf := startProc(t, "iperf3", "-s", "-B", "127.0.0.1", "-p", strconv.Itoa(port), "--forceflush") // its lines as they come
 	iperf.WaitListening(t, port)
 	_, gw := startVLink(t, "serve", "--allow", srv, "--allow-udp", srv)
-	local := freeUDPPort(t)
+	local := realserver.FreePort(t)
 	file := filepath.Join(t.TempDir(), "tunnels.toml")
 	writeFile(t, file, fmt.Sprintf(`
 [[forward]]

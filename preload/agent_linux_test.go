@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -26,6 +25,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/vlink-dev/vlink/internal/realserver"
 	"github.com/vlink-dev/vlink/internal/testenv"
 	"github.com/vlink-dev/vlink/internal/testnet"
 	"github.com/vlink-dev/vlink/netconn"
@@ -959,42 +959,6 @@ func TestAgentBadInput(t *testing.T) {
 	}
 }
 
-// freePort returns a TCP port nothing listens on, for a server to take.
-// freePort returns a TCP port free on every address, for a listener the
-// test opens later. It is below the kernel's ephemeral range (the port a
-// connect binds is taken from that range, by any process of the machine,
-// as a port the kernel just handed out would be: seen in CI, where
-// another package's tests connect meanwhile).
-func freePort(t *testing.T) int {
-	t.Helper()
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				low = n
-			}
-		}
-	}
-	for range 100 {
-		port := 10000 + mrand.IntN(max(1, low-10000))
-		l4, err := net.Listen("tcp4", net.JoinHostPort("0.0.0.0", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		l6, err := net.Listen("tcp6", net.JoinHostPort("::", strconv.Itoa(port)))
-		l4.Close()
-		if errors.Is(err, syscall.EADDRINUSE) {
-			continue
-		}
-		if err == nil { // else no IPv6 here: the port is as free as it can be
-			l6.Close()
-		}
-		return port
-	}
-	t.Fatal("no free port below the ephemeral range")
-	return 0
-}
-
 // An unmodified epoll server takes plain and VLink clients on its own port:
 // a plain client's own socket reaches its accept4 (the kernel's getpeername
 // is the client's), a VLink client's connection is relayed with the client's
@@ -1004,7 +968,7 @@ func TestServe(t *testing.T) {
 	shim, prog := needBuilds(t)
 	for _, fam := range []string{"4", "6"} {
 		t.Run("ipv"+fam, func(t *testing.T) {
-			port := freePort(t)
+			port := realserver.FreePort(t)
 			logs := &testnet.Buffer{}
 			a, err := NewAgent(AgentConfig{
 				Serve: &ServeConfig{

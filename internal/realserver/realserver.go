@@ -16,7 +16,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,15 +37,91 @@ import (
 	"github.com/vlink-dev/vlink/internal/testenv"
 )
 
-// FreePort returns a loopback port that was free a moment ago.
+// FreePort returns a loopback port that is free for TCP and UDP both and
+// that nothing else is likely to take before the caller's server binds it.
+//
+// A port the kernel picks for a listener on port 0 comes from the
+// ephemeral range, from which every outgoing connect and every other
+// port-0 listener draws too: between this function's close and the
+// server's bind, another test can take it (slurmd once failed so). So
+// the port is drawn at random from outside that range, which the kernel
+// never hands out by itself, checked free on both protocols, and never
+// returned twice by one process.
 func FreePort(tb testing.TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	lo, hi := ephemeralRange()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 200 {
+		// Below the range from 10000 (clear of the well-known services),
+		// or above it.
+		n := (lo - 10000) + (65535 - hi)
+		if n <= 0 {
+			break
+		}
+		p := 10000 + mrand.IntN(n)
+		if p >= lo {
+			p += hi - lo + 1
+		}
+		if portsGiven[p] || !portFree(p) {
+			continue
+		}
+		portsGiven[p] = true
+		return p
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	tb.Fatalf("no free port outside the ephemeral range %d-%d", lo, hi)
+	return 0
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// ephemeralRange is the kernel's range for ports it picks itself
+// (net.ipv4.ip_local_port_range), or Linux's default.
+func ephemeralRange() (lo, hi int) {
+	lo, hi = 32768, 60999
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return lo, hi
+	}
+	l, err1 := strconv.Atoi(f[0])
+	h, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || l < 1024 || h > 65535 || l > h {
+		return lo, hi
+	}
+	return l, h
+}
+
+// portFree reports whether p can be bound on every address, IPv4 and
+// IPv6 (where the machine has it), for TCP and UDP: the server may take
+// any of them.
+func portFree(p int) bool {
+	port := strconv.Itoa(p)
+	for _, n := range []struct{ network, host string }{
+		{"tcp4", "0.0.0.0"}, {"tcp6", "::"}, {"udp4", "0.0.0.0"}, {"udp6", "::"},
+	} {
+		addr := net.JoinHostPort(n.host, port)
+		var c io.Closer
+		var err error
+		if strings.HasPrefix(n.network, "tcp") {
+			c, err = net.Listen(n.network, addr)
+		} else {
+			c, err = net.ListenPacket(n.network, addr)
+		}
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return false
+		}
+		if err == nil { // else no such family here: as free as it can be
+			c.Close()
+		}
+	}
+	return true
 }
 
 // KeyPair is a generated ed25519 key.
