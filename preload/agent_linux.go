@@ -19,6 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/factories/tcp"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
@@ -713,6 +716,9 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		}()
 		return nil
 	}
+	if f, to := plainFactory(d, target, req.family); f != nil {
+		return a.connectPlain(c, f, to, timeout, attrs)
+	}
 	conn, err := dial()
 	if err != nil {
 		a.observed(ConnectFailed)
@@ -740,6 +746,23 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		a.finish(p, conn, attrs)
 	}()
 	return nil
+}
+
+// connectPlain answers a blocking connect whose route is plain TCP with
+// f's options (plainFactory): the agent connects on this thread and
+// passes the program the socket.
+func (a *Agent) connectPlain(c *chanConn, f *tcp.Factory, to netip.AddrPort, timeout time.Duration, attrs []any) error {
+	fd, err := dialPlain(a.ctx, f, to, timeout)
+	if err != nil {
+		a.observed(ConnectFailed)
+		a.log.Info("cannot connect", append(attrs, "err", err)...)
+		return writeResult(c, result{kind: resultError, errno: uint16(errnoOf(err))})
+	}
+	a.observed(ConnectRouted)
+	err = c.writeWithFD(appendFrame(nil, msgResult, (&result{kind: resultFD}).append(nil)), fd)
+	unix.Close(fd)
+	a.log.Debug("passed a descriptor", attrs...)
+	return err
 }
 
 // dial connects to target as decision d says.

@@ -237,7 +237,11 @@ func newLab(t *testing.T) *lab {
 	_, lb.port4, _ = net.SplitHostPort(lb.echo4)
 	_, lb.port6, _ = net.SplitHostPort(lb.echo6)
 	lb.gw, lb.gwConns, lb.gwLookups = gateway(t)
+	// The echo server again on 127.0.0.6, which a rule with tcp's options
+	// and no gateway reaches: the agent connects by itself.
+	echoServer(t, "tcp4", "127.0.0.6:"+lb.port4)
 	rules := []selector.Rule{
+		{Host: "127.0.0.6", Stack: "tcp:keepalive=7s"},   // the agent's own connect, a descriptor
 		{Host: "127.0.0.2", Stack: "zstd", Via: lb.gw},   // relayed: the stack transforms the bytes
 		{Host: "127.0.0.3", Stack: "tcp", Via: lb.gw},    // a descriptor: plain TCP after the hello
 		{Host: "*.far.test", Stack: "zstd", Via: lb.gw},  // a name only the gateway resolves
@@ -453,6 +457,7 @@ func TestRoutesTaken(t *testing.T) {
 	}{
 		{"127.0.0.2", lb.port4, `msg="relay done" .*to=127.0.0.2:` + lb.port4 + ` stack=zstd`},
 		{"127.0.0.3", lb.port4, `msg="passed a descriptor" .*to=127.0.0.3:` + lb.port4 + ` stack=tcp`},
+		{"127.0.0.6", lb.port4, `msg="passed a descriptor" .*to=127.0.0.6:` + lb.port4 + ` stack="tcp:keepalive=7s"`},
 		{"echo.far.test", lb.port4, `msg="relay done" .*to=echo.far.test:` + lb.port4 + ` stack=zstd`},
 	} {
 		lb.mustRun(t, "errno", tc.host, tc.port) // blocking
@@ -482,6 +487,8 @@ func TestBlockingErrno(t *testing.T) {
 		{"relay-unreachable", "unreach.far.test", lb.port4, "errno=EHOSTUNREACH"},
 		{"relay-timed-out", "silent.far.test", lb.port4, "errno=ETIMEDOUT"},
 		{"fd-refused", "127.0.0.3", closed, "errno=ECONNREFUSED"},
+		{"plain-connected", "127.0.0.6", lb.port4, "errno=connected"},
+		{"plain-refused", "127.0.0.6", closed, "errno=ECONNREFUSED"},
 		// A mux stream sends its hello as early data; a blocking connect
 		// still waits for the answer.
 		{"mux-connected", "127.0.0.5", lb.port4, "errno=connected"},
@@ -640,7 +647,7 @@ func TestCloseAll(t *testing.T) {
 
 func TestSocketOptions(t *testing.T) {
 	lb := newLab(t)
-	for _, r := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "echo.fdfar.test"} {
+	for _, r := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "echo.fdfar.test", "127.0.0.6"} {
 		t.Run(r, func(t *testing.T) {
 			out := lb.mustRun(t, "sockopt", r, lb.port4)
 			if !strings.Contains(out, "ok options kept") || !strings.Contains(out, "ok echo") {

@@ -794,7 +794,7 @@ func (l *Listener) finish(raw net.Conn, h *Hello, deadline time.Time, depth int)
 			// of its own, no more.
 			raw.SetDeadline(longer)
 			ctx, cancel = context.WithDeadline(l.ctx, longer)
-			watching := cancelOnHangUp(raw, cancel)
+			watching := cancelOnHangUp(raw, cancel, min(hangUpWatchDelay, time.Until(deadline)))
 			stop = func() {
 				watching()
 				raw.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
@@ -884,23 +884,36 @@ func (l *Listener) waitLonger(h *Hello, deadline time.Time) time.Time {
 
 // cancelOnHangUp calls cancel if c's dialer hangs up (its end of stream
 // or a reset arrives) before stop is called, so that a long wait for a
-// target is not spent on a dialer that gave up. stop ends the watch,
-// which leaves c's read deadline in the past. Only a socket is watched,
-// by peeking: a byte that arrives first ends the watch, unread.
-func cancelOnHangUp(c net.Conn, cancel func()) (stop func()) {
+// target is not spent on a dialer that gave up. The watch starts after
+// the delay: a target that answers sooner, as nearly all do, costs no
+// goroutine and no wake-up (a connect through vlink exec names its
+// program's connect timeout as its wait, so every one of them comes
+// here), and a hang-up within it is seen when the watch starts. stop
+// ends the watch, which leaves c's read deadline in the past if it had
+// started. Only a socket is watched, by peeking: a byte that arrives
+// first ends the watch, unread.
+func cancelOnHangUp(c net.Conn, cancel func(), delay time.Duration) (stop func()) {
 	done := make(chan struct{})
-	go func() {
+	t := time.AfterFunc(delay, func() {
 		defer close(done)
 		_, n, ok, err := peekFirst(c)
 		if ok && (err == nil && n == 0 || err != nil && !isTimeout(err)) {
 			cancel()
 		}
-	}()
+	})
 	return func() {
+		if t.Stop() {
+			return // never started
+		}
 		c.SetReadDeadline(time.Unix(1, 0)) // wakes the peek
 		<-done
 	}
 }
+
+// hangUpWatchDelay bounds the delay before cancelOnHangUp watches: a
+// dialer that gave up is seen within it, or within the handshake's
+// timeout if that is shorter.
+const hangUpWatchDelay = time.Second
 
 // sniff reads exactly as many bytes as it takes to tell the magic from a
 // plain client's first bytes, which it returns so they are not lost. On a

@@ -229,6 +229,37 @@ func (f *Factory) control(_, _ string, rc syscall.RawConn) error {
 // connections use, "" for the system's default (layer.CongestionControlled).
 func (f *Factory) CongestionControl() string { return f.o.CongestionControl }
 
+// PreparedLayer returns the factory that the stack layer name:params
+// builds when it is tcp's and Prepared(target); else nil, and the caller
+// dials through the stack.
+func PreparedLayer(name string, params map[string]string, target netip.Addr) *Factory {
+	spec, ok := layer.Lookup(name)
+	if name != "tcp" || !ok {
+		return nil
+	}
+	v, err := spec.Build(params)
+	if err != nil {
+		return nil
+	}
+	if f, ok := v.(*Factory); ok && f.Prepared(target) {
+		return f
+	}
+	return nil
+}
+
+// Prepared reports whether PrepareSocket carries out every option of f
+// for a dial to an address of target's family: not a port range or a
+// source address, which DialContext binds, nor a family other than
+// target's, whose error DialContext gives. A dialer of its own (an
+// event loop, vlink exec's agent) uses DialContext for the rest.
+func (f *Factory) Prepared(target netip.Addr) bool {
+	fam := "tcp4"
+	if target.Is6() && !target.Is4In6() {
+		fam = "tcp6"
+	}
+	return f.o.Ports.IsZero() && !f.o.Local.IsValid() && (f.o.Network == "tcp" || f.o.Network == fam)
+}
+
 // Options returns the factory's options, with defaults filled in.
 func (f *Factory) Options() Options { return f.o }
 

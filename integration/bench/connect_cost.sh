@@ -16,6 +16,10 @@
 #   exec-tcp          vlink exec, a route through vlink serve with tcp
 #   exec-zstd         the same with zstd (the agent relays)
 #   exec-mux+lz4      the same with mux+lz4 (streams of one session)
+#   exec-agent        vlink exec, a route with tcp and no gateway: the agent
+#                     dials the server itself and passes the program the
+#                     socket (the shim and the agent alone, for exec-tcp's
+#                     share of the gateway to be told from theirs)
 #
 # Each round runs every route once, CONNECTS connects after 20 warm-up
 # ones, the order rotating from round to round. A route's figure in a round
@@ -111,6 +115,8 @@ vlink_routes() {
     cmd[exec-$s$sfx]="$bin exec --config $work/exec-$s$sfx.toml -- ${client[*]} $srv"
     procs[exec-$s$sfx]=$gw_pid
   done
+  printf '[[route]]\nhost = "127.0.0.1"\nports = "%s"\nstack = "tcp"\n' "$srv" >"$work/exec-agent$sfx.toml"
+  cmd[exec-agent$sfx]="$bin exec --config $work/exec-agent$sfx.toml -- ${client[*]} $srv"
   cmd[tunnel-tcp$sfx]="${client[*]} $ttcp"
   cmd[tunnel-tcp-gor$sfx]="${client[*]} $tgor"
   procs[tunnel-tcp-gor$sfx]=$tgor_pid
@@ -123,7 +129,7 @@ vlink_routes() {
   # The shim is built on first use; build it now, outside the timings.
   "$bin" exec -- true 2>/dev/null
 }
-vroutes="tunnel-tcp tunnel-tcp-gor tunnel-zstd tunnel-mux exec-tcp exec-zstd exec-mux+lz4"
+vroutes="tunnel-tcp tunnel-tcp-gor tunnel-zstd tunnel-mux exec-agent exec-tcp exec-zstd exec-mux+lz4"
 vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux" "$(p 8)"
 all="direct haproxy $vroutes proxychains"
 if [ -n "${BASE:-}" ]; then

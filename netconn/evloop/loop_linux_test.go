@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/sys/unix"
 
 	"github.com/vlink-dev/vlink/internal/testnet"
 )
@@ -241,28 +240,7 @@ func TestDialFailure(t *testing.T) {
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {
-		// A listener that never accepts, its queue full: the kernel
-		// drops further SYNs.
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
-		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Listen(fd, 0); err != nil {
-			t.Fatal(err)
-		}
-		sa, _ := unix.Getsockname(fd)
-		full := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
-		for range 2 {
-			c, err := net.DialTimeout("tcp", full.String(), time.Second)
-			if err != nil {
-				break
-			}
-			defer c.Close()
-		}
+		full := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(testnet.UnansweredPort(t)))
 		r := newRecorder()
 		lp := startLoop(t, full, r, 300*time.Millisecond)
 		start := time.Now()

@@ -26,7 +26,6 @@ import (
 	"github.com/vlink-dev/vlink/netconn/evloop"
 	"github.com/vlink-dev/vlink/selector"
 	"github.com/vlink-dev/vlink/vlink"
-	"github.com/vlink-dev/vlink/vlink/layer"
 )
 
 var TunnelCmd = &cli.Command{
@@ -387,35 +386,13 @@ func directRoute(cfg *vlink.Config, address string) bool {
 }
 
 // loopFactory returns the tcp factory of a stack that is tcp alone, with
-// parameters the event loop carries out (PrepareSocket sets them on the
-// socket): not a port range or a source address, which the goroutines'
-// dial binds, nor a family other than target's, whose error they give.
+// parameters the event loop carries out (tcp.PreparedLayer); else nil.
 func loopFactory(stack string, target netip.Addr) *tcp.Factory {
 	s, err := vlink.Parse(stack)
-	if err != nil || len(s.Layers) != 1 || s.Layers[0].Name != "tcp" {
+	if err != nil || len(s.Layers) != 1 {
 		return nil
 	}
-	spec, ok := layer.Lookup("tcp")
-	if !ok {
-		return nil
-	}
-	v, err := spec.Build(s.Layers[0].Params)
-	if err != nil {
-		return nil
-	}
-	f, ok := v.(*tcp.Factory)
-	if !ok {
-		return nil
-	}
-	fam := "tcp4"
-	if target.Is6() && !target.Is4In6() {
-		fam = "tcp6"
-	}
-	switch opts := f.Options(); {
-	case !opts.Ports.IsZero(), opts.Local.IsValid(), opts.Network != "tcp" && opts.Network != fam:
-		return nil
-	}
-	return f
+	return tcp.PreparedLayer(s.Layers[0].Name, s.Layers[0].Params, target)
 }
 
 // open builds the Dialer the flags describe, with the pin check and,
