@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -672,4 +673,51 @@ func childOf(parent int, comm string) int {
 		}
 	}
 	return 0
+}
+
+// TestExecPlainRule: a rule with tcp's options and no gateway reaches an
+// unmodified program's socket (the agent connects by itself and passes
+// the socket): Python reads the rule's congestion control and keep-alive
+// idle time back from the socket it connected, echoes through it, and a
+// refused connect is Python's own ConnectionRefusedError.
+func TestExecPlainRule(t *testing.T) {
+	testenv.Programs(t, "python3", "cc") // cc: vlink exec builds its shim
+	def, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		testenv.Missing(t, "needs Linux's TCP congestion control setting: %v", err)
+	}
+	cc := "reno" // always built in; the test needs one that is not the default
+	if strings.TrimSpace(string(def)) == "reno" {
+		cc = "cubic"
+	}
+	echo := startEcho(t)
+	_, port, _ := net.SplitHostPort(echo)
+	closed := testnet.RefusedPort(t)
+	conf := filepath.Join(t.TempDir(), "vlink.toml")
+	rules := fmt.Sprintf("[[route]]\nhost = \"127.0.0.1\"\nports = \"%s,%d\"\nstack = \"tcp:cc=%s,keepalive=7s\"\n", port, closed, cc)
+	if err := os.WriteFile(conf, []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+s.sendall(b"through the rule")
+print(cc, idle, s.recv(100).decode())
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+except ConnectionRefusedError as e:
+    print("refused", e.errno)
+`
+	out, stderr, err := run(time.Minute, nil, vlinkBin, "exec", "--config", conf, "--log-level", "debug", "--",
+		"python3", "-c", script, port, strconv.Itoa(closed))
+	if err != nil {
+		t.Fatalf("vlink exec: %v\n%s", err, stderr)
+	}
+	if want := fmt.Sprintf("%s 7 through the rule\nrefused %d\n", cc, syscall.ECONNREFUSED); string(out) != want {
+		t.Errorf("python printed %q, want %q\nvlink exec said:\n%s", out, want, stderr)
+	}
+	if !strings.Contains(stderr, `msg="passed a descriptor"`) {
+		t.Errorf("the agent passed no descriptor:\n%s", stderr)
+	}
 }
