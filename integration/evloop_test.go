@@ -3,9 +3,14 @@
 package integration
 
 import (
+	"fmt"
+	"net"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,26 +57,105 @@ func TestTunnelEventLoop(t *testing.T) {
 			if tc.config == refuse {
 				return
 			}
-			var wg sync.WaitGroup
-			for i := range 20 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					n := 100
-					if i%5 == 0 {
-						n = 3 << 20 // past the loop's 64 KiB: moved to the splicing relay
-					}
-					data := genData(n, uint64(i))
-					got, err := exchange(t, addr, data, time.Minute)
-					if err != nil || testnet.Sum(got) != testnet.Sum(data) {
-						t.Errorf("echo of %d bytes: got %d back, intact %v, err %v", n, len(got), testnet.Sum(got) == testnet.Sum(data), err)
-					}
-				}()
-			}
-			wg.Wait()
+			echoMany(t, addr, "")
 			if !tun.Running() {
 				t.Fatalf("the tunnel exited:\n%s", tun.Output())
 			}
 		})
 	}
+}
+
+// TestServeEventLoop: an unkeyed vlink serve takes the hellos it can
+// answer from their bytes alone on its event loop (a tcp route's, vlink
+// exec's) and hands every other connection to its listener: tunnels with
+// tcp and zstd through it carry short and bulk echoes whole, many at
+// once, and a program under vlink exec gets its echo and its own
+// ECONNREFUSED through the loop. A key, or --event-loop=false, keeps the
+// goroutines, with the same results.
+func TestServeEventLoop(t *testing.T) {
+	testenv.Programs(t, "socat", "python3", "cc") // cc: vlink exec builds its shim
+	_, echo := startSocatEcho(t)
+	_, echoPort, _ := net.SplitHostPort(echo)
+	closed := strconv.Itoa(testnet.RefusedPort(t))
+	keyFile := filepath.Join(t.TempDir(), "vlink.key")
+	writeFile(t, keyFile, "0123456789abcdef0123456789abcdef\n")
+	script := `import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"through the gateway")
+print(s.recv(100).decode())
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+except ConnectionRefusedError as e:
+    print("refused", e.errno)
+`
+	for _, tc := range []struct {
+		name string
+		key  []string
+		args []string
+		loop bool
+	}{
+		{"unkeyed", nil, nil, true},
+		{"event loop off", nil, []string{"--event-loop=false"}, false},
+		{"keyed", []string{"--key-file", keyFile}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"serve", "--allow", echo, "--allow", "127.0.0.1:" + closed, "--log-level", "debug"}, tc.key...)
+			serve, gw := startVLink(t, append(args, tc.args...)...)
+			if got := strings.Contains(serve.Output(), "event_loop=true"); got != tc.loop {
+				t.Fatalf("event loop %v, want %v:\n%s", got, tc.loop, serve.Output())
+			}
+			for _, stack := range []string{"tcp", "zstd"} {
+				tun, addr := startVLink(t, append([]string{"tunnel", "--to", echo, "--via", gw, "--stack", stack}, tc.key...)...)
+				echoMany(t, addr, stack+": ")
+				tun.Stop(t)
+			}
+			conf := filepath.Join(t.TempDir(), "vlink.toml")
+			rules := fmt.Sprintf("[[route]]\nhost = \"127.0.0.1\"\nports = \"%s,%s\"\nstack = \"tcp\"\nvia = %q\n", echoPort, closed, gw)
+			if tc.key != nil {
+				rules = fmt.Sprintf("key_file = %q\n", keyFile) + rules
+			}
+			writeFile(t, conf, rules)
+			out, stderr, err := run(time.Minute, nil, vlinkBin, "exec", "--config", conf, "--", "python3", "-c", script, echoPort, closed)
+			if want := fmt.Sprintf("through the gateway\nrefused %d\n", syscall.ECONNREFUSED); err != nil || string(out) != want {
+				t.Errorf("python printed %q, %v; want %q\nvlink exec said:\n%s", out, err, want, stderr)
+			}
+			// 20 tcp tunnel connections and the program's echo; the
+			// refusal is logged as the target's.
+			quick := regexp.MustCompile(`msg="vlink: accepted" [^\n]*quick=true`).FindAllString(serve.Output(), -1)
+			if !tc.loop && len(quick) > 0 {
+				t.Errorf("serve took %d hellos on its loop, want none", len(quick))
+			}
+			if tc.loop && len(quick) != 22 {
+				t.Errorf("serve took %d hellos on its loop, want 22 (20 tcp tunnel connections, the program's two connects)", len(quick))
+			}
+			serve.WaitFor(t, regexp.MustCompile(`msg="target unreachable" [^\n]*target=127.0.0.1:`+closed), 10*time.Second)
+			if !serve.Running() {
+				t.Fatalf("serve exited:\n%s", serve.Output())
+			}
+		})
+	}
+}
+
+// echoMany runs 20 echoes through addr at once, 4 of them of 3 MiB (past
+// the event loop's 64 KiB: moved to the splicing relay), and checks each
+// comes back whole; what names the case in the errors.
+func echoMany(t *testing.T, addr, what string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 100
+			if i%5 == 0 {
+				n = 3 << 20
+			}
+			data := genData(n, uint64(i))
+			got, err := exchange(t, addr, data, time.Minute)
+			if err != nil || testnet.Sum(got) != testnet.Sum(data) {
+				t.Errorf("%secho of %d bytes: got %d back, intact %v, err %v", what, n, len(got), testnet.Sum(got) == testnet.Sum(data), err)
+			}
+		}()
+	}
+	wg.Wait()
 }

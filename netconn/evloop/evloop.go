@@ -19,6 +19,12 @@
 // the kernel reports as an end of stream to a read when a write took its
 // error), and a peer that reset after its own end ended normally.
 //
+// With a Greeter (Config.Greeter), the loop first waits for each
+// connection's first bytes and lets the Greeter say where it goes, and
+// what to answer once there: a gateway that takes its protocol's hello on
+// the loop (vlink serve). A connection the Greeter does not take is
+// handed off, its bytes unread, to whoever calls Accept.
+//
 // Linux only: elsewhere Listen returns ErrUnsupported and callers relay
 // on goroutines.
 package evloop
@@ -42,6 +48,11 @@ const BulkBytes = 64 << 10
 // (outside Linux).
 var ErrUnsupported = errors.New("evloop: not supported on this system")
 
+// ErrClientLeft is what Handler.Dialed reports of a connect given up
+// because the accepted connection hung up (its end or a reset) while it
+// was in progress.
+var ErrClientLeft = errors.New("evloop: the client hung up before its target answered")
+
 // Config says where a Loop's connections go and how their sockets are
 // set up. The zero value is not usable: Target is required.
 type Config struct {
@@ -61,13 +72,65 @@ type Config struct {
 	// are set as net.Dialer's zero value sets them (15 s idle and
 	// interval, 9 probes).
 	DialControl func(rc syscall.RawConn) error
+	// Greeter, if not nil, reads each connection's first bytes before it
+	// is connected on: Target is then the Greeter's for each connection,
+	// and Config's is not used. The connections it does not take are
+	// handed off to Accept.
+	Greeter Greeter
+	// GreetTimeout is how long a connection may take to send the bytes
+	// its Greeter reads, before it is handed off. Zero means
+	// DefaultGreetTimeout.
+	GreetTimeout time.Duration
+}
+
+// DefaultGreetTimeout is a zero Config.GreetTimeout: a dialer sends its
+// hello at once, in one write, so a connection still silent this long
+// after its accept goes the long way (a client waiting for the server to
+// speak first, a slow or hostile one).
+const DefaultGreetTimeout = 20 * time.Millisecond
+
+// MaxGreeting is the most a Greeter is shown of a connection's first
+// bytes.
+const MaxGreeting = 8 << 10
+
+// A Greeter decides where a connection goes from the bytes it sent
+// first, on the loop's goroutine: it must return quickly and make no
+// system call that blocks.
+type Greeter interface {
+	// Greet is called once the connection's first bytes arrived, with
+	// those queued (peeked: none is consumed yet), at most MaxGreeting.
+	// False hands the connection off, every byte still unread.
+	Greet(c *Conn, first []byte) (Greeting, bool)
+	// Refusal returns what to send a connection whose Greeting's target
+	// could not be reached, before the connection is closed: nil
+	// resets it.
+	Refusal(c *Conn, err error) []byte
+}
+
+// A Greeting is where a Greeter sends a connection.
+type Greeting struct {
+	// Target is where the connection is connected on.
+	Target netip.AddrPort
+	// Consume is how many of the first bytes the greeting took: they
+	// are read and dropped before the relay starts.
+	Consume int
+	// Reply is sent to the connection once Target is connected, before
+	// anything relayed.
+	Reply []byte
+	// Deadline bounds the connect to Target. Zero: DialTimeout's.
+	Deadline time.Time
+	// Control, if not nil, is called with the accepted socket before the
+	// connect, to set its options (a congestion control).
+	Control func(rc syscall.RawConn) error
 }
 
 // Validate reports what makes c unusable.
 func (c Config) Validate() error {
 	switch {
-	case !c.Target.IsValid() || c.Target.Port() == 0:
+	case c.Greeter == nil && (!c.Target.IsValid() || c.Target.Port() == 0):
 		return errors.New("evloop: Target must be an IP address and a port")
+	case c.GreetTimeout < 0:
+		return errors.New("evloop: negative GreetTimeout")
 	case c.DialTimeout < 0:
 		return errors.New("evloop: negative DialTimeout")
 	}
@@ -80,7 +143,8 @@ func (c Config) Validate() error {
 // and return quickly, since the loop serves nothing else meanwhile.
 type Handler interface {
 	// Accepted is called for each connection accepted, before it is
-	// connected on. False refuses it: it is reset.
+	// connected on (with a Greeter: once it took the connection). False
+	// refuses it: it is reset.
 	Accepted(c *Conn) bool
 	// Dialed reports the connect to Target: nil, or why it failed (the
 	// accepted connection is then reset, and Ended is not called).
@@ -95,6 +159,9 @@ type Handler interface {
 type Conn struct {
 	// Remote is the accepted connection's peer, Local its local address.
 	Remote, Local netip.AddrPort
+	// Target is where the connection goes: Config.Target, or its
+	// Greeting's.
+	Target netip.AddrPort
 	// Up is what the relay carried from the accepted connection to
 	// Target, Down back; final when Ended is called.
 	Up, Down int64

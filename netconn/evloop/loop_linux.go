@@ -1,6 +1,7 @@
 package evloop
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
 	"net"
@@ -28,7 +29,8 @@ const acceptPause = 100 * time.Millisecond
 var ErrAborted = errors.New("evloop: connection aborted")
 
 // A Loop serves a listener's connections on one goroutine. It is a
-// net.Listener whose Accept returns no connection: it blocks until Close.
+// net.Listener whose Accept returns only the connections its Greeter
+// handed off: without one, it blocks until Close.
 type Loop struct {
 	cfg    Config
 	h      Handler
@@ -47,11 +49,14 @@ type Loop struct {
 	mu     sync.Mutex
 	exited bool                       // wake is closed
 	bulk   map[*relayConn][2]net.Conn // the connections moved to netconn.Relay
+	handed []net.Conn                 // handed off, for Accept; nil once closed
+	queued chan struct{}              // signalled when handed grows
 
 	// The loop's own, touched by its goroutine only.
 	lfd        int // -1 once closed
 	halves     map[int]*half
-	connecting []*relayConn // oldest first: with one DialTimeout, by deadline
+	greeting   []*relayConn // oldest first: with one GreetTimeout, by deadline
+	connecting deadlines    // the connects with a deadline
 	resume     time.Time    // when accepting resumes after a pause
 	buf        [bufSize]byte
 }
@@ -63,9 +68,27 @@ type relayConn struct {
 	Conn
 	client, target half
 	start          time.Time
-	deadline       time.Time // of the connect; zero: none
+	deadline       time.Time // of the greeting, then of the connect; zero: none
+	reply          []byte    // the Greeting's, sent once connected
+	greeting       bool      // waiting for its first bytes (Config.Greeter)
 	connecting     bool
 	done           bool
+}
+
+// deadlines is a heap of connects by deadline. A connect that ended
+// stays until it comes to the top.
+type deadlines []*relayConn
+
+func (d deadlines) Len() int           { return len(d) }
+func (d deadlines) Less(i, j int) bool { return d[i].deadline.Before(d[j].deadline) }
+func (d deadlines) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
+func (d *deadlines) Push(x any)        { *d = append(*d, x.(*relayConn)) }
+func (d *deadlines) Pop() any {
+	old := *d
+	c := old[len(old)-1]
+	old[len(old)-1] = nil
+	*d = old[:len(old)-1]
+	return c
 }
 
 // half is one socket of a relayConn. Bytes read from it go to peer.
@@ -93,8 +116,11 @@ func Listen(l *net.TCPListener, cfg Config, h Handler) (*Loop, error) {
 		return nil, err
 	}
 	lp := &Loop{cfg: cfg, h: h, addr: l.Addr(), lfd: -1, ep: -1, wake: -1,
-		closed: make(chan struct{}), done: make(chan struct{}),
+		closed: make(chan struct{}), done: make(chan struct{}), queued: make(chan struct{}, 1),
 		halves: map[int]*half{}, bulk: map[*relayConn][2]net.Conn{}}
+	if lp.cfg.GreetTimeout == 0 {
+		lp.cfg.GreetTimeout = DefaultGreetTimeout
+	}
 	var dupErr error
 	if err := rc.Control(func(fd uintptr) {
 		lp.lfd, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
@@ -115,11 +141,8 @@ func Listen(l *net.TCPListener, cfg Config, h Handler) (*Loop, error) {
 
 // setup makes the epoll set and the target's address.
 func (lp *Loop) setup() error {
-	t := lp.cfg.Target
-	if a := t.Addr(); a.Is4() || a.Is4In6() {
-		lp.family, lp.target = unix.AF_INET, &unix.SockaddrInet4{Port: int(t.Port()), Addr: a.Unmap().As4()}
-	} else {
-		lp.family, lp.target = unix.AF_INET6, &unix.SockaddrInet6{Port: int(t.Port()), Addr: a.As16()}
+	if lp.cfg.Greeter == nil {
+		lp.family, lp.target = sockaddr(lp.cfg.Target)
 	}
 	if err := unix.SetNonblock(lp.lfd, true); err != nil {
 		return os.NewSyscallError("fcntl", err)
@@ -156,10 +179,34 @@ func (lp *Loop) release() {
 	lp.mu.Unlock()
 }
 
-// Accept blocks until the Loop is closed: the loop accepts by itself.
+// sockaddr is t for connect(2), and its family.
+func sockaddr(t netip.AddrPort) (int, unix.Sockaddr) {
+	if a := t.Addr(); a.Is4() || a.Is4In6() {
+		return unix.AF_INET, &unix.SockaddrInet4{Port: int(t.Port()), Addr: a.Unmap().As4()}
+	}
+	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(t.Port()), Addr: t.Addr().As16()}
+}
+
+// Accept returns the next connection the Greeter handed off, its first
+// bytes unread, until the Loop is closed. Without a Greeter it blocks
+// until then: the loop accepts by itself.
 func (lp *Loop) Accept() (net.Conn, error) {
-	<-lp.closed
-	return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: lp.addr, Err: net.ErrClosed}
+	for {
+		lp.mu.Lock()
+		if len(lp.handed) > 0 {
+			c := lp.handed[0]
+			lp.handed[0] = nil
+			lp.handed = lp.handed[1:]
+			lp.mu.Unlock()
+			return c, nil
+		}
+		lp.mu.Unlock()
+		select {
+		case <-lp.queued:
+		case <-lp.closed:
+			return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: lp.addr, Err: net.ErrClosed}
+		}
+	}
 }
 
 // Addr is the listener's address.
@@ -173,6 +220,14 @@ func (lp *Loop) Close() error {
 		lp.closing.Store(true)
 		lp.wakeUp()
 		<-lp.closed
+		// The loop hands off no more: reset those nobody took.
+		lp.mu.Lock()
+		handed := lp.handed
+		lp.handed = nil
+		lp.mu.Unlock()
+		for _, c := range handed {
+			netconn.Abort(c)
+		}
 	})
 	return nil
 }
@@ -260,18 +315,22 @@ func (lp *Loop) run() {
 	}
 }
 
-// timeout is epoll_wait's: until the next connect deadline or the end
-// of an accept pause, in whole milliseconds rounded up; -1 for none.
+// timeout is epoll_wait's: until the next greeting or connect deadline
+// or the end of an accept pause, in whole milliseconds rounded up; -1 for
+// none.
 func (lp *Loop) timeout() int {
 	var next time.Time
 	for len(lp.connecting) > 0 && !lp.connecting[0].connecting {
-		lp.connecting = lp.connecting[1:]
+		heap.Pop(&lp.connecting)
 	}
-	if len(lp.connecting) > 0 {
-		next = lp.connecting[0].deadline
+	for len(lp.greeting) > 0 && !lp.greeting[0].greeting {
+		lp.greeting[0] = nil
+		lp.greeting = lp.greeting[1:]
 	}
-	if !lp.resume.IsZero() && (next.IsZero() || lp.resume.Before(next)) {
-		next = lp.resume
+	for _, t := range []time.Time{lp.resume, lp.connectBy(), lp.greetBy()} {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
 	}
 	if next.IsZero() {
 		return -1
@@ -283,15 +342,41 @@ func (lp *Loop) timeout() int {
 	return int((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// expire fails the connects past their deadline and resumes accepting
-// after a pause.
+func (lp *Loop) connectBy() time.Time {
+	if len(lp.connecting) == 0 {
+		return time.Time{}
+	}
+	return lp.connecting[0].deadline
+}
+
+func (lp *Loop) greetBy() time.Time {
+	if len(lp.greeting) == 0 {
+		return time.Time{}
+	}
+	return lp.greeting[0].deadline
+}
+
+// expire hands off the connections still silent at their greeting's
+// deadline, fails the connects past theirs, and resumes accepting after
+// a pause.
 func (lp *Loop) expire(now time.Time) {
+	for len(lp.greeting) > 0 {
+		c := lp.greeting[0]
+		if c.greeting && now.Before(c.deadline) {
+			break
+		}
+		lp.greeting[0] = nil
+		lp.greeting = lp.greeting[1:]
+		if c.greeting {
+			lp.handOff(c)
+		}
+	}
 	for len(lp.connecting) > 0 {
 		c := lp.connecting[0]
 		if c.connecting && now.Before(c.deadline) {
 			break
 		}
-		lp.connecting = lp.connecting[1:]
+		heap.Pop(&lp.connecting)
 		if c.connecting {
 			lp.dialFailed(c, os.ErrDeadlineExceeded)
 		}
@@ -320,6 +405,15 @@ func (lp *Loop) closeListener() {
 	}
 	unix.Close(lp.lfd) // leaves the epoll set with it
 	lp.lfd = -1
+	// Those still silent can no longer be handed off: as a listener's
+	// Close closes the handshakes in progress.
+	for _, c := range lp.greeting {
+		if c.greeting {
+			lp.forget(c)
+			abortFd(c.client.fd)
+		}
+	}
+	lp.greeting = nil
 	close(lp.closed)
 }
 
@@ -330,6 +424,12 @@ func (lp *Loop) abortAll(err error) {
 		if c := h.rc; !seen[c] {
 			seen[c] = true
 			c.Aborted = err == ErrAborted
+			if c.greeting {
+				// Not yet the Handler's.
+				lp.forget(c)
+				abortFd(c.client.fd)
+				continue
+			}
 			if c.connecting {
 				lp.dialFailed(c, err)
 				continue
@@ -362,17 +462,115 @@ func (lp *Loop) accept() {
 	}
 }
 
-// start connects an accepted connection on to Target.
+// start connects an accepted connection on to Target, or with a
+// Greeter, waits for its first bytes.
 func (lp *Loop) start(fd int, sa unix.Sockaddr) {
 	c := &relayConn{start: time.Now()}
 	c.Remote = addrPort(sa)
 	c.client = half{fd: fd, rc: c, peer: &c.target, count: &c.Up, carried: &c.up}
 	c.target = half{fd: -1, rc: c, peer: &c.client, count: &c.Down, carried: &c.down}
+	if lp.cfg.Greeter != nil {
+		if err := lp.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN); err != nil {
+			abortFd(fd)
+			return
+		}
+		lp.halves[fd] = &c.client
+		c.greeting = true
+		c.deadline = c.start.Add(lp.cfg.GreetTimeout)
+		lp.greeting = append(lp.greeting, c)
+		return
+	}
 	if !lp.h.Accepted(&c.Conn) {
 		abortFd(fd)
 		return
 	}
-	tfd, err := unix.Socket(lp.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	c.Target = lp.cfg.Target
+	lp.connect(c, lp.family, lp.target, time.Time{})
+}
+
+// greet shows the Greeter the first bytes of c, and connects it on as the
+// Greeting says, or hands it off.
+func (lp *Loop) greet(c *relayConn) {
+	n, _, err := unix.Recvfrom(c.client.fd, lp.buf[:MaxGreeting], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+		return
+	case err != nil || n == 0:
+		// An end or a failure before any byte: the long way says
+		// what of.
+		lp.handOff(c)
+		return
+	}
+	g, ok := lp.cfg.Greeter.Greet(&c.Conn, lp.buf[:n])
+	if !ok {
+		lp.handOff(c)
+		return
+	}
+	c.greeting = false
+	if g.Consume < 0 || g.Consume > n || !g.Target.IsValid() {
+		lp.forget(c)
+		abortFd(c.client.fd)
+		return
+	}
+	if !lp.h.Accepted(&c.Conn) {
+		lp.forget(c)
+		abortFd(c.client.fd)
+		return
+	}
+	c.Target, c.reply = g.Target, g.Reply
+	// The greeting's bytes were peeked: they are all there to read.
+	if g.Consume > 0 {
+		if m, err := unix.Read(c.client.fd, lp.buf[:g.Consume]); m != g.Consume {
+			if err == nil {
+				err = unix.EIO
+			}
+			lp.dialFailed(c, os.NewSyscallError("read", err))
+			return
+		}
+	}
+	if g.Control != nil {
+		if err := g.Control(rawFD(c.client.fd)); err != nil {
+			lp.dialFailed(c, err)
+			return
+		}
+	}
+	// While the connect is in progress, only the client's hang-up
+	// matters: what it sends waits in its socket.
+	if err := lp.ctl(unix.EPOLL_CTL_MOD, c.client.fd, unix.EPOLLRDHUP); err != nil {
+		lp.dialFailed(c, err)
+		return
+	}
+	family, sa := sockaddr(g.Target)
+	lp.connect(c, family, sa, g.Deadline)
+}
+
+// handOff gives c, its bytes unread, to Accept; after Close, it resets
+// it.
+func (lp *Loop) handOff(c *relayConn) {
+	lp.forget(c)
+	c.greeting = false
+	unix.EpollCtl(lp.ep, unix.EPOLL_CTL_DEL, c.client.fd, nil)
+	if lp.lfd < 0 {
+		abortFd(c.client.fd)
+		return
+	}
+	nc, err := fileConn(c.client.fd)
+	if err != nil {
+		return // fileConn closed it
+	}
+	lp.mu.Lock()
+	lp.handed = append(lp.handed, nc)
+	lp.mu.Unlock()
+	select {
+	case lp.queued <- struct{}{}:
+	default:
+	}
+}
+
+// connect starts the connect of c to sa, of the given family, which
+// fails at deadline, or after DialTimeout if it is zero.
+func (lp *Loop) connect(c *relayConn, family int, sa unix.Sockaddr, deadline time.Time) {
+	tfd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		lp.dialFailed(c, os.NewSyscallError("socket", err))
 		return
@@ -388,7 +586,7 @@ func (lp *Loop) start(fd int, sa unix.Sockaddr) {
 		keepAlive(tfd, defaultKeepAlive)
 	}
 	for {
-		err = unix.Connect(tfd, lp.target)
+		err = unix.Connect(tfd, sa)
 		if err != unix.EINTR {
 			break
 		}
@@ -403,13 +601,16 @@ func (lp *Loop) start(fd int, sa unix.Sockaddr) {
 	}
 	lp.halves[tfd] = &c.target
 	c.connecting = true
-	if d := lp.cfg.DialTimeout; d > 0 {
-		c.deadline = c.start.Add(d)
-		lp.connecting = append(lp.connecting, c)
+	if d := lp.cfg.DialTimeout; d > 0 && deadline.IsZero() {
+		deadline = c.start.Add(d)
+	}
+	if c.deadline = deadline; !deadline.IsZero() {
+		heap.Push(&lp.connecting, c)
 	}
 }
 
-// dialFailed reports a connect that failed and resets the client.
+// dialFailed reports a connect that failed and resets the client, or,
+// with a Greeter, sends it the Greeter's refusal and closes it.
 func (lp *Loop) dialFailed(c *relayConn, err error) {
 	if c.target.fd >= 0 {
 		delete(lp.halves, c.target.fd)
@@ -417,9 +618,18 @@ func (lp *Loop) dialFailed(c *relayConn, err error) {
 		c.target.fd = -1
 	}
 	c.done, c.connecting = true, false
-	abortFd(c.client.fd)
-	lp.h.Dialed(&c.Conn, time.Since(c.start), &net.OpError{Op: "dial", Net: "tcp",
-		Addr: net.TCPAddrFromAddrPort(lp.cfg.Target), Err: err})
+	delete(lp.halves, c.client.fd) // a Greeter's connections are watched while connecting
+	err = &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(c.Target), Err: err}
+	var refusal []byte
+	if g := lp.cfg.Greeter; g != nil && !errors.Is(err, ErrClientLeft) && !errors.Is(err, ErrAborted) {
+		refusal = g.Refusal(&c.Conn, err)
+	}
+	if w, _ := unix.Write(c.client.fd, refusal); len(refusal) > 0 && w == len(refusal) {
+		unix.Close(c.client.fd)
+	} else {
+		abortFd(c.client.fd)
+	}
+	lp.h.Dialed(&c.Conn, time.Since(c.start), err)
 }
 
 // connected starts relaying once the connect completed.
@@ -434,12 +644,27 @@ func (lp *Loop) connected(c *relayConn) {
 		return
 	}
 	lp.h.Dialed(&c.Conn, time.Since(c.start), nil)
+	if len(c.reply) > 0 {
+		// A fresh socket takes a greeting's few bytes at once.
+		if w, err := unix.Write(c.client.fd, c.reply); w != len(c.reply) {
+			if err == nil || err == unix.EAGAIN {
+				err = unix.ENOBUFS
+			}
+			lp.fail(c, lp.opError(&c.client, "write", err))
+			return
+		}
+		c.reply = nil
+	}
 	if err := lp.ctl(unix.EPOLL_CTL_MOD, c.target.fd, unix.EPOLLIN); err != nil {
 		lp.fail(c, err)
 		return
 	}
+	op := unix.EPOLL_CTL_ADD
+	if _, watched := lp.halves[c.client.fd]; watched {
+		op = unix.EPOLL_CTL_MOD // a Greeter's: watched for a hang-up meanwhile
+	}
 	lp.halves[c.client.fd] = &c.client
-	if err := lp.ctl(unix.EPOLL_CTL_ADD, c.client.fd, unix.EPOLLIN); err != nil {
+	if err := lp.ctl(op, c.client.fd, unix.EPOLLIN); err != nil {
 		lp.fail(c, err)
 	}
 }
@@ -447,7 +672,14 @@ func (lp *Loop) connected(c *relayConn) {
 // event handles what epoll reported of h.
 func (lp *Loop) event(h *half) {
 	c := h.rc
-	if c.connecting {
+	switch {
+	case c.greeting:
+		lp.greet(c)
+		return
+	case c.connecting && h == &c.client:
+		lp.dialFailed(c, ErrClientLeft)
+		return
+	case c.connecting:
 		lp.connected(c)
 		return
 	}
@@ -613,7 +845,7 @@ func (lp *Loop) sockError(h *half, op string) error {
 // opError names the hop as the net package does: the client's address,
 // or Target.
 func (lp *Loop) opError(h *half, op string, errno error) error {
-	addr := net.TCPAddrFromAddrPort(lp.cfg.Target)
+	addr := net.TCPAddrFromAddrPort(h.rc.Target)
 	if h == &h.rc.client {
 		addr = net.TCPAddrFromAddrPort(h.rc.Remote)
 	}
@@ -681,4 +913,9 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 }
 
 // String names the loop in logs.
-func (lp *Loop) String() string { return fmt.Sprintf("evloop %s -> %s", lp.addr, lp.cfg.Target) }
+func (lp *Loop) String() string {
+	if lp.cfg.Greeter != nil {
+		return fmt.Sprintf("evloop %s -> greeted", lp.addr)
+	}
+	return fmt.Sprintf("evloop %s -> %s", lp.addr, lp.cfg.Target)
+}

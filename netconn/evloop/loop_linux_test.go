@@ -76,11 +76,18 @@ func (r *recorder) wait(t *testing.T) ended {
 // end of the test.
 func startLoop(t *testing.T, target netip.AddrPort, r *recorder, timeout time.Duration) *Loop {
 	t.Helper()
+	return listenLoop(t, Config{Target: target, DialTimeout: timeout}, r)
+}
+
+// listenLoop serves a loop with cfg, closed and aborted at the end of the
+// test.
+func listenLoop(t *testing.T, cfg Config, r *recorder) *Loop {
+	t.Helper()
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lp, err := Listen(l, Config{Target: target, DialTimeout: timeout}, r)
+	lp, err := Listen(l, cfg, r)
 	if err != nil {
 		t.Fatal(err)
 	}

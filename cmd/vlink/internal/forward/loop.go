@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -30,42 +31,75 @@ type loopHandler struct {
 	listen, to string
 }
 
-// loopConn is a connection's state in the handler.
-type loopConn struct {
-	live *liveRelay
+// A LoopGreeting is what an event loop's Greeter knows of a connection
+// it took, left in its evloop.Conn's Value for the LoopHandler: the
+// stack label of its metrics and the attributes of its logs, in place of
+// the handler's.
+type LoopGreeting struct {
+	Stack string
+	Attrs []any
+	// Value is the Greeter's.
+	Value any
 }
 
-func (h *loopHandler) attrs(c *evloop.Conn) []any {
-	return []any{"remote", c.Remote.String(), "listen", h.listen, "to", h.to}
+// GreetingOf returns the LoopGreeting a Greeter left in c, once the
+// LoopHandler took c: nil if there was none.
+func GreetingOf(c *evloop.Conn) *LoopGreeting {
+	switch v := c.Value.(type) {
+	case *loopConn:
+		return v.greeting
+	case *LoopGreeting:
+		return v
+	}
+	return nil
+}
+
+// loopConn is a connection's state in the handler.
+type loopConn struct {
+	greeting *LoopGreeting
+	labels   metrics.Labels
+	attrs    []any
+	live     *liveRelay
 }
 
 func (h *loopHandler) Accepted(c *evloop.Conn) bool {
 	if !h.t.hold() {
 		return false
 	}
-	if h.log.Enabled(context.Background(), slog.LevelDebug) {
-		h.log.Debug("connection", h.attrs(c)...)
+	lc := &loopConn{labels: h.labels}
+	if g, ok := c.Value.(*LoopGreeting); ok {
+		lc.greeting, lc.labels.Stack, lc.attrs = g, g.Stack, g.Attrs
+	} else {
+		lc.attrs = []any{"remote", c.Remote.String(), "listen", h.listen, "to", h.to}
 	}
-	c.Value = &loopConn{}
+	if h.log.Enabled(context.Background(), slog.LevelDebug) {
+		h.log.Debug("connection", lc.attrs...)
+	}
+	c.Value = lc
 	return true
 }
 
 func (h *loopHandler) Dialed(c *evloop.Conn, took time.Duration, err error) {
-	l := h.labels
+	lc := c.Value.(*loopConn)
+	l := lc.labels
 	if err == nil {
 		l.Transport = metrics.TransportTCP
 	}
 	h.t.Metrics.Dialed(l, took, err)
 	if err != nil {
-		if !c.Aborted {
-			h.log.Info("cannot reach destination", append(h.attrs(c), "err", err)...)
-		}
+		switch {
+		case c.Aborted:
+		case lc.greeting == nil:
+			h.log.Info("cannot reach destination", append(lc.attrs, "err", err)...)
+		case errors.Is(err, evloop.ErrClientLeft):
+			h.log.Info("the dialer left before the target answered", lc.attrs...)
+		} // else the Greeter's refusal said why
 		h.t.wg.Done()
 		return
 	}
 	h.t.Metrics.RelayStarted(l)
-	live := &liveRelay{labels: l, start: time.Now(), attrs: h.attrs(c), carried: c.Carried}
-	c.Value.(*loopConn).live = live
+	live := &liveRelay{labels: l, start: time.Now(), attrs: lc.attrs, carried: c.Carried}
+	lc.live = live
 	h.t.liveStart(live)
 }
 

@@ -134,6 +134,7 @@ type serveOptions struct {
 	idleTimeout, udpIdleTimeout            time.Duration
 	udpSessions, udpPerClient              int
 	insecurePlaintext                      bool
+	eventLoop                              bool
 	node                                   base.NodeOptions
 }
 
@@ -181,6 +182,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.shm, "shm", false, "also accept connections over shared memory from this machine's processes of the same user, on --listen's port number (vlink tunnel --stack lz4+shm; with --key-file the stack needs a filter above shm to carry the key: --stack shm alone sends no hello; Linux)")
 	fs.StringVar(&o.listenStack, "listen-stack", "", "accept on --listen through the top factory of `STACK` instead of on this host: with ssh:host=bastion the SSH server listens on its side, as ssh -R does (default: this host)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "reset a plain connection (no hello) that carried no byte either way for `DURATION`, so forgotten or hostile idle clients do not pile up; 0: never. An hour spares interactive sessions left open over lunch; a client that sends keepalives (ssh -o ServerAliveInterval) is never idle")
+	fs.BoolVar(&o.eventLoop, "event-loop", true, "without --key-file, --quic, --shm or --listen-stack: take the hellos that need no more than the policy's checks (a tcp route's, vlink exec's) to a target given as an IP address on one goroutine with epoll, which answers, dials and relays them as the tunnel's event loop does, at about half the CPU and latency of a goroutine's; every other connection goes the usual way. false: a goroutine per connection (Linux only)")
 	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "UNSAFE: with --key-file, also accept VLink dialers beyond loopback whose stack has no encryption layer (noise); by default they are refused, since vlink dialers holding the key add it. Only for a network you trust")
 	base.NodeFlags(fs, &o.node, "so that other nodes reach the targets --allow lets them name (NAME.vlink.alt:PORT is localhost:PORT here) through the relay, with no port open to them")
 	base.RulesFlag(fs, &o.node)
@@ -333,10 +335,15 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 			}
 		},
 	}
-	var l net.Listener
-	l, err := lc.Listen(ctx, "tcp", o.listen)
+	vl, lp, err := f.listen(ctx, e, &lc)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	var l net.Listener = vl
+	stopLoop := func() {}
+	if lp != nil {
+		stopCut := t.CutLoop(lp)
+		stopLoop = func() { stopCut() }
 	}
 	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() && policy.Key == nil {
 		e.Log.Warn("listening beyond loopback without --key-file: anyone who can reach this port can use what it forwards to",
@@ -351,12 +358,12 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 		identity = knownnodes.Fingerprint(pub)
 	}
 	e.Log.Info("serving", "addr", l.Addr().String(), "target", o.target, "allow", strings.Join(o.allow, " "), "allow_udp", strings.Join(o.allowUDP, " "),
-		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity)
+		"layers", strings.Join(policy.Layers, ","), "plain", policyPlain(policy), "auth", policy.Key != nil, "identity", identity, "event_loop", lp != nil)
 	// The listener retries its own temporary accept failures, and
 	// accepts only *vlink.Conn.
 	handle := func(c net.Conn) { s.handle(c.(*vlink.Conn)) }
 	if !o.node.Given() {
-		return l, handle, func() {}, nil
+		return l, handle, stopLoop, nil
 	}
 	// Other nodes' connections come through the network: the same
 	// policy, with the key the relay gives each connection, or, for a
@@ -387,10 +394,11 @@ func (f *serveForward) Start(ctx context.Context, e *base.Env, t *forward.Tracke
 			nl.Close()
 		} else {
 			e.Log.Info("serving as a node", "node", node.Name(), "addr", node.Name()+vlink.NodeSuffix, "seen as", node.Observed().String())
-			return netconn.Merge(l, vl), handle, func() { node.Close() }, nil
+			return netconn.Merge(l, vl), handle, func() { stopLoop(); node.Close() }, nil
 		}
 	}
 	l.Close()
+	stopLoop()
 	node.Close()
 	return nil, nil, nil, err
 }
