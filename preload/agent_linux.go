@@ -21,7 +21,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vlink-dev/vlink/factories/tcp"
 	"github.com/vlink-dev/vlink/internal/secret"
 	"github.com/vlink-dev/vlink/netconn"
 	"github.com/vlink-dev/vlink/selector"
@@ -717,7 +716,10 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		return nil
 	}
 	if f, to := plainFactory(d, target, req.family); f != nil {
-		return a.connectPlain(c, f, to, timeout, attrs)
+		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, f, to, timeout) }, attrs)
+	}
+	if f, gw := a.gatewayFactory(d, req.family); f != nil {
+		return a.connectPlain(c, func() (int, error) { return dialGateway(a.ctx, f, gw, target, timeout) }, attrs)
 	}
 	conn, err := dial()
 	if err != nil {
@@ -748,11 +750,12 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	return nil
 }
 
-// connectPlain answers a blocking connect whose route is plain TCP with
-// f's options (plainFactory): the agent connects on this thread and
-// passes the program the socket.
-func (a *Agent) connectPlain(c *chanConn, f *tcp.Factory, to netip.AddrPort, timeout time.Duration, attrs []any) error {
-	fd, err := dialPlain(a.ctx, f, to, timeout)
+// connectPlain answers a blocking connect whose route is plain TCP, to
+// the target or to a gateway that takes a hello with no key
+// (plainFactory, gatewayFactory): the agent connects on this thread with
+// dial and passes the program the socket.
+func (a *Agent) connectPlain(c *chanConn, dial func() (int, error), attrs []any) error {
+	fd, err := dial()
 	if err != nil {
 		a.observed(ConnectFailed)
 		a.log.Info("cannot connect", append(attrs, "err", err)...)

@@ -21,8 +21,9 @@ import (
 // the stacks' dialer the same connect parked in the netpoller and woke
 // other threads: 135 µs over a direct connect against 72 (BENCHMARKS §3,
 // "Connect cost through a gateway, profiled"). Only a short wait pays
-// so: one of hundreds of microseconds (a gateway's answer) loses the
-// thread's P to sysmon and costs as much as the netpoller.
+// so: one of hundreds of microseconds loses the thread's P to sysmon and
+// costs as much as the netpoller (a gateway's answer, until the gateway
+// answered on its event loop: gatewaydial_linux.go).
 
 // plainFactory returns the tcp factory of d's stack when the agent can
 // make d's connect to target itself: tcp alone, no gateway, options that

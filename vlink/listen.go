@@ -511,9 +511,18 @@ func (l *Listener) acceptLoop() {
 		backoff.Reset()
 		// Never wait for a slot: that would let dialers that stay silent
 		// keep everyone out. The shedder makes room, or parks c.
-		if now := time.Now(); l.shed.admit(c, now) {
-			l.startHandshake(c, now)
-		}
+		l.Take(c)
+	}
+}
+
+// Take runs the handshake of c, a connection accepted by other means than
+// the listener's own Accept (an event loop that read none of its bytes
+// and handed it on), as the listener runs those it accepts: bounded by
+// MaxHandshakes, then delivered to Accept or Handle. It returns at once;
+// once the listener is closed, it closes c.
+func (l *Listener) Take(c net.Conn) {
+	if now := time.Now(); l.shed.admit(c, now) {
+		l.startHandshake(c, now)
 	}
 }
 

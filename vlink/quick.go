@@ -67,7 +67,7 @@ func (l *Listener) QuickHello(b []byte, remote net.Addr, accepted time.Time) (*Q
 		return nil, false
 	}
 	m, err := decodeBody(msgHello, b[len(magic)+headerSize:n])
-	if err != nil || m.target == "" || m.nonce != nil || m.node != "" || m.cert != nil || m.first != nil ||
+	if err != nil || m.stack != "" || m.target == "" || m.nonce != nil || m.node != "" || m.cert != nil || m.first != nil ||
 		m.lookup || m.dgram || len(m.hops) > 0 || len(m.trail) > 0 || m.origin != "" {
 		return nil, false
 	}
@@ -124,3 +124,29 @@ func (r *frameRecorder) RemoteAddr() net.Addr             { return r.remote }
 func (r *frameRecorder) SetDeadline(time.Time) error      { return os.ErrNoDeadline }
 func (r *frameRecorder) SetReadDeadline(time.Time) error  { return os.ErrNoDeadline }
 func (r *frameRecorder) SetWriteDeadline(time.Time) error { return os.ErrNoDeadline }
+
+// PlainHello returns what a Dialer with no key, node or certificate sends
+// a gateway for a stream to target through factories alone (a tcp route
+// through the gateway): the magic and its hello, naming cc, the
+// congestion control of its TCP connection ("" for the system's), and
+// ctx's deadline as its target wait, as the Dialer names them. It is for
+// a caller that makes the gateway's connection itself (vlink exec's
+// agent, on its own thread); ReadPlainAnswer reads the answer.
+func PlainHello(ctx context.Context, target, cc string) []byte {
+	return helloBytes(&message{target: target, cc: cc, wait: targetWait(ctx, target, false, false)}, nil)
+}
+
+// ReadPlainAnswer reads from r, no further than its end, a gateway's
+// answer to hello, made by PlainHello, and checks it as a Dialer with no
+// key does: nil for an accept, a *RefusedError for a refusal (one that
+// asks for a key too), or why the answer is none (ErrNotVLink for a peer
+// that speaks no VLink).
+func ReadPlainAnswer(r io.Reader, hello []byte) error {
+	m, body, err := readFrame(r, msgChallenge, msgAccept, msgRefuse)
+	if err != nil {
+		return answerError(err)
+	}
+	// No key: the long way never writes (a challenge is a refusal).
+	_, _, err = clientLongWay(nil, &message{typ: msgHello}, m, body, hello, nil, nil)
+	return err
+}

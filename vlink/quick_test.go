@@ -151,3 +151,25 @@ func FuzzQuickHello(f *testing.F) {
 		}
 	})
 }
+
+// FuzzReadPlainAnswer: whatever a gateway answers, ReadPlainAnswer never
+// panics, reads no further than one frame, and takes only an accept.
+func FuzzReadPlainAnswer(f *testing.F) {
+	hello := PlainHello(context.Background(), "127.0.0.1:80", "")
+	f.Add((&message{typ: msgAccept}).appendFrame(nil))
+	f.Add((&message{typ: msgRefuse, code: CodeTargetRefused, reason: "no"}).appendFrame(nil))
+	f.Add((&message{typ: msgChallenge, nonce: make([]byte, nonceSize)}).appendFrame(nil))
+	f.Add((&message{typ: msgAccept, aeads: []byte{1}}).appendFrame(nil))
+	f.Add([]byte("SSH-2.0-OpenSSH_9.2\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := bytes.NewReader(b)
+		err := ReadPlainAnswer(r, hello)
+		read := len(b) - r.Len()
+		if read > headerSize+maxBody {
+			t.Fatalf("read %d bytes, more than a frame", read)
+		}
+		if err == nil && (read < headerSize || msgType(b[1]) != msgAccept) {
+			t.Fatalf("%q taken for an accept", b)
+		}
+	})
+}

@@ -81,6 +81,13 @@ type Config struct {
 	// its Greeter reads, before it is handed off. Zero means
 	// DefaultGreetTimeout.
 	GreetTimeout time.Duration
+	// HandOff, if not nil, is given each connection the Greeter hands
+	// off, on the loop's goroutine: it must return at once (start the
+	// connection's handling on a goroutine of its own, as
+	// vlink.Listener.Take does), which spares the hand-off through
+	// Accept one wake-up of another goroutine. False leaves the
+	// connection to Accept.
+	HandOff func(c net.Conn) bool
 }
 
 // DefaultGreetTimeout is a zero Config.GreetTimeout: a dialer sends its

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -193,5 +194,39 @@ func TestGreeterClose(t *testing.T) {
 	}
 	if _, err := lp.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Accept after Close: %v, want net.ErrClosed", err)
+	}
+}
+
+// TestGreeterHandOff: HandOff gets the connections the Greeter does not
+// take, every byte unread; those it declines go to Accept.
+func TestGreeterHandOff(t *testing.T) {
+	handed := make(chan net.Conn, 1)
+	var decline atomic.Bool
+	lp := listenLoop(t, Config{Greeter: lineGreeter{}, HandOff: func(c net.Conn) bool {
+		if decline.Load() {
+			return false
+		}
+		handed <- c
+		return true
+	}}, newRecorder())
+	c := dial(t, lp)
+	c.Write([]byte("plain"))
+	var h net.Conn
+	select {
+	case h = <-handed:
+		defer h.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing handed off")
+	}
+	c.CloseWrite()
+	if got, err := io.ReadAll(h); err != nil || string(got) != "plain" {
+		t.Errorf("handed-off connection read %q, %v; want \"plain\"", got, err)
+	}
+	decline.Store(true)
+	c = dial(t, lp)
+	c.Write([]byte("declined"))
+	c.CloseWrite()
+	if got, err := io.ReadAll(accepted(t, lp)); err != nil || string(got) != "declined" {
+		t.Errorf("declined connection read %q, %v; want \"declined\"", got, err)
 	}
 }

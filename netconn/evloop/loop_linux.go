@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,8 @@ var ErrAborted = errors.New("evloop: connection aborted")
 
 // A Loop serves a listener's connections on one goroutine. It is a
 // net.Listener whose Accept returns only the connections its Greeter
-// handed off: without one, it blocks until Close.
+// handed off and Config.HandOff did not take: without them, it blocks
+// until Close.
 type Loop struct {
 	cfg    Config
 	h      Handler
@@ -58,6 +60,7 @@ type Loop struct {
 	greeting   []*relayConn // oldest first: with one GreetTimeout, by deadline
 	connecting deadlines    // the connects with a deadline
 	resume     time.Time    // when accepting resumes after a pause
+	started    bool         // goroutines were started this round
 	buf        [bufSize]byte
 }
 
@@ -187,9 +190,10 @@ func sockaddr(t netip.AddrPort) (int, unix.Sockaddr) {
 	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(t.Port()), Addr: t.Addr().As16()}
 }
 
-// Accept returns the next connection the Greeter handed off, its first
-// bytes unread, until the Loop is closed. Without a Greeter it blocks
-// until then: the loop accepts by itself.
+// Accept returns the next connection the Greeter handed off (and
+// Config.HandOff did not take), its first bytes unread, until the Loop
+// is closed. Without a Greeter it blocks until then: the loop accepts by
+// itself.
 func (lp *Loop) Accept() (net.Conn, error) {
 	for {
 		lp.mu.Lock()
@@ -311,6 +315,16 @@ func (lp *Loop) run() {
 			// Last: a socket it makes may reuse the number of one closed
 			// above, whose events of this round must not reach it.
 			lp.accept()
+		}
+		if lp.started {
+			// The goroutines started this round (HandOff's, the splicing
+			// relay's) wait on this P, which the loop's next
+			// epoll_wait(2) would hold in a system call until another
+			// thread is woken to take them: let them run first, as a
+			// goroutine listener's Accept parks. Measured: a handed-off
+			// connection's first byte 0.90x the excess without it.
+			lp.started = false
+			runtime.Gosched()
 		}
 	}
 }
@@ -558,6 +572,10 @@ func (lp *Loop) handOff(c *relayConn) {
 	if err != nil {
 		return // fileConn closed it
 	}
+	if h := lp.cfg.HandOff; h != nil && h(nc) {
+		lp.started = true
+		return
+	}
 	lp.mu.Lock()
 	lp.handed = append(lp.handed, nc)
 	lp.mu.Unlock()
@@ -800,6 +818,7 @@ func (lp *Loop) moveToRelay(c *relayConn, src *half, pending []byte) {
 	lp.mu.Lock()
 	lp.bulk[c] = [2]net.Conn{client, target}
 	lp.mu.Unlock()
+	lp.started = true
 	go func() {
 		up, down, err := netconn.Relay(client, target)
 		lp.mu.Lock()

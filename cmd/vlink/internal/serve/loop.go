@@ -37,7 +37,7 @@ func (f *serveForward) listen(ctx context.Context, e *base.Env, lc *vlink.Listen
 		return nil, nil, err
 	}
 	g := &greeter{s: &f.s, handshook: f.s.t.Metrics.HandshakeDone}
-	lp, err := evloop.Listen(nl.(*net.TCPListener), evloop.Config{Greeter: g},
+	lp, err := evloop.Listen(nl.(*net.TCPListener), evloop.Config{Greeter: g, HandOff: g.handOff},
 		f.s.t.LoopHandler(e.Log, metrics.Labels{Forward: f.s.forward, Transport: metrics.TransportTCP}, nl.Addr().String(), ""))
 	if err != nil {
 		if !errors.Is(err, evloop.ErrUnsupported) {
@@ -111,6 +111,18 @@ func (g *greeter) Refusal(c *evloop.Conn, err error) []byte {
 	}
 	g.s.log.Warn("target unreachable", "remote", c.Remote.String(), "target", c.Target.String(), "err", err)
 	return lg.Value.(*vlink.QuickHello).Refusal(vlink.TargetRefusal(err))
+}
+
+// handOff starts the listener's handshake of a connection the loop did
+// not take, on a goroutine of its own; before the listener is made, the
+// loop keeps it for the listener's Accept.
+func (g *greeter) handOff(c net.Conn) bool {
+	l := g.l.Load()
+	if l == nil {
+		return false
+	}
+	l.Take(c)
+	return true
 }
 
 // proxied reports whether target gets a PROXY header (--proxy-protocol).
