@@ -105,8 +105,9 @@ const MaxGreeting = 8 << 10
 // system call that blocks.
 type Greeter interface {
 	// Greet is called once the connection's first bytes arrived, with
-	// those queued (peeked: none is consumed yet), at most MaxGreeting.
-	// False hands the connection off, every byte still unread.
+	// those queued (peeked: none is consumed yet), at most MaxGreeting,
+	// in the loop's buffer: valid only during the call. False hands the
+	// connection off, every byte still unread.
 	Greet(c *Conn, first []byte) (Greeting, bool)
 	// Refusal returns what to send a connection whose Greeting's target
 	// could not be reached, before the connection is closed: nil
