@@ -383,7 +383,9 @@ func newIPMatcher(m *matcher) ipMatcher {
 
 // match reports whether the destination, split by ipKey, and port match.
 func (m *ipMatcher) match(hi, lo uint64, v6 bool, port uint16) bool {
-	if !m.any && (v6 != m.v6 || (hi&m.mhi)^m.hi|(lo&m.mlo)^m.lo != 0) {
+	// Parenthesized: | and ^ bind alike, left to right, so without them
+	// a difference in the high half could cancel one in the low half.
+	if !m.any && (v6 != m.v6 || ((hi&m.mhi)^m.hi)|((lo&m.mlo)^m.lo) != 0) {
 		return false
 	}
 	return m.ports == nil || portIn(m.ports, port)

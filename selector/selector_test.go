@@ -250,6 +250,24 @@ func TestMatch(t *testing.T) {
 			},
 		},
 		{
+			// The same difference in both halves of the address must
+			// not cancel out (FuzzPrefix found it: an --allow for one
+			// host let in another).
+			name: "IPv6, both halves",
+			rules: []Rule{
+				{Host: "0:0:8::8:0", Stack: "a"},
+				{Host: "2001:db8::/64", Stack: "b"},
+			},
+			cases: []matchCase{
+				{"[0:0:8::8:0]:1", 0},
+				{"[::]:1", -1},
+				{"[0:0:8::]:1", -1},
+				{"[::8:0]:1", -1},
+				{"[2001:db8::1]:1", 1},
+				{"[::2001:db8:0:0]:1", -1},
+			},
+		},
+		{
 			name: "ports",
 			rules: []Rule{
 				{Ports: "22", Stack: "a"},
