@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -70,7 +69,6 @@ func TestGatewayFactory(t *testing.T) {
 func gatewayFor(t *testing.T, policy vlink.Policy) (netip.AddrPort, chan *vlink.Hello) {
 	t.Helper()
 	hellos := make(chan *vlink.Hello, 10)
-	var handlers sync.WaitGroup
 	lc := vlink.ListenConfig{Policy: policy, MaxTargetWait: time.Hour,
 		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
 			hellos <- h
@@ -86,24 +84,9 @@ func gatewayFor(t *testing.T, policy vlink.Policy) (netip.AddrPort, chan *vlink.
 	if err != nil {
 		t.Fatal(err)
 	}
-	handlers.Add(1)
-	go func() {
-		defer handlers.Done()
-		for {
-			c, err := l.AcceptVLink()
-			if err != nil {
-				return
-			}
-			handlers.Add(1)
-			go func() {
-				defer handlers.Done()
-				netconn.Relay(c, c.Admitted().(net.Conn))
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		handlers.Wait() // each relay ends with its client's end
+	testnet.Serve(t, l, func(c net.Conn) {
+		vc := c.(*vlink.Conn)
+		netconn.Relay(vc, vc.Admitted().(net.Conn))
 	})
 	return l.Addr().(*net.TCPAddr).AddrPort(), hellos
 }

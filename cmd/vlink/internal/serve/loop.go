@@ -36,7 +36,7 @@ func (f *serveForward) listen(ctx context.Context, e *base.Env, lc *vlink.Listen
 	if err != nil {
 		return nil, nil, err
 	}
-	g := &greeter{s: &f.s, handshook: f.s.t.Metrics.HandshakeDone}
+	g := &greeter{s: &f.s}
 	lp, err := evloop.Listen(nl.(*net.TCPListener), evloop.Config{Greeter: g, HandOff: g.handOff},
 		f.s.t.LoopHandler(e.Log, metrics.Labels{Forward: f.s.forward, Transport: metrics.TransportTCP}, nl.Addr().String(), ""))
 	if err != nil {
@@ -60,9 +60,8 @@ func (f *serveForward) listen(ctx context.Context, e *base.Env, lc *vlink.Listen
 // their bytes alone (vlink.Listener.QuickHello) and whose target serve
 // dials as an address with nothing to send first.
 type greeter struct {
-	s         *server
-	l         atomic.Pointer[vlink.Listener] // nil until the listener is made: all go its way
-	handshook func(stack string, took time.Duration)
+	s *server
+	l atomic.Pointer[vlink.Listener] // nil until the listener is made: all go its way
 }
 
 var _ evloop.Greeter = (*greeter)(nil)
@@ -85,7 +84,7 @@ func (g *greeter) Greet(c *evloop.Conn, first []byte) (evloop.Greeting, bool) {
 		return evloop.Greeting{}, false
 	}
 	stack := metrics.HelloStackLabel(h)
-	g.handshook(stack, time.Since(start))
+	g.s.t.Metrics.HandshakeDone(stack, time.Since(start))
 	c.Value = &forward.LoopGreeting{Stack: stack, Value: q,
 		Attrs: []any{"remote", remote.String(), "stack", h.Stack.String(), "target", h.Target, "authenticated", h.Authenticated}}
 	// As admit dials: a dialer that waits longer for its target (a
