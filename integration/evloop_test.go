@@ -99,7 +99,7 @@ except ConnectionRefusedError as e:
 		{"keyed", []string{"--key-file", keyFile}, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"serve", "--allow", echo, "--allow", "127.0.0.1:" + closed, "--log-level", "debug"}, tc.key...)
+			args := append([]string{"serve", "--allow", echo, "--allow", "localhost:" + echoPort, "--allow", "127.0.0.1:" + closed, "--log-level", "debug"}, tc.key...)
 			serve, gw := startVLink(t, append(args, tc.args...)...)
 			if got := strings.Contains(serve.Output(), "event_loop=true"); got != tc.loop {
 				t.Fatalf("event loop %v, want %v:\n%s", got, tc.loop, serve.Output())
@@ -108,6 +108,15 @@ except ConnectionRefusedError as e:
 				tun, addr := startVLink(t, append([]string{"tunnel", "--to", echo, "--via", gw, "--stack", stack}, tc.key...)...)
 				echoMany(t, addr, stack+": ")
 				tun.Stop(t)
+			}
+			// A target by name is resolved on a goroutine: the loop
+			// passes the hello on, and it is accepted (and logged) once.
+			tun, addr := startVLink(t, append([]string{"tunnel", "--to", "localhost:" + echoPort, "--via", gw, "--stack", "tcp"}, tc.key...)...)
+			echoMany(t, addr, "tcp to a name: ")
+			tun.Stop(t)
+			byName := regexp.MustCompile(`msg="vlink: accepted" [^\n]*target=localhost:`+echoPort+`\b[^\n]*`).FindAllString(serve.Output(), -1)
+			if len(byName) != 20 || strings.Contains(strings.Join(byName, "\n"), "quick=true") {
+				t.Errorf("serve logged %d hellos to localhost:%s as accepted, want 20, none taken on the loop:\n%s", len(byName), echoPort, strings.Join(byName, "\n"))
 			}
 			conf := filepath.Join(t.TempDir(), "vlink.toml")
 			rules := fmt.Sprintf("[[route]]\nhost = \"127.0.0.1\"\nports = \"%s,%s\"\nstack = \"tcp\"\nvia = %q\n", echoPort, closed, gw)

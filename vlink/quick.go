@@ -27,6 +27,9 @@ type QuickHello struct {
 	// from the connection's accept: HandshakeTimeout, or the dialer's
 	// TargetWait as far as MaxTargetWait lets it.
 	Deadline time.Time
+
+	log      *slog.Logger
+	accepted time.Time
 }
 
 // Refusal returns the frame that refuses the dialer when reaching its
@@ -54,8 +57,8 @@ func (q *QuickHello) Refusal(err error) []byte {
 //
 // The caller sets the hello's congestion control (Hello.CongestionControl)
 // on its socket, reaches the target before Deadline, and sends Accept or
-// Refusal. Observe is not called: the caller reports the handshake. The
-// hello is logged as accepted, at level Debug, as the handshake logs it.
+// Refusal. Observe is not called: the caller reports the handshake, and
+// logs it with Taken.
 func (l *Listener) QuickHello(b []byte, remote net.Addr, accepted time.Time) (*QuickHello, bool) {
 	p := &l.cfg.Policy
 	if p.Key != nil || p.Member != nil || len(b) < len(magic)+headerSize || string(b[:len(magic)]) != magic {
@@ -79,7 +82,7 @@ func (l *Listener) QuickHello(b []byte, remote net.Addr, accepted time.Time) (*Q
 	if err != nil || len(c.out) > 0 || len(h.Stack.Layers) > 0 || h.ends() || h.static {
 		return nil, false
 	}
-	q := &QuickHello{Hello: h, Len: n, Deadline: accepted.Add(l.cfg.HandshakeTimeout)}
+	q := &QuickHello{Hello: h, Len: n, Deadline: accepted.Add(l.cfg.HandshakeTimeout), log: l.log, accepted: accepted}
 	if longer := l.waitLonger(h, q.Deadline); !longer.IsZero() {
 		q.Deadline = longer
 	}
@@ -87,11 +90,19 @@ func (l *Listener) QuickHello(b []byte, remote net.Addr, accepted time.Time) (*Q
 		return nil, false
 	}
 	q.Accept = c.out
-	if l.log.Enabled(context.Background(), slog.LevelDebug) {
-		l.log.Debug("vlink: accepted", "remote", remote.String(), "stack", h.Stack.String(), "target", h.Target, "node", h.Node,
-			"hops", h.Hops, "forwarded", h.Forwarded, "took", time.Since(accepted), "quick", true)
-	}
 	return q, true
+}
+
+// Taken logs the hello as accepted, at level Debug, as the listener's
+// handshake logs the hellos it accepts. The caller calls it once it takes
+// the connection; one it hands to the listener instead is logged there.
+func (q *QuickHello) Taken() {
+	if q.log == nil || !q.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	h := q.Hello
+	q.log.Debug("vlink: accepted", "remote", h.RemoteAddr, "stack", h.Stack.String(), "target", h.Target, "node", h.Node,
+		"hops", h.Hops, "forwarded", h.Forwarded, "took", time.Since(q.accepted), "quick", true)
 }
 
 // frameRecorder is the connection QuickHello runs the listener's

@@ -49,8 +49,9 @@ const BulkBytes = 64 << 10
 var ErrUnsupported = errors.New("evloop: not supported on this system")
 
 // ErrClientLeft is what Handler.Dialed reports of a connect given up
-// because the accepted connection hung up (its end or a reset) while it
-// was in progress.
+// because the accepted connection hung up while it was in progress: it
+// was reset, or it ended with nothing unread (a client that sent more
+// after its greeting, then half-closed, waits for its answer).
 var ErrClientLeft = errors.New("evloop: the client hung up before its target answered")
 
 // Config says where a Loop's connections go and how their sockets are
@@ -88,6 +89,13 @@ type Config struct {
 	// Accept one wake-up of another goroutine. False leaves the
 	// connection to Accept.
 	HandOff func(c net.Conn) bool
+	// MaxConnecting, if positive, bounds the Greeter's connections whose
+	// connect to their target is in progress at once: past it, new
+	// connections are handed off without a greeting, bytes unread, so
+	// that whoever takes them applies its own bound (a vlink.Listener's
+	// MaxHandshakes parks or sheds them). Zero: only descriptors and the
+	// connects' deadlines bound them.
+	MaxConnecting int
 }
 
 // DefaultGreetTimeout is a zero Config.GreetTimeout: a dialer sends its
@@ -141,6 +149,8 @@ func (c Config) Validate() error {
 		return errors.New("evloop: negative GreetTimeout")
 	case c.DialTimeout < 0:
 		return errors.New("evloop: negative DialTimeout")
+	case c.MaxConnecting < 0:
+		return errors.New("evloop: negative MaxConnecting")
 	}
 	return nil
 }
@@ -165,8 +175,8 @@ type Handler interface {
 
 // A Conn is one accepted connection and its connection to Target.
 type Conn struct {
-	// Remote is the accepted connection's peer, Local its local address.
-	Remote, Local netip.AddrPort
+	// Remote is the accepted connection's peer.
+	Remote netip.AddrPort
 	// Target is where the connection goes: Config.Target, or its
 	// Greeting's.
 	Target netip.AddrPort

@@ -154,17 +154,96 @@ func TestGreeterDialFailure(t *testing.T) {
 			t.Errorf("Dialed: %v, want a timeout", e.err)
 		}
 	})
-	t.Run("client left", func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after string // sent after the greeting
+		leave func(c *net.TCPConn)
+	}{
+		{"client left", "", func(c *net.TCPConn) { c.Close() }},
+		{"client reset", "", func(c *net.TCPConn) { c.SetLinger(0); c.Close() }},
+		{"client reset after its request", "ping", func(c *net.TCPConn) { c.SetLinger(0); c.Close() }},
+		{"client reset after a half-close", "ping", func(c *net.TCPConn) {
+			c.CloseWrite()
+			time.Sleep(50 * time.Millisecond)
+			c.SetLinger(0)
+			c.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder()
+			lp := startGreeter(t, lineGreeter{}, r) // no deadline: only the hang-up ends it
+			c := dial(t, lp)
+			c.Write([]byte("GO " + strconv.Itoa(full) + "\n" + tc.after))
+			time.Sleep(50 * time.Millisecond)
+			tc.leave(c)
+			if e := r.wait(t); !errors.Is(e.err, ErrClientLeft) {
+				t.Errorf("Dialed: %v, want ErrClientLeft", e.err)
+			}
+		})
+	}
+	// A client that sends its request and half-closes before the target
+	// answers, as `nc -N` does, waits for its answer as over TCP.
+	t.Run("half-closed after its request", func(t *testing.T) {
 		r := newRecorder()
-		lp := startGreeter(t, lineGreeter{}, r) // no deadline: only the hang-up ends it
+		lp := startGreeter(t, lineGreeter{}, r)
+		target, open := latePort(t)
 		c := dial(t, lp)
-		c.Write([]byte("GO " + strconv.Itoa(full) + "\n"))
-		time.Sleep(50 * time.Millisecond)
-		c.Close()
-		if e := r.wait(t); !errors.Is(e.err, ErrClientLeft) {
-			t.Errorf("Dialed: %v, want ErrClientLeft", e.err)
+		c.Write([]byte("GO " + strconv.Itoa(int(target.Port())) + "\nping"))
+		c.CloseWrite()
+		time.Sleep(100 * time.Millisecond) // the loop sees the end while it connects
+		open()
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if got, err := io.ReadAll(c); err != nil || string(got) != "OK\nping" {
+			t.Errorf("client got %q, %v; want \"OK\\nping\" and a clean end", got, err)
+		}
+		if e := r.wait(t); e.err != nil || e.up != 4 || e.down != 4 {
+			t.Errorf("Ended: up %d down %d err %v, want 4 each way, nil", e.up, e.down, e.err)
 		}
 	})
+}
+
+// latePort returns the address of a listener whose queue is full, so
+// that a connect to it waits, and a function that starts serving it (an
+// echo): the connect then completes with its next SYN, a second or so
+// after the first.
+func latePort(t *testing.T) (netip.AddrPort, func()) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "late")
+	defer f.Close()
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr).AddrPort()
+	var fill []net.Conn
+	for range 2 { // a backlog of 0 still queues one; fill it
+		c, err := net.DialTimeout("tcp", addr.String(), time.Second)
+		if err != nil {
+			break
+		}
+		fill = append(fill, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range fill {
+			c.Close()
+		}
+	})
+	return addr, func() {
+		for _, c := range fill {
+			c.Close() // its echo ends at once
+		}
+		testnet.Serve(t, l, func(c net.Conn) { io.Copy(c, c); c.(*net.TCPConn).CloseWrite() })
+	}
 }
 
 // TestGreeterClose: Close resets the connections still silent and those
@@ -228,5 +307,41 @@ func TestGreeterHandOff(t *testing.T) {
 	c.CloseWrite()
 	if got, err := io.ReadAll(accepted(t, lp)); err != nil || string(got) != "declined" {
 		t.Errorf("declined connection read %q, %v; want \"declined\"", got, err)
+	}
+}
+
+// TestGreeterMaxConnecting: with MaxConnecting connects in progress, the
+// next greeting is not read: its connection is handed off, bytes unread;
+// once a connect ends, greetings are taken again.
+func TestGreeterMaxConnecting(t *testing.T) {
+	target := serve(t, func(c *net.TCPConn) { io.Copy(c, c); c.CloseWrite() })
+	full := strconv.Itoa(int(testnet.UnansweredPort(t)))
+	r := newRecorder()
+	lp := listenLoop(t, Config{Greeter: lineGreeter{}, MaxConnecting: 1}, r)
+
+	stuck := dial(t, lp)
+	stuck.Write([]byte("GO " + full + "\n"))
+	// The loop handles its connections in order: once the second is
+	// handed off, the first was greeted before it and is connecting.
+	over := dial(t, lp)
+	over.Write([]byte("GO " + full + "\n"))
+	h := accepted(t, lp)
+	if h.RemoteAddr().String() != over.LocalAddr().String() {
+		t.Fatalf("handed off %v, want the second client's %v", h.RemoteAddr(), over.LocalAddr())
+	}
+	over.CloseWrite()
+	if got, err := io.ReadAll(h); err != nil || string(got) != "GO "+full+"\n" {
+		t.Errorf("handed-off connection read %q, %v; want its greeting unread", got, err)
+	}
+
+	stuck.Close()
+	if e := r.wait(t); !errors.Is(e.err, ErrClientLeft) {
+		t.Fatalf("Dialed: %v, want ErrClientLeft", e.err)
+	}
+	c := dial(t, lp)
+	c.Write([]byte("GO " + strconv.Itoa(int(target.Port())) + "\nping"))
+	c.CloseWrite()
+	if got, err := io.ReadAll(c); err != nil || string(got) != "OK\nping" {
+		t.Errorf("after the connect ended, client got %q, %v; want it greeted: \"OK\\nping\"", got, err)
 	}
 }

@@ -59,6 +59,7 @@ type Loop struct {
 	halves     map[int]*half
 	greeting   []*relayConn // oldest first: with one GreetTimeout, by deadline
 	connecting deadlines    // the connects with a deadline
+	dialing    int          // the Greeter's connections connecting (Config.MaxConnecting)
 	resume     time.Time    // when accepting resumes after a pause
 	started    bool         // goroutines were started this round
 	buf        [bufSize]byte
@@ -75,6 +76,7 @@ type relayConn struct {
 	reply          []byte    // the Greeting's, sent once connected
 	greeting       bool      // waiting for its first bytes (Config.Greeter)
 	connecting     bool
+	dialing        bool // counted in Loop.dialing
 	done           bool
 }
 
@@ -505,6 +507,10 @@ func (lp *Loop) start(fd int, sa unix.Sockaddr) {
 // greet shows the Greeter the first bytes of c, and connects it on as the
 // Greeting says, or hands it off.
 func (lp *Loop) greet(c *relayConn) {
+	if m := lp.cfg.MaxConnecting; m > 0 && lp.dialing >= m {
+		lp.handOff(c)
+		return
+	}
 	n, _, err := unix.Recvfrom(c.client.fd, lp.buf[:MaxGreeting], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 	switch {
 	case err == unix.EAGAIN || err == unix.EINTR:
@@ -531,6 +537,8 @@ func (lp *Loop) greet(c *relayConn) {
 		abortFd(c.client.fd)
 		return
 	}
+	c.dialing = true
+	lp.dialing++
 	c.Target, c.reply = g.Target, g.Reply
 	// The greeting's bytes were peeked: they are all there to read.
 	if g.Consume > 0 {
@@ -636,6 +644,7 @@ func (lp *Loop) dialFailed(c *relayConn, err error) {
 		c.target.fd = -1
 	}
 	c.done, c.connecting = true, false
+	lp.settled(c)
 	delete(lp.halves, c.client.fd) // a Greeter's connections are watched while connecting
 	err = &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(c.Target), Err: err}
 	var refusal []byte
@@ -650,9 +659,38 @@ func (lp *Loop) dialFailed(c *relayConn, err error) {
 	lp.h.Dialed(&c.Conn, time.Since(c.start), err)
 }
 
+// halfClosed reports whether the client, whose end woke the loop while
+// its connect is in progress, half-closed after a request (bytes wait
+// unread after its greeting) rather than gave up: the relay passes its
+// end on once connected, and until then only a reset wakes the loop for
+// it (epoll is level-triggered: the end would wake it again and again).
+// As vlink.Listener's handshake does, an end with nothing unread is taken
+// for a dialer that left.
+func (lp *Loop) halfClosed(c *relayConn) bool {
+	pfd := []unix.PollFd{{Fd: int32(c.client.fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(pfd, 0); err != nil || n != 1 || pfd[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
+		return false // reset (the bytes it sent are lost to it anyway)
+	}
+	if n, _, err := unix.Recvfrom(c.client.fd, lp.buf[:1], unix.MSG_PEEK|unix.MSG_DONTWAIT); err != nil || n == 0 {
+		return false
+	}
+	// Errors and hang-ups are reported whatever the events asked for.
+	return lp.ctl(unix.EPOLL_CTL_MOD, c.client.fd, 0) == nil
+}
+
+// settled takes c, whose connect ended, off the count of the Greeter's
+// connects in progress.
+func (lp *Loop) settled(c *relayConn) {
+	if c.dialing {
+		c.dialing = false
+		lp.dialing--
+	}
+}
+
 // connected starts relaying once the connect completed.
 func (lp *Loop) connected(c *relayConn) {
 	c.connecting = false
+	lp.settled(c)
 	soErr, err := unix.GetsockoptInt(c.target.fd, unix.SOL_SOCKET, unix.SO_ERROR)
 	if err == nil && soErr != 0 {
 		err = unix.Errno(soErr)
@@ -695,7 +733,9 @@ func (lp *Loop) event(h *half) {
 		lp.greet(c)
 		return
 	case c.connecting && h == &c.client:
-		lp.dialFailed(c, ErrClientLeft)
+		if !lp.halfClosed(c) {
+			lp.dialFailed(c, ErrClientLeft)
+		}
 		return
 	case c.connecting:
 		lp.connected(c)

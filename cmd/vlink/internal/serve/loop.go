@@ -37,7 +37,14 @@ func (f *serveForward) listen(ctx context.Context, e *base.Env, lc *vlink.Listen
 		return nil, nil, err
 	}
 	g := &greeter{s: &f.s}
-	lp, err := evloop.Listen(nl.(*net.TCPListener), evloop.Config{Greeter: g, HandOff: g.handOff},
+	// The loop's connects count as the listener's handshakes do (admit
+	// dials within them): past as many, the loop hands connections to
+	// the listener, which parks or sheds them.
+	maxConnecting := lc.MaxHandshakes
+	if maxConnecting <= 0 {
+		maxConnecting = vlink.DefaultMaxHandshakes
+	}
+	lp, err := evloop.Listen(nl.(*net.TCPListener), evloop.Config{Greeter: g, HandOff: g.handOff, MaxConnecting: maxConnecting},
 		f.s.t.LoopHandler(e.Log, metrics.Labels{Forward: f.s.forward, Transport: metrics.TransportTCP}, nl.Addr().String(), ""))
 	if err != nil {
 		if !errors.Is(err, evloop.ErrUnsupported) {
@@ -83,6 +90,7 @@ func (g *greeter) Greet(c *evloop.Conn, first []byte) (evloop.Greeting, bool) {
 		// A name is resolved, a PROXY header sent, on a goroutine.
 		return evloop.Greeting{}, false
 	}
+	q.Taken()
 	stack := metrics.HelloStackLabel(h)
 	g.s.t.Metrics.HandshakeDone(stack, time.Since(start))
 	c.Value = &forward.LoopGreeting{Stack: stack, Value: q,
