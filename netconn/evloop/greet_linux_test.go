@@ -316,13 +316,16 @@ func TestGreeterHandOff(t *testing.T) {
 func TestGreeterMaxConnecting(t *testing.T) {
 	target := serve(t, func(c *net.TCPConn) { io.Copy(c, c); c.CloseWrite() })
 	full := strconv.Itoa(int(testnet.UnansweredPort(t)))
-	r := newRecorder()
+	r := &greeted{recorder: newRecorder(), took: make(chan struct{}, 10)}
 	lp := listenLoop(t, Config{Greeter: lineGreeter{}, MaxConnecting: 1}, r)
 
 	stuck := dial(t, lp)
 	stuck.Write([]byte("GO " + full + "\n"))
-	// The loop handles its connections in order: once the second is
-	// handed off, the first was greeted before it and is connecting.
+	select {
+	case <-r.took: // greeted, and connecting
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first connection was not greeted")
+	}
 	over := dial(t, lp)
 	over.Write([]byte("GO " + full + "\n"))
 	h := accepted(t, lp)
@@ -344,4 +347,15 @@ func TestGreeterMaxConnecting(t *testing.T) {
 	if got, err := io.ReadAll(c); err != nil || string(got) != "OK\nping" {
 		t.Errorf("after the connect ended, client got %q, %v; want it greeted: \"OK\\nping\"", got, err)
 	}
+}
+
+// greeted is a recorder that signals each connection its Greeter took.
+type greeted struct {
+	*recorder
+	took chan struct{}
+}
+
+func (g *greeted) Accepted(c *Conn) bool {
+	g.took <- struct{}{}
+	return g.recorder.Accepted(c)
 }

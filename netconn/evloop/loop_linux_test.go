@@ -81,7 +81,7 @@ func startLoop(t *testing.T, target netip.AddrPort, r *recorder, timeout time.Du
 
 // listenLoop serves a loop with cfg, closed and aborted at the end of the
 // test.
-func listenLoop(t *testing.T, cfg Config, r *recorder) *Loop {
+func listenLoop(t *testing.T, cfg Config, r Handler) *Loop {
 	t.Helper()
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
