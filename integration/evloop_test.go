@@ -69,8 +69,9 @@ func TestTunnelEventLoop(t *testing.T) {
 // answer from their bytes alone on its event loop (a tcp route's, vlink
 // exec's) and hands every other connection to its listener: tunnels with
 // tcp and zstd through it carry short and bulk echoes whole, many at
-// once, and a program under vlink exec gets its echo and its own
-// ECONNREFUSED through the loop. A key, or --event-loop=false, keeps the
+// once, and a program under vlink exec gets its echoes (the shim makes
+// the later ones from the agent's recipe) and its own ECONNREFUSED
+// through the loop. A key, or --event-loop=false, keeps the
 // goroutines, with the same results.
 func TestServeEventLoop(t *testing.T) {
 	testenv.Programs(t, "socat", "python3", "cc") // cc: vlink exec builds its shim
@@ -79,10 +80,14 @@ func TestServeEventLoop(t *testing.T) {
 	closed := strconv.Itoa(testnet.RefusedPort(t))
 	keyFile := filepath.Join(t.TempDir(), "vlink.key")
 	writeFile(t, keyFile, "0123456789abcdef0123456789abcdef\n")
+	// Three connects to the echo: the agent makes the first, the shim
+	// the others from the agent's recipe (preload/recipe.go).
 	script := `import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"through the gateway")
-print(s.recv(100).decode())
+for i in range(3):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"through the gateway %d" % i)
+    print(s.recv(100).decode())
+    s.close()
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[2])))
 except ConnectionRefusedError as e:
@@ -124,18 +129,25 @@ except ConnectionRefusedError as e:
 				rules = fmt.Sprintf("key_file = %q\n", keyFile) + rules
 			}
 			writeFile(t, conf, rules)
-			out, stderr, err := run(time.Minute, nil, vlinkBin, "exec", "--config", conf, "--", "python3", "-c", script, echoPort, closed)
-			if want := fmt.Sprintf("through the gateway\nrefused %d\n", syscall.ECONNREFUSED); err != nil || string(out) != want {
+			out, stderr, err := run(time.Minute, nil, vlinkBin, "exec", "--log-level", "debug", "--config", conf, "--", "python3", "-c", script, echoPort, closed)
+			if want := fmt.Sprintf("through the gateway 0\nthrough the gateway 1\nthrough the gateway 2\nrefused %d\n", syscall.ECONNREFUSED); err != nil || string(out) != want {
 				t.Errorf("python printed %q, %v; want %q\nvlink exec said:\n%s", out, err, want, stderr)
 			}
-			// 20 tcp tunnel connections and the program's echo; the
+			// With no key the agent sends a recipe with its one
+			// descriptor; with a key, none, and it makes all three.
+			recipes := regexp.MustCompile(`msg="passed a descriptor" [^\n]*recipe=true`).FindAllString(string(stderr), -1)
+			passed := regexp.MustCompile(`msg="passed a descriptor"`).FindAllString(string(stderr), -1)
+			if want := map[bool][2]int{false: {1, 1}, true: {0, 3}}[tc.key != nil]; len(recipes) != want[0] || len(passed) != want[1] {
+				t.Errorf("the agent passed %d descriptors, %d with a recipe; want %d, %d\n%s", len(passed), len(recipes), want[1], want[0], stderr)
+			}
+			// 20 tcp tunnel connections and the program's echoes; the
 			// refusal is logged as the target's.
 			quick := regexp.MustCompile(`msg="vlink: accepted" [^\n]*quick=true`).FindAllString(serve.Output(), -1)
 			if !tc.loop && len(quick) > 0 {
 				t.Errorf("serve took %d hellos on its loop, want none", len(quick))
 			}
-			if tc.loop && len(quick) != 22 {
-				t.Errorf("serve took %d hellos on its loop, want 22 (20 tcp tunnel connections, the program's two connects)", len(quick))
+			if tc.loop && len(quick) != 24 {
+				t.Errorf("serve took %d hellos on its loop, want 24 (20 tcp tunnel connections, the program's four connects)", len(quick))
 			}
 			serve.WaitFor(t, regexp.MustCompile(`msg="target unreachable" [^\n]*target=127.0.0.1:`+closed), 10*time.Second)
 			if !serve.Running() {

@@ -1,6 +1,7 @@
 package preload
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -494,6 +495,8 @@ func (a *Agent) serveChannel(uc *net.UnixConn, id uint64) {
 				return
 			}
 			continue
+		case msgAnswer:
+			out = appendFrame(out, msgErrno, binary.BigEndian.AppendUint16(nil, uint16(a.answered(pid, &req.answer))))
 		case msgDatagram:
 			if err := writeResult(c, a.datagram(pid, &req.dgram)); err != nil {
 				return
@@ -716,10 +719,17 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		return nil
 	}
 	if f, to := plainFactory(d, target, req.family); f != nil {
-		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, f, to, timeout) }, attrs)
+		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, f, to, timeout) }, attrs, nil)
 	}
 	if f, gw := a.gatewayFactory(d, req.family); f != nil {
-		return a.connectPlain(c, func() (int, error) { return dialGateway(a.ctx, f, gw, target, timeout) }, attrs)
+		// A blocking connect with no timeout of its own to a real
+		// address is the same every time: the shim may make the next
+		// ones itself.
+		var rec *recipe
+		if _, fake := a.fakes.nameOf(req.dest.Addr()); !fake && req.timeoutMs == 0 {
+			rec = new(recipe)
+		}
+		return a.connectPlain(c, func() (int, error) { return dialGateway(a.ctx, f, gw, target, timeout, rec) }, attrs, rec)
 	}
 	conn, err := dial()
 	if err != nil {
@@ -753,8 +763,9 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 // connectPlain answers a blocking connect whose route is plain TCP, to
 // the target or to a gateway that takes a hello with no key
 // (plainFactory, gatewayFactory): the agent connects on this thread with
-// dial and passes the program the socket.
-func (a *Agent) connectPlain(c *chanConn, dial func() (int, error), attrs []any) error {
+// dial and passes the program the socket, and with it rec, if dial
+// wrote one there.
+func (a *Agent) connectPlain(c *chanConn, dial func() (int, error), attrs []any, rec *recipe) error {
 	fd, err := dial()
 	if err != nil {
 		a.observed(ConnectFailed)
@@ -762,10 +773,38 @@ func (a *Agent) connectPlain(c *chanConn, dial func() (int, error), attrs []any)
 		return writeResult(c, result{kind: resultError, errno: uint16(errnoOf(err))})
 	}
 	a.observed(ConnectRouted)
-	err = c.writeWithFD(appendFrame(nil, msgResult, (&result{kind: resultFD}).append(nil)), fd)
+	res := result{kind: resultFD}
+	var more []byte
+	if rec != nil {
+		if body, ok := rec.append(nil); ok {
+			res.flags = resultFlagRecipe
+			more = appendFrame(nil, msgRecipe, body)
+		}
+	}
+	err = c.writeWithFD(append(appendFrame(nil, msgResult, res.append(nil)), more...), fd)
 	unix.Close(fd)
-	a.log.Debug("passed a descriptor", attrs...)
+	a.log.Debug("passed a descriptor", append(attrs, "recipe", more != nil)...)
 	return err
+}
+
+// answered tells the shim the errno of what a recipe's gateway answered
+// instead of its accept (msgAnswer): the refusal's, ETIMEDOUT when the
+// wait ran out, or 0 for an answer that is no refusal (the shim then asks
+// for the connect).
+func (a *Agent) answered(pid int, m *answerReq) syscall.Errno {
+	attrs := []any{"pid", pid, "to", m.dest.String(), "recipe", true}
+	err := os.ErrDeadlineExceeded
+	if !m.timedOut {
+		// The hello's text does not change how an answer reads without
+		// a key: any hello of PlainHello's will do.
+		hello := vlink.PlainHello(context.Background(), m.dest.String(), "")
+		if err = vlink.ReadPlainAnswer(bytes.NewReader(m.bytes()), hello); err == nil {
+			return 0
+		}
+	}
+	a.observed(ConnectFailed)
+	a.log.Info("cannot connect", append(attrs, "err", err)...)
+	return errnoOf(err)
 }
 
 // dial connects to target as decision d says.

@@ -1086,3 +1086,168 @@ func TestServe(t *testing.T) {
 		})
 	}
 }
+
+// TestRecipe: after the agent's first blocking connect through a tcp
+// route to a gateway with no key, the shim makes the next ones to that
+// destination by itself (preload/recipe.go): each goes through the
+// gateway, with the route's options and the program's own over them,
+// getpeername's address and the echo, and the agent hears of none. A
+// target that refuses then gets the program ECONNREFUSED, as the agent's
+// way does, and the recipe still serves once the target is back.
+// VLINK_PRELOAD_CACHE=0 asks the agent every time.
+func TestRecipe(t *testing.T) {
+	lb := newLab(t)
+	var target net.Listener
+	listen := func(addr string) {
+		t.Helper()
+		l, err := net.Listen("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		target = l
+		testnet.Serve(t, l, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			testnet.Echo(c)
+		})
+	}
+	listen("127.0.0.1:0")
+	port := strconv.Itoa(target.Addr().(*net.TCPAddr).Port)
+	passed := regexp.MustCompile(`msg="passed a descriptor" [^\n]*to=127.0.0.3:` + port + `[^\n]*recipe=true`)
+
+	steps := func(env ...string) (step func(line string) string, done func()) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cmd := exec.CommandContext(ctx, lb.prog, "steps", "127.0.0.3", port)
+		cmd.Env = append(append(append(os.Environ(), "LD_PRELOAD="+lb.shim), lb.agent.Env()...), env...)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r := bufio.NewReader(out)
+		step = func(line string) string {
+			t.Helper()
+			if _, err := io.WriteString(in, line+"\n"); err != nil {
+				t.Fatal(err)
+			}
+			s, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("conntest steps: %v", err)
+			}
+			return strings.TrimSpace(s)
+		}
+		return step, func() {
+			in.Close()
+			if err := cmd.Wait(); err != nil {
+				t.Errorf("conntest steps: %v", err)
+			}
+			cancel()
+		}
+	}
+	const connected = "errno=connected peer=ok keepidle=15 echo=ok"
+	step, done := steps()
+	before := lb.gwConns.Load()
+	for i, tc := range []struct{ line, want string }{
+		{"", connected}, // the agent's, with the recipe
+		{"", connected}, // the shim's
+		{"opt", "errno=connected peer=ok keepidle=77 echo=ok"}, // the program's option over the route's
+		{"", connected},
+	} {
+		if got := step(tc.line); got != tc.want {
+			t.Errorf("connect %d: %q, want %q", i+1, got, tc.want)
+		}
+	}
+	if n := lb.gwConns.Load() - before; n != 4 {
+		t.Errorf("the gateway took %d connections, want 4", n)
+	}
+	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 1 {
+		t.Errorf("the agent passed %d descriptors with a recipe, want 1 (the first connect)", n)
+	}
+
+	target.Close()
+	if got := step(""); got != "errno=ECONNREFUSED" {
+		t.Errorf("connect to a target that refuses: %q, want errno=ECONNREFUSED", got)
+	}
+	if !regexp.MustCompile(`msg="cannot connect" [^\n]*to=127.0.0.3:` + port + ` recipe=true`).MatchString(lb.logs.String()) {
+		t.Errorf("the agent did not read the gateway's refusal for the shim")
+	}
+	listen("127.0.0.1:" + port)
+	if got := step(""); got != connected {
+		t.Errorf("connect once the target is back: %q, want %q", got, connected)
+	}
+	done()
+	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 1 {
+		t.Errorf("the agent passed %d descriptors with a recipe, want 1: the shim kept its recipe past the refusal", n)
+	}
+
+	step, done = steps("VLINK_PRELOAD_CACHE=0")
+	for i := range 2 {
+		if got := step(""); got != connected {
+			t.Errorf("without the cache, connect %d: %q, want %q", i+1, got, connected)
+		}
+	}
+	done()
+	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 3 {
+		t.Errorf("without the cache: %d descriptors passed with a recipe in all, want 3 (every connect asks)", n)
+	}
+}
+
+// TestRecipeTimeout: a recipe's gateway that takes the hello and then
+// never answers gets the program ETIMEDOUT at the connect's time, as the
+// agent's own connect does, and a fresh socket it can connect again.
+func TestRecipeTimeout(t *testing.T) {
+	shim, prog := needBuilds(t)
+	echo := echoServer(t, "tcp4", "127.0.0.1:0")
+	var admitted atomic.Int64
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}, Plain: vlink.PlainRefuse},
+		MaxTargetWait: time.Minute,
+		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
+			if admitted.Add(1) == 2 { // the second: no answer until the dialer leaves
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return (&net.Dialer{}).DialContext(ctx, "tcp", echo)
+		},
+	}
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, l, func(c net.Conn) { netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn)) })
+	cfg, err := vlink.NewConfig([]selector.Rule{{Host: "127.0.0.7", Stack: "tcp", Via: l.Addr().String()}}, selector.Rule{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testnet.Buffer{}
+	a, err := NewAgent(AgentConfig{Config: cfg, DialTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	_, port, _ := net.SplitHostPort(echo)
+	cmd := exec.Command(prog, "steps", "127.0.0.7", port)
+	cmd.Env = append(append(os.Environ(), "LD_PRELOAD="+shim), a.Env()...)
+	cmd.Stdin = strings.NewReader("\n\n\n")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(start)
+	want := "errno=connected peer=ok keepidle=15 echo=ok\nerrno=ETIMEDOUT\nerrno=connected peer=ok keepidle=15 echo=ok\n"
+	if err != nil || string(out) != want {
+		t.Errorf("conntest steps: %v\n%s\nwant:\n%s", err, out, want)
+	}
+	if took < time.Second || took > 5*time.Second {
+		t.Errorf("three connects, one of them timed out, took %v; want the agent's second and little more", took)
+	}
+	if n := admitted.Load(); n != 3 {
+		t.Errorf("the gateway admitted %d hellos, want 3", n)
+	}
+	if !strings.Contains(logs.String(), `msg="cannot connect" pid=`) || !strings.Contains(logs.String(), "recipe=true") {
+		t.Errorf("the agent did not log the shim's timed-out connect:\n%s", logs.String())
+	}
+}

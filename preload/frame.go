@@ -66,10 +66,12 @@ const (
 	msgAccepted   msgType = 17 // shim: whose is the connection accepted from this address (the agent's end)?
 	msgAcceptInfo msgType = 18 // agent: kind u8 | remote | local; a plain client's descriptor comes with it (SCM_RIGHTS)
 	msgDatagram   msgType = 19 // shim: a UDP socket's connect: destination | relay family u8 | the socket's address seen from loopback (agent: msgResult)
+	msgRecipe     msgType = 20 // agent, after a msgResult flagged resultFlagRecipe: how to make that connect without asking (recipe.go)
+	msgAnswer     msgType = 21 // shim: what a recipe's gateway answered instead of its accept (recipe.go; agent: msgErrno)
 )
 
 func (t msgType) String() string {
-	names := [...]string{"", "hello", "welcome", "connect", "result", "attach", "resolve", "name", "peer", "peer-addr", "addr-name", "name-of", "ip-table", "why", "errno", "served", "listen", "accepted", "accept-info", "datagram"}
+	names := [...]string{"", "hello", "welcome", "connect", "result", "attach", "resolve", "name", "peer", "peer-addr", "addr-name", "name-of", "ip-table", "why", "errno", "served", "listen", "accepted", "accept-info", "datagram", "recipe", "answer"}
 	if int(t) < len(names) && t != 0 {
 		return names[t]
 	}
@@ -220,9 +222,14 @@ const (
 	resultDatagram = 5
 )
 
-// resultFlagCache: the verdict holds for this address and port for the
-// agent's lifetime, so the shim may remember it.
-const resultFlagCache = 1
+// Result flags. resultFlagCache: the verdict holds for this address and
+// port for the agent's lifetime, so the shim may remember it.
+// resultFlagRecipe: a msgRecipe follows, for the shim to make the next
+// blocking connects to this address and port by itself.
+const (
+	resultFlagCache  = 1
+	resultFlagRecipe = 2
+)
 
 type result struct {
 	kind  uint8
@@ -427,6 +434,7 @@ type request struct {
 	why     uint64   // msgWhy: a relay token
 	listen  listenReq
 	dgram   datagramReq
+	answer  answerReq
 }
 
 // parseRequest decodes a request body of type t.
@@ -463,6 +471,8 @@ func parseRequest(t msgType, body []byte) (request, error) {
 		}
 	case msgDatagram:
 		r.dgram, err = parseDatagram(body)
+	case msgAnswer:
+		r.answer, err = parseAnswer(body)
 	case msgAccepted:
 		if len(body) != acceptSize {
 			return r, badFrame("accepted of %d bytes, want %d", len(body), acceptSize)
@@ -496,6 +506,8 @@ func appendRequest(b []byte, r *request) []byte {
 		body = binary.BigEndian.AppendUint64(nil, r.why)
 	case msgDatagram:
 		body = r.dgram.append(nil)
+	case msgAnswer:
+		body = r.answer.append(nil)
 	}
 	return appendFrame(b, r.typ, body)
 }

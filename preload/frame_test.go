@@ -22,7 +22,15 @@ func sampleRequests() []request {
 		{typ: msgAccepted, addr: netip.MustParseAddrPort("127.0.0.1:42000")},
 		{typ: msgDatagram, dgram: datagramReq{dest: netip.MustParseAddrPort("198.18.0.9:53"), family: 4, local: netip.MustParseAddrPort("127.0.0.1:43000")}},
 		{typ: msgDatagram, dgram: datagramReq{dest: netip.MustParseAddrPort("[fd00::1]:443"), family: 6, local: netip.MustParseAddrPort("[::1]:43001")}},
+		{typ: msgAnswer, answer: sampleAnswer("10.1.2.3:443", false, "\x01\x05\x00\x02\x01\x03")},
+		{typ: msgAnswer, answer: sampleAnswer("[fd00::1]:22", true, "")},
 	}
+}
+
+func sampleAnswer(dest string, timedOut bool, b string) answerReq {
+	m := answerReq{dest: netip.MustParseAddrPort(dest), timedOut: timedOut}
+	m.n = uint16(copy(m.b[:], b))
+	return m
 }
 
 func TestFrameRoundTrip(t *testing.T) {

@@ -2,6 +2,7 @@ package preload
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"net/netip"
 	"os"
@@ -49,8 +50,9 @@ func (a *Agent) gatewayFactory(d decision, fam uint8) (*tcp.Factory, netip.AddrP
 // dialGateway connects a socket with f's options to the gateway gw, asks
 // it for target with the hello a Dialer would send, and returns the
 // socket once the gateway accepted, all within timeout; a refusal comes
-// back as the *vlink.RefusedError it carries.
-func dialGateway(ctx context.Context, f *tcp.Factory, gw netip.AddrPort, target string, timeout time.Duration) (int, error) {
+// back as the *vlink.RefusedError it carries. With rec, it writes there
+// how to make the same connection again (recipe.go).
+func dialGateway(ctx context.Context, f *tcp.Factory, gw netip.AddrPort, target string, timeout time.Duration, rec *recipe) (int, error) {
 	deadline := time.Now().Add(timeout)
 	fd, err := dialPlain(ctx, f, gw, timeout)
 	if err != nil {
@@ -69,11 +71,34 @@ func dialGateway(ctx context.Context, f *tcp.Factory, gw netip.AddrPort, target 
 		}
 		return -1, os.NewSyscallError("write", err)
 	}
-	if err := vlink.ReadPlainAnswer(&pollReader{ctx: ctx, fd: fd, deadline: deadline}, hello); err != nil {
+	ans := &answerRecorder{r: &pollReader{ctx: ctx, fd: fd, deadline: deadline}}
+	if err := vlink.ReadPlainAnswer(ans, hello); err != nil {
 		unix.Close(fd)
 		return -1, err
 	}
+	if rec != nil {
+		*rec = recipe{gateway: gw, waitMs: uint32(timeout.Milliseconds()), hello: hello, accept: ans.got}
+		for _, o := range f.SocketOptions() {
+			ro := recipeOpt{level: uint16(o.Level), name: uint16(o.Name), kind: optInt, val: binary.BigEndian.AppendUint32(nil, uint32(int32(o.Int)))}
+			if o.Str != "" {
+				ro.kind, ro.val = optBytes, []byte(o.Str)
+			}
+			rec.opts = append(rec.opts, ro)
+		}
+	}
 	return fd, nil
+}
+
+// answerRecorder keeps what the gateway's answer was made of.
+type answerRecorder struct {
+	r   io.Reader
+	got []byte
+}
+
+func (a *answerRecorder) Read(b []byte) (int, error) {
+	n, err := a.r.Read(b)
+	a.got = append(a.got, b[:n]...)
+	return n, err
 }
 
 // pollReader reads a socket with no more bytes than asked, waiting in

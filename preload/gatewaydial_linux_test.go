@@ -1,9 +1,12 @@
 package preload
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -105,7 +108,8 @@ func TestDialGateway(t *testing.T) {
 	allow := []selector.Rule{{Host: "127.0.0.1", Action: selector.Direct}}
 	t.Run("accepted", func(t *testing.T) {
 		gw, hellos := gatewayFor(t, vlink.Policy{Targets: allow})
-		fd, err := dialGateway(context.Background(), f, gw, echo, time.Minute)
+		var rec recipe
+		fd, err := dialGateway(context.Background(), f, gw, echo, time.Minute, &rec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,6 +136,7 @@ func TestDialGateway(t *testing.T) {
 		if h.CongestionControl != "reno" || h.TargetWait < 50*time.Second || h.TargetWait > time.Minute {
 			t.Errorf("the hello named congestion control %q and a wait of %v, want reno and the minute's timeout", h.CongestionControl, h.TargetWait)
 		}
+		checkRecipe(t, rec, gw, f)
 	})
 	t.Run("target refused", func(t *testing.T) {
 		gw, _ := gatewayFor(t, vlink.Policy{Targets: allow})
@@ -140,7 +145,7 @@ func TestDialGateway(t *testing.T) {
 			t.Fatal(err)
 		}
 		closed.Close()
-		_, err = dialGateway(context.Background(), f, gw, closed.Addr().String(), time.Minute)
+		_, err = dialGateway(context.Background(), f, gw, closed.Addr().String(), time.Minute, nil)
 		var re *vlink.RefusedError
 		if !errors.As(err, &re) || errnoOf(err) != syscall.ECONNREFUSED {
 			t.Errorf("err = %v, want the gateway's refusal, ECONNREFUSED", err)
@@ -148,7 +153,7 @@ func TestDialGateway(t *testing.T) {
 	})
 	t.Run("a gateway that wants a key", func(t *testing.T) {
 		gw, _ := gatewayFor(t, vlink.Policy{Targets: allow, Key: []byte("0123456789abcdef")})
-		_, err := dialGateway(context.Background(), f, gw, echo, time.Minute)
+		_, err := dialGateway(context.Background(), f, gw, echo, time.Minute, nil)
 		var re *vlink.RefusedError
 		if !errors.As(err, &re) || re.Code != vlink.CodeAuthRequired {
 			t.Errorf("err = %v, want a refusal asking for the key", err)
@@ -166,7 +171,7 @@ func TestDialGateway(t *testing.T) {
 				c.Close()
 			}
 		}()
-		_, err = dialGateway(context.Background(), f, l.Addr().(*net.TCPAddr).AddrPort(), echo, time.Minute)
+		_, err = dialGateway(context.Background(), f, l.Addr().(*net.TCPAddr).AddrPort(), echo, time.Minute, nil)
 		if !errors.Is(err, vlink.ErrNotVLink) {
 			t.Errorf("err = %v, want ErrNotVLink", err)
 		}
@@ -179,7 +184,68 @@ func TestDialGateway(t *testing.T) {
 	silentAddr := silent.Addr().(*net.TCPAddr).AddrPort()
 	// A gateway that never answers the hello.
 	waits(t, func(ctx context.Context, timeout time.Duration) error {
-		_, err := dialGateway(ctx, f, silentAddr, echo, timeout)
+		_, err := dialGateway(ctx, f, silentAddr, echo, timeout, nil)
 		return err
 	})
+}
+
+// checkRecipe: what dialGateway wrote of its connection is what the shim
+// needs to make it again: the gateway, the wait, the hello it sent, the
+// accept it got, and the factory's options, through the wire format.
+func checkRecipe(t *testing.T, rec recipe, gw netip.AddrPort, f *tcp.Factory) {
+	t.Helper()
+	body, ok := rec.append(nil)
+	if !ok {
+		t.Fatalf("the recipe does not fit the shim's limits: %+v", rec)
+	}
+	got, err := parseRecipe(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.gateway != gw || got.waitMs != 60000 || !bytes.HasPrefix(got.hello, []byte("\x89VLK")) || string(got.accept) != "\x01\x04\x00\x00" {
+		t.Errorf("recipe: gateway %v wait %d ms hello %q accept %q; want %v, 60000, a hello, the accept frame", got.gateway, got.waitMs, got.hello, got.accept, gw)
+	}
+	opts := f.SocketOptions()
+	if len(got.opts) != len(opts) {
+		t.Fatalf("recipe has %d options, the factory %d", len(got.opts), len(opts))
+	}
+	for i, o := range opts {
+		r := got.opts[i]
+		want := binary.BigEndian.AppendUint32(nil, uint32(int32(o.Int)))
+		if o.Str != "" {
+			want = []byte(o.Str)
+		}
+		if int(r.level) != o.Level || int(r.name) != o.Name || !bytes.Equal(r.val, want) {
+			t.Errorf("option %d: level %d name %d value %x, want %d %d %x", i, r.level, r.name, r.val, o.Level, o.Name, want)
+		}
+	}
+}
+
+// TestAnswered: what a recipe's gateway answered instead of the accept
+// gets the program the errno the agent's own connect would have: the
+// refusal's, ETIMEDOUT, and 0 for an accept of another form.
+func TestAnswered(t *testing.T) {
+	a := &Agent{log: slog.New(slog.DiscardHandler)}
+	q := &vlink.QuickHello{}
+	for _, tc := range []struct {
+		name     string
+		answer   []byte
+		timedOut bool
+		want     syscall.Errno
+	}{
+		{"target refused", q.Refusal(vlink.TargetRefusal(syscall.ECONNREFUSED)), false, syscall.ECONNREFUSED},
+		{"target unreachable", q.Refusal(vlink.TargetRefusal(syscall.EHOSTUNREACH)), false, syscall.EHOSTUNREACH},
+		{"target not allowed", q.Refusal(&vlink.RefusedError{Code: vlink.CodeTarget, Reason: "no"}), false, syscall.EACCES},
+		{"the gateway closed", nil, false, syscall.ECONNREFUSED},
+		{"no VLink", []byte("SSH-2.0-OpenSSH_9.2\r\n"), false, syscall.ECONNREFUSED},
+		{"timed out", []byte("\x01"), true, syscall.ETIMEDOUT},
+		{"an accept", []byte("\x01\x04\x00\x00"), false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := sampleAnswer("127.0.0.1:80", tc.timedOut, string(tc.answer))
+			if got := a.answered(1, &m); got != tc.want {
+				t.Errorf("errno %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -7,43 +7,65 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vlink-dev/vlink/netconn"
 )
 
 // PrepareSocket sets on a socket not yet connected the options
-// DialContext's connections get: congestion control, TCP_USER_TIMEOUT,
-// keep-alives and TCP_NODELAY. It is for a dialer of its own (an event
-// loop, netconn/evloop): rc's Control reaches the socket.
+// DialContext's connections get (SocketOptions): congestion control,
+// TCP_USER_TIMEOUT, keep-alives and TCP_NODELAY. It is for a dialer of
+// its own (an event loop, netconn/evloop): rc's Control reaches the
+// socket.
 func (f *Factory) PrepareSocket(rc syscall.RawConn) error {
-	if err := f.control("", "", rc); err != nil {
-		return err
-	}
-	ka := f.keepAlive()
-	var serr error
-	err := rc.Control(func(fd uintptr) {
-		set := func(level, opt, v int) {
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), level, opt, v)
+	for _, o := range f.SocketOptions() {
+		if o.Name == unix.TCP_CONGESTION && o.Level == unix.IPPROTO_TCP {
+			if err := netconn.SetCongestionControlRaw(rc, o.Str); err != nil {
+				return err
 			}
+			continue
 		}
-		if ka.Enable {
-			set(unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
-			set(unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs(ka.Idle))
-			set(unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs(ka.Interval))
-			set(unix.IPPROTO_TCP, unix.TCP_KEEPCNT, ka.Count)
+		var serr error
+		if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), o.Level, o.Name, o.Int) }); err != nil {
+			return err
 		}
-		nodelay := 1
-		if f.o.NoNagle {
-			nodelay = 0
+		if serr != nil {
+			return &net.OpError{Op: "setsockopt", Net: "tcp", Err: os.NewSyscallError("setsockopt", serr)}
 		}
-		set(unix.IPPROTO_TCP, unix.TCP_NODELAY, nodelay)
-	})
-	if err != nil {
-		return err
-	}
-	if serr != nil {
-		return &net.OpError{Op: "setsockopt", Net: "tcp", Err: os.NewSyscallError("setsockopt", serr)}
 	}
 	return nil
+}
+
+// A SocketOption is one setsockopt(2) of PrepareSocket's: an integer
+// value, or for TCP_CONGESTION a name (Str).
+type SocketOption struct {
+	Level, Name int
+	Int         int
+	Str         string
+}
+
+// SocketOptions returns the options PrepareSocket sets, in its order,
+// for a dialer that sets them by other means (vlink exec's shim, from
+// what its agent tells it).
+func (f *Factory) SocketOptions() []SocketOption {
+	var opts []SocketOption
+	if cc := f.o.CongestionControl; cc != "" {
+		opts = append(opts, SocketOption{Level: unix.IPPROTO_TCP, Name: unix.TCP_CONGESTION, Str: cc})
+	}
+	if d := f.userTimeout(); d > 0 {
+		opts = append(opts, SocketOption{Level: unix.IPPROTO_TCP, Name: unix.TCP_USER_TIMEOUT, Int: int(d.Milliseconds())})
+	}
+	if ka := f.keepAlive(); ka.Enable {
+		opts = append(opts,
+			SocketOption{Level: unix.SOL_SOCKET, Name: unix.SO_KEEPALIVE, Int: 1},
+			SocketOption{Level: unix.IPPROTO_TCP, Name: unix.TCP_KEEPIDLE, Int: secs(ka.Idle)},
+			SocketOption{Level: unix.IPPROTO_TCP, Name: unix.TCP_KEEPINTVL, Int: secs(ka.Interval)},
+			SocketOption{Level: unix.IPPROTO_TCP, Name: unix.TCP_KEEPCNT, Int: ka.Count})
+	}
+	nodelay := 1
+	if f.o.NoNagle {
+		nodelay = 0
+	}
+	return append(opts, SocketOption{Level: unix.IPPROTO_TCP, Name: unix.TCP_NODELAY, Int: nodelay})
 }
 
 // secs rounds d up to whole seconds, as the net package does for

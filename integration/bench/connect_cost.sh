@@ -13,7 +13,10 @@
 #   tunnel-mux        vlink tunnel --stack mux --via -> vlink serve: a new
 #                     stream on the session the warm-up connects set up
 #   proxychains       proxychains4 (preloaded) -> microsocks
-#   exec-tcp          vlink exec, a route through vlink serve with tcp
+#   exec-tcp          vlink exec, a route through vlink serve with tcp:
+#                     the agent makes the first connect, the shim the
+#                     others from its recipe (VLINK_PRELOAD_CACHE=0 in the
+#                     environment: the agent makes them all)
 #   exec-zstd         the same with zstd (the agent relays)
 #   exec-mux+lz4      the same with mux+lz4 (streams of one session)
 #   exec-agent        vlink exec, a route with tcp and no gateway: the agent

@@ -9,7 +9,10 @@
  *     cached, and when no rule routes IP addresses the agent is not asked);
  *   - a descriptor: a blocking connect the agent dialed through a stack
  *     whose result is plain TCP comes back over SCM_RIGHTS and replaces the
- *     program's descriptor, keeping its number, flags and options;
+ *     program's descriptor, keeping its number, flags and options; for a
+ *     `tcp` route through a gateway with no key, a recipe comes with it,
+ *     and the next blocking connects there are made here, without asking
+ *     (the gateway's hello sent and its accept checked: recipe_connect);
  *   - a relay: otherwise the program's own socket connects to the agent's
  *     loopback relay listener; a non-blocking connect returns EINPROGRESS at
  *     once, and its socket waits in SYN-SENT on the agent's held listener
@@ -121,13 +124,21 @@
 enum {
 	M_HELLO = 1, M_WELCOME, M_CONNECT, M_RESULT, M_ATTACH, M_RESOLVE,
 	M_NAME, M_PEER, M_PEERADDR, M_ADDRNAME, M_NAMEOF, M_IPTABLE, M_WHY, M_ERRNO,
-	M_SERVED, M_LISTEN, M_ACCEPTED, M_ACCEPTINFO, M_DATAGRAM
+	M_SERVED, M_LISTEN, M_ACCEPTED, M_ACCEPTINFO, M_DATAGRAM, M_RECIPE, M_ANSWER
 };
 enum { MODE_ASYNC = 1, MODE_SYNC = 2 };
 enum { R_DIRECT = 1, R_ERROR = 2, R_RELAY = 3, R_FD = 4, R_DGRAM = 5 };
 enum { N_LOCAL = 1, N_FAKE = 2, N_NONE = 3 };
 #define K_NODATA 100 /* not on the wire: N_FAKE without the family asked for */
 #define RESULT_CACHE 1
+#define RESULT_RECIPE 2
+/* preload/recipe.go's limits */
+#define RCP_OPTS 8
+#define RCP_OPTVAL 16
+#define RCP_HELLO 256
+#define RCP_ACCEPT 32
+#define RCP_ANSWER 256
+enum { OPT_INT = 1, OPT_BYTES = 2 };
 #define WELCOME_IPS_DIRECT 1
 #define WELCOME_IP_TABLE 2
 #define WELCOME_SERVED 4
@@ -1122,6 +1133,109 @@ static void cache_put(const struct vaddr *v, int kind, int err)
 	unlock(&ls);
 }
 
+/* ---- recipes: blocking connects through a gateway made here ---- */
+
+#define MAX_RECIPES 64
+
+struct ropt {
+	uint16_t level, name;
+	unsigned char kind, len;
+	unsigned char val[RCP_OPTVAL];
+};
+
+struct recipe {
+	unsigned char used, nopts, acceptlen;
+	int sockfam; /* the program socket's family it was made for */
+	struct vaddr dst, gw;
+	uint32_t wait_ms;
+	uint16_t hellolen;
+	struct ropt opts[RCP_OPTS];
+	unsigned char hello[RCP_HELLO];
+	unsigned char accept[RCP_ACCEPT];
+};
+
+static struct recipe g_recipes[MAX_RECIPES];
+
+/* recipe_load keeps the agent's recipe (preload/recipe.go) for blocking
+ * connects to dst from sockets of family sockfam. */
+static void recipe_load(const struct vaddr *dst, int sockfam, const unsigned char *b, size_t n)
+{
+	struct recipe r;
+	memset(&r, 0, sizeof r);
+	if (n < VL_ADDR + 5 || get_addr(b, &r.gw) < 0)
+		goto bad;
+	size_t off = VL_ADDR;
+	r.wait_ms = get32(b + off);
+	r.nopts = b[off + 4];
+	off += 5;
+	if (r.nopts > RCP_OPTS)
+		goto bad;
+	for (int k = 0; k < r.nopts; k++) {
+		struct ropt *o = &r.opts[k];
+		if (off + 6 > n)
+			goto bad;
+		o->level = get16(b + off);
+		o->name = get16(b + off + 2);
+		o->kind = b[off + 4];
+		o->len = b[off + 5];
+		off += 6;
+		if (o->len > RCP_OPTVAL || off + o->len > n || (o->kind != OPT_INT && o->kind != OPT_BYTES) ||
+		    (o->kind == OPT_INT && o->len != 4))
+			goto bad;
+		memcpy(o->val, b + off, o->len);
+		off += o->len;
+	}
+	if (off + 2 > n)
+		goto bad;
+	r.hellolen = get16(b + off);
+	off += 2;
+	if (r.hellolen == 0 || r.hellolen > RCP_HELLO || off + r.hellolen + 1 > n)
+		goto bad;
+	memcpy(r.hello, b + off, r.hellolen);
+	off += r.hellolen;
+	r.acceptlen = b[off++];
+	if (r.acceptlen == 0 || r.acceptlen > RCP_ACCEPT || off + r.acceptlen != n)
+		goto bad;
+	memcpy(r.accept, b + off, r.acceptlen);
+	r.used = 1;
+	r.dst = *dst;
+	r.sockfam = sockfam;
+	lockstate ls;
+	lock(&ls);
+	g_recipes[cache_slot(dst) % MAX_RECIPES] = r;
+	unlock(&ls);
+	return;
+bad:
+	note("agent sent a malformed recipe; asking it about each connect");
+}
+
+/* recipe_get copies the recipe for dst from a socket of family sockfam. */
+static int recipe_get(const struct vaddr *dst, int sockfam, struct recipe *out)
+{
+	if (g_nocache)
+		return 0;
+	int ok = 0;
+	lockstate ls;
+	lock(&ls);
+	struct recipe *r = &g_recipes[cache_slot(dst) % MAX_RECIPES];
+	if (r->used && r->sockfam == sockfam && memcmp(&r->dst, dst, sizeof *dst) == 0) {
+		*out = *r;
+		ok = 1;
+	}
+	unlock(&ls);
+	return ok;
+}
+
+static void recipe_forget(const struct vaddr *dst)
+{
+	lockstate ls;
+	lock(&ls);
+	struct recipe *r = &g_recipes[cache_slot(dst) % MAX_RECIPES];
+	if (r->used && memcmp(&r->dst, dst, sizeof *dst) == 0)
+		r->used = 0;
+	unlock(&ls);
+}
+
 /* ---- connect ---- */
 
 /* Options that must not follow a socket onto the agent's descriptor. */
@@ -1198,6 +1312,212 @@ static int install(int fd, int nfd, const union vsockaddr *orig, socklen_t origl
 	return 0;
 }
 
+
+/* renew puts a fresh socket in place of fd after a connect of the shim's
+ * own failed or was interrupted: unconnected, as the program's was
+ * before, with its number, flags and the options it set. */
+static void renew(int fd, int sockfam)
+{
+	int type = 0, proto = 0;
+	socklen_t tl = sizeof type, pl = sizeof proto;
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
+	    sys_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) < 0)
+		return;
+	int nfd = socket(sockfam, type | SOCK_CLOEXEC, proto);
+	if (nfd < 0)
+		return;
+	struct vent e;
+	int has = entry_copy(fd, ST_OPTS, &e);
+	for (int k = 0; has && k < e.nopts; k++)
+		if (replayable(&e.opts[k]))
+			sys_setsockopt(nfd, e.opts[k].level, e.opts[k].name, e.opts[k].val, e.opts[k].len);
+	int fl = sys_fcntl(fd, F_GETFL, 0);
+	int fdfl = sys_fcntl(fd, F_GETFD, 0);
+	if (sys_dup3(nfd, fd, (fdfl >= 0 && (fdfl & FD_CLOEXEC)) ? O_CLOEXEC : 0) < 0) {
+		sys_close(nfd);
+		return;
+	}
+	sys_close(nfd);
+	if (fl >= 0)
+		sys_fcntl(fd, F_SETFL, fl);
+	if (has)
+		put_entry(fd, &e); /* the options, now of the new socket */
+}
+
+/* answer_errno shows the agent what a recipe's gateway answered instead
+ * of the accept (or that the wait ran out): the errno of the refusal it
+ * carries, 0 if it is none, or -1 if the agent cannot be asked. */
+static int answer_errno(const struct vaddr *dst, int timedout, const unsigned char *b, size_t n)
+{
+	int i = get_chan();
+	if (i < 0) {
+		agent_down(errno);
+		return -1;
+	}
+	unsigned char body[VL_ADDR + 1 + RCP_ANSWER];
+	put_addr(body, dst);
+	body[VL_ADDR] = (unsigned char)(timedout != 0);
+	memcpy(body + VL_ADDR + 1, b, n);
+	unsigned char rb[VL_MAXBODY];
+	size_t rn;
+	int ok = send_frame(i, M_ANSWER, body, VL_ADDR + 1 + n) == 0 &&
+		 recv_frame(i, M_ERRNO, rb, VL_ERRNO, VL_ERRNO, &rn, NULL, 0) == 0;
+	int e = errno;
+	put_chan(i, ok);
+	if (!ok) {
+		agent_down(e);
+		return -1;
+	}
+	int err = get16(rb);
+	return err < 4096 ? err : ECONNREFUSED;
+}
+
+static long ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* recv_within reads into b[*n..max) until it holds want bytes, the peer
+ * ends (*eof), or wait_ms from t0 pass (*late). A wait cut by a signal is
+ * EINTR; a read's failure is its errno; 0 otherwise. */
+static int recv_within(int fd, unsigned char *b, size_t *n, size_t want, const struct timespec *t0, long wait_ms,
+		       int *eof, int *late)
+{
+	while (*n < want) {
+		long left = wait_ms - ms_since(t0);
+		if (left <= 0) {
+			*late = 1;
+			return 0;
+		}
+		struct pollfd pf = { fd, POLLIN, 0 };
+		int k = poll(&pf, 1, left > INT_MAX ? INT_MAX : (int)left);
+		if (k < 0)
+			return errno;
+		if (k == 0)
+			continue;
+		ssize_t m = recv(fd, b + *n, want - *n, MSG_DONTWAIT);
+		if (m < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				continue;
+			return errno == EINTR ? EINTR : errno;
+		}
+		if (m == 0) {
+			*eof = 1;
+			return 0;
+		}
+		*n += (size_t)m;
+	}
+	return 0;
+}
+
+#define RC_ASK (-2)
+
+/* recipe_connect makes a blocking connect to dst on the program's own
+ * socket as the agent's recipe for dst says (preload/recipe.go): the
+ * agent's socket options where the program set none of its own, a
+ * connect to the gateway, the hello, and exactly the accept in answer.
+ * It returns 0, connected; -1 with errno: the refusal the gateway's answer
+ * carries (as the agent reads it), ETIMEDOUT, EINTR, a read's error; or
+ * RC_ASK: there is no recipe, or it no longer holds, and the socket is as
+ * the program left it. A failed connect leaves a fresh socket in fd's
+ * place, unconnected, as the agent's way leaves the program's. */
+static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
+			  int saved)
+{
+	struct recipe r;
+	if (!recipe_get(dst, sockfam, &r))
+		return RC_ASK;
+	/* The socket must be what the agent's way would take over: unbound,
+	 * its options all of the kind that follow it onto the agent's. */
+	struct vent e;
+	int has = entry_any(fd, &e);
+	if (has && (e.state != ST_OPTS || e.nopts >= MAX_OPTS))
+		return RC_ASK;
+	for (int k = 0; has && k < e.nopts; k++)
+		if (!replayable(&e.opts[k]))
+			return RC_ASK;
+	union vsockaddr la;
+	socklen_t ll = sizeof la;
+	if (sys_getsockname(fd, &la.sa, &ll) < 0 ||
+	    (la.sa.sa_family == AF_INET ? la.in4.sin_port : la.in6.sin6_port) != 0)
+		return RC_ASK;
+	for (int k = 0; k < r.nopts; k++) {
+		const struct ropt *o = &r.opts[k];
+		int mine = 0;
+		for (int j = 0; has && j < e.nopts && !mine; j++)
+			mine = e.opts[j].level == o->level && e.opts[j].name == o->name;
+		if (mine)
+			continue; /* the program's own, replayed over the agent's on its way too */
+		int v = (int)get32(o->val);
+		int ok = o->kind == OPT_INT ? sys_setsockopt(fd, o->level, o->name, &v, sizeof v) :
+					      sys_setsockopt(fd, o->level, o->name, o->val, o->len);
+		if (ok < 0) {
+			renew(fd, sockfam);
+			return RC_ASK;
+		}
+	}
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	union vsockaddr ga;
+	socklen_t gl = from_vaddr(&r.gw, sockfam, &ga);
+	if (sys_connect(fd, &ga.sa, gl) < 0) {
+		int err = errno;
+		renew(fd, sockfam);
+		if (err == EINTR) {
+			errno = EINTR;
+			return -1;
+		}
+		recipe_forget(dst); /* the gateway is gone or moved: the agent says what now */
+		return RC_ASK;
+	}
+	/* A new connection's send buffer takes a hello whole. */
+	if (send(fd, r.hello, r.hellolen, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)r.hellolen) {
+		renew(fd, sockfam);
+		recipe_forget(dst);
+		return RC_ASK;
+	}
+	unsigned char got[RCP_ANSWER];
+	size_t n = 0;
+	int eof = 0, late = 0;
+	int rerr = recv_within(fd, got, &n, r.acceptlen, &t0, (long)r.wait_ms, &eof, &late);
+	if (rerr == 0 && n == r.acceptlen && memcmp(got, r.accept, n) == 0) {
+		union vsockaddr orig;
+		socklen_t origlen = len < sizeof orig ? len : sizeof orig;
+		memcpy(&orig, sa, origlen);
+		mark_redirected(fd, &orig, origlen, HELD_NO, 0);
+		debugf("connect fd %d: through the gateway, by the agent's recipe", fd);
+		errno = saved;
+		return 0;
+	}
+	if (rerr == 0 && !eof && !late) {
+		/* Not the accept: a refusal, and the gateway's end after it.
+		 * What follows comes at once, or not at all. */
+		struct timespec t1;
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		rerr = recv_within(fd, got, &n, sizeof got, &t1, 200, &eof, &late);
+		late = 0;
+	}
+	renew(fd, sockfam);
+	if (rerr != 0) {
+		debugf("connect fd %d: the gateway's answer: %s", fd, strerror(rerr));
+		errno = rerr;
+		return -1;
+	}
+	int err = answer_errno(dst, late, got, n);
+	if (err == 0) {
+		recipe_forget(dst); /* an answer of another kind: the agent's way */
+		return RC_ASK;
+	}
+	if (err < 0) {
+		errno = ENETUNREACH;
+		return -1;
+	}
+	debugf("connect fd %d: %s (the gateway's answer)", fd, strerror(err));
+	errno = err;
+	return -1;
+}
 
 /* relay_connect connects the program's socket to the agent's relay
  * listener (a blocking connect, dialed already) or its held listener (a
@@ -1635,6 +1955,11 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	 * time runs out and goes on in the background: it is held as a
 	 * non-blocking one is, and waited for within the time (timed_wait). */
 	int timed = timeout_ms > 0, held = nonblock || timed;
+	if (!fake && !held) {
+		int r = recipe_connect(fd, sa, len, dst, sockfam, saved);
+		if (r != RC_ASK)
+			return r;
+	}
 
 	int i = ask_chan(dst, fake, &verdict, &err);
 	if (i == -2)
@@ -1687,7 +2012,18 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 		errno = err;
 		return -1;
 	case R_FD:
-		put_chan(i, 1);
+		if (flags & RESULT_RECIPE) {
+			unsigned char rb[VL_MAXBODY];
+			size_t rn;
+			if (recv_frame(i, M_RECIPE, rb, VL_ADDR + 5, VL_MAXBODY, &rn, NULL, 0) < 0) {
+				put_chan(i, 0); /* the descriptor came: the connect stands */
+				i = -1;
+			} else if (!fake) {
+				recipe_load(dst, sockfam, rb, rn);
+			}
+		}
+		if (i >= 0)
+			put_chan(i, 1);
 		if (nfd < 0) {
 			note("agent promised a descriptor and sent none");
 			errno = ECONNREFUSED;

@@ -63,6 +63,12 @@
  *                                      close-on-exec), printing for each
  *                                      "client peer=A kernel_peer=K local=L
  *                                      nonblock=1 cloexec=1" and echoing it
+ *   conntest steps HOST PORT           a blocking connect per line read
+ *                                      from stdin ("opt": with TCP_KEEPIDLE
+ *                                      77 set first), printing "errno=NAME"
+ *                                      and, once connected, "peer=ok" if
+ *                                      getpeername says HOST, "keepidle=N",
+ *                                      "echo=ok", on one line per connect
  *   conntest peerof FD                 (helper of execpeer)
  *   conntest echo HOST PORT            (helper of fork)
  */
@@ -1133,6 +1139,39 @@ static int t_peerof(int fd)
 	return 0;
 }
 
+static int t_steps(const char *host, const char *port)
+{
+	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
+	if (!ai)
+		return 1;
+	char line[64];
+	while (fgets(line, sizeof line, stdin)) {
+		int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (!strncmp(line, "opt", 3)) {
+			int idle = 77;
+			setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+		}
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+			printf("errno=%s\n", ename(errno));
+			close(fd);
+			continue;
+		}
+		struct sockaddr_storage peer;
+		socklen_t pl = sizeof peer;
+		int peer_ok = getpeername(fd, (struct sockaddr *)&peer, &pl) == 0 &&
+			      same_addr((struct sockaddr *)&peer, pl, ai->ai_addr, ai->ai_addrlen);
+		int idle = 0;
+		socklen_t il = sizeof idle;
+		getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &il);
+		int echoed = echo(fd, "step by step") == 0;
+		printf("errno=connected peer=%s keepidle=%d echo=%s\n", peer_ok ? "ok" : "WRONG", idle,
+		       echoed ? "ok" : "WRONG");
+		close(fd);
+	}
+	freeaddrinfo(ai);
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1183,6 +1222,8 @@ int main(int argc, char **argv)
 		return t_execpeer(argv[2], argv[3], argv[4]);
 	if (!strcmp(t, "server") && argc == 5)
 		return t_server(argv[2], argv[3], atoi(argv[4]));
+	if (!strcmp(t, "steps") && argc == 4)
+		return t_steps(argv[2], argv[3]);
 	if (!strcmp(t, "peerof") && argc == 3)
 		return t_peerof(atoi(argv[2]));
 	fprintf(stderr, "conntest: bad arguments\n");
