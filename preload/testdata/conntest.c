@@ -65,7 +65,10 @@
  *                                      nonblock=1 cloexec=1" and echoing it
  *   conntest steps HOST PORT           a blocking connect per line read
  *                                      from stdin ("opt": with TCP_KEEPIDLE
- *                                      77 set first), printing "errno=NAME"
+ *                                      77 set first; "intr": a first one cut
+ *                                      by a signal after 300 ms, printing
+ *                                      "errno=NAME then ", and again on the
+ *                                      same socket), printing "errno=NAME"
  *                                      and, once connected, "peer=ok" if
  *                                      getpeername says HOST, "keepidle=N",
  *                                      "echo=ok", on one line per connect
@@ -81,6 +84,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +92,7 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -1139,6 +1144,11 @@ static int t_peerof(int fd)
 	return 0;
 }
 
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
 static int t_steps(const char *host, const char *port)
 {
 	struct addrinfo *ai = resolve(host, port, AF_UNSPEC);
@@ -1150,6 +1160,22 @@ static int t_steps(const char *host, const char *port)
 		if (!strncmp(line, "opt", 3)) {
 			int idle = 77;
 			setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+		}
+		if (!strncmp(line, "intr", 4)) {
+			struct sigaction sa;
+			memset(&sa, 0, sizeof sa);
+			sa.sa_handler = on_alarm; /* no SA_RESTART: the connect returns EINTR */
+			sigemptyset(&sa.sa_mask);
+			sigaction(SIGALRM, &sa, NULL);
+			struct itimerval it = { { 0, 0 }, { 0, 300000 } };
+			setitimer(ITIMER_REAL, &it, NULL);
+			int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+			printf("errno=%s then ", r == 0 ? "connected" : ename(errno));
+			if (r == 0) {
+				printf("\n");
+				close(fd);
+				continue;
+			}
 		}
 		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
 			printf("errno=%s\n", ename(errno));
