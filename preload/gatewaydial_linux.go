@@ -71,8 +71,13 @@ func dialGateway(ctx context.Context, f *tcp.Factory, gw netip.AddrPort, target 
 		}
 		return -1, os.NewSyscallError("write", err)
 	}
-	ans := &answerRecorder{r: &pollReader{ctx: ctx, fd: fd, deadline: deadline}}
-	if err := vlink.ReadPlainAnswer(ans, hello); err != nil {
+	var r io.Reader = &pollReader{ctx: ctx, fd: fd, deadline: deadline}
+	var ans *answerRecorder
+	if rec != nil {
+		ans = &answerRecorder{r: r}
+		r = ans
+	}
+	if err := vlink.ReadPlainAnswer(r, hello); err != nil {
 		unix.Close(fd)
 		return -1, err
 	}
