@@ -1279,23 +1279,15 @@ static void mark_redirected(int fd, const union vsockaddr *orig, socklen_t origl
 	put_entry(fd, &v);
 }
 
-/* install puts the agent's connected descriptor nfd in place of fd:
- * same number, same close-on-exec flag and status flags, and the options
- * the program set on fd replayed. */
-static int install(int fd, int nfd, const union vsockaddr *orig, socklen_t origlen)
+/* replace puts nfd in place of fd: same number, same close-on-exec flag
+ * and status flags, and the options the program set on fd replayed. It
+ * returns them in *e (*has: whether fd had any). */
+static int replace(int fd, int nfd, struct vent *e, int *has)
 {
 	int fl = sys_fcntl(fd, F_GETFL, 0);
 	int fdfl = sys_fcntl(fd, F_GETFD, 0);
-	struct vopt opts[MAX_OPTS];
-	int nopts = 0;
-	lockstate ls;
-	lock(&ls);
-	struct vent *e = valid(fd);
-	if (e && e->state == ST_OPTS) {
-		nopts = e->nopts;
-		memcpy(opts, e->opts, sizeof opts);
-	}
-	unlock(&ls);
+	memset(e, 0, sizeof *e);
+	*has = entry_copy(fd, ST_OPTS, e);
 	if (sys_dup3(nfd, fd, (fdfl >= 0 && (fdfl & FD_CLOEXEC)) ? O_CLOEXEC : 0) < 0) {
 		int err = errno;
 		sys_close(nfd);
@@ -1305,13 +1297,23 @@ static int install(int fd, int nfd, const union vsockaddr *orig, socklen_t origl
 	sys_close(nfd);
 	if (fl >= 0)
 		sys_fcntl(fd, F_SETFL, fl);
-	for (int k = 0; k < nopts; k++)
-		if (replayable(&opts[k]))
-			sys_setsockopt(fd, opts[k].level, opts[k].name, opts[k].val, opts[k].len);
-	mark_redirected(fd, orig, origlen, HELD_NO, 0);
+	for (int k = 0; *has && k < e->nopts; k++)
+		if (replayable(&e->opts[k]))
+			sys_setsockopt(fd, e->opts[k].level, e->opts[k].name, e->opts[k].val, e->opts[k].len);
 	return 0;
 }
 
+/* install puts the agent's connected descriptor nfd in place of fd
+ * (replace). */
+static int install(int fd, int nfd, const union vsockaddr *orig, socklen_t origlen)
+{
+	struct vent e;
+	int has;
+	if (replace(fd, nfd, &e, &has) < 0)
+		return -1;
+	mark_redirected(fd, orig, origlen, HELD_NO, 0);
+	return 0;
+}
 
 /* renew puts a fresh socket in place of fd after a connect of the shim's
  * own failed or was interrupted: unconnected, as the program's was
@@ -1327,20 +1329,8 @@ static void renew(int fd, int sockfam)
 	if (nfd < 0)
 		return;
 	struct vent e;
-	int has = entry_copy(fd, ST_OPTS, &e);
-	for (int k = 0; has && k < e.nopts; k++)
-		if (replayable(&e.opts[k]))
-			sys_setsockopt(nfd, e.opts[k].level, e.opts[k].name, e.opts[k].val, e.opts[k].len);
-	int fl = sys_fcntl(fd, F_GETFL, 0);
-	int fdfl = sys_fcntl(fd, F_GETFD, 0);
-	if (sys_dup3(nfd, fd, (fdfl >= 0 && (fdfl & FD_CLOEXEC)) ? O_CLOEXEC : 0) < 0) {
-		sys_close(nfd);
-		return;
-	}
-	sys_close(nfd);
-	if (fl >= 0)
-		sys_fcntl(fd, F_SETFL, fl);
-	if (has)
+	int has;
+	if (replace(fd, nfd, &e, &has) == 0 && has)
 		put_entry(fd, &e); /* the options, now of the new socket */
 }
 
