@@ -947,14 +947,18 @@ func (l *Listener) sniff(c net.Conn, deadline time.Time) (vlink bool, prefix []b
 			return false, nil, nil // plain, or a plain client that only half-closed
 		}
 	}
+	// Read as much of the magic as has come, never past it: the hello
+	// follows. A dialer sends it in one write, so this is one read.
 	var buf [len(magic)]byte
 	n := 0
 	for n < len(magic) {
-		m, err := c.Read(buf[n : n+1])
-		n += m
-		if m > 0 && buf[n-1] != magic[n-1] {
-			return false, buf[:n], nil
+		m, err := c.Read(buf[n:])
+		for i := n; i < n+m; i++ {
+			if buf[i] != magic[i] {
+				return false, buf[:n+m], nil // plain: all it sent is relayed
+			}
 		}
+		n += m
 		if err != nil {
 			if isTimeout(err) && l.cfg.SniffTimeout > 0 && time.Now().Before(deadline) {
 				// Silent, maybe after a strict prefix of the magic (a
@@ -968,20 +972,15 @@ func (l *Listener) sniff(c net.Conn, deadline time.Time) (vlink bool, prefix []b
 			}
 			return false, nil, fmt.Errorf("sniffing: %w", err)
 		}
-		if m > 0 && l.cfg.SniffTimeout > 0 {
-			// Each byte of the magic gives the next one a sniff timeout
-			// more, within the handshake's deadline.
+		if m > 0 && n < len(magic) && l.cfg.SniffTimeout > 0 {
+			// Each part of the magic gives the rest a sniff timeout
+			// more, within the handshake's deadline. (Without a sniff
+			// timeout, the read deadline is the handshake's already.)
 			next := time.Now().Add(l.cfg.SniffTimeout)
 			if deadline.Before(next) {
 				next = deadline
 			}
 			if err := c.SetReadDeadline(next); err != nil {
-				return false, nil, err
-			}
-		} else if n == 1 {
-			// The first byte matched and no sniff timeout: this is a
-			// hello, bounded by the handshake deadline.
-			if err := c.SetReadDeadline(deadline); err != nil {
 				return false, nil, err
 			}
 		}

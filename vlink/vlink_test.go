@@ -139,6 +139,48 @@ func TestListenerAcceptsPlain(t *testing.T) {
 	})
 }
 
+// The sniff reads as much of the magic as has come: a hello in pieces is
+// still a hello, and a client whose bytes leave the magic in a later
+// piece is plain, with every byte it sent relayed.
+func TestSniffInPieces(t *testing.T) {
+	l := listen(t, vlink.ListenConfig{SniffTimeout: time.Second})
+	hello := vlink.PlainHello(context.Background(), "", "")
+	for _, tc := range []struct {
+		name   string
+		pieces []string
+		hello  bool   // answered with an accept
+		echo   string // then echoed
+	}{
+		{"hello byte by byte", strings.Split(string(hello)+"ping", ""), true, "ping"},
+		{"hello split in its magic", []string{string(hello[:3]), string(hello[3:]) + "ping"}, true, "ping"},
+		{"plain after three bytes of magic", []string{"\x89VL", "KX and more"}, false, "\x89VLKX and more"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for _, p := range tc.pieces {
+				if _, err := c.Write([]byte(p)); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Millisecond) // each its own segment, read on its own
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if tc.hello {
+				if err := vlink.ReadPlainAnswer(c, hello); err != nil {
+					t.Fatalf("answer to a hello in pieces: %v", err)
+				}
+			}
+			got := make([]byte, len(tc.echo))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != tc.echo {
+				t.Fatalf("echo %q, %v; want %q", got, err, tc.echo)
+			}
+		})
+	}
+}
+
 // A plain client whose first byte is not the magic's leaves all its bytes
 // in its socket: the accepted connection is the *net.TCPConn itself, which
 // can be handed on (vlink exec passes its descriptor to a server).
