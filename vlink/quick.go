@@ -3,6 +3,7 @@ package vlink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -151,8 +152,12 @@ func PlainHello(ctx context.Context, target, cc string) []byte {
 // answer to hello, made by PlainHello, and checks it as a Dialer with no
 // key does: nil for an accept, a *RefusedError for a refusal (one that
 // asks for a key too), or why the answer is none (ErrNotVLink for a peer
-// that speaks no VLink).
+// that speaks no VLink). A hello too short to be one is ErrBadHello,
+// before anything is read.
 func ReadPlainAnswer(r io.Reader, hello []byte) error {
+	if len(hello) < len(magic)+headerSize {
+		return fmt.Errorf("%w: %d bytes are no hello", ErrBadHello, len(hello))
+	}
 	m, body, err := readFrame(r, msgChallenge, msgAccept, msgRefuse)
 	if err != nil {
 		return answerError(err)

@@ -3,6 +3,7 @@ package vlink
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -150,6 +151,19 @@ func FuzzQuickHello(f *testing.F) {
 			t.Fatalf("took a hello to %q, which the policy refuses", q.Hello.Target)
 		}
 	})
+}
+
+// A hello too short to be one is an error, not a panic, and nothing is
+// read.
+func TestReadPlainAnswerShortHello(t *testing.T) {
+	accept := (&message{typ: msgAccept}).appendFrame(nil)
+	for _, n := range []int{0, len(magic), len(magic) + headerSize - 1} {
+		r := bytes.NewReader(accept)
+		hello := PlainHello(context.Background(), "127.0.0.1:80", "")[:n]
+		if err := ReadPlainAnswer(r, hello); !errors.Is(err, ErrBadHello) || r.Len() != len(accept) {
+			t.Errorf("hello of %d bytes: %v, %d bytes read; want ErrBadHello and none", n, err, len(accept)-r.Len())
+		}
+	}
 }
 
 // FuzzReadPlainAnswer: whatever a gateway answers, ReadPlainAnswer never
