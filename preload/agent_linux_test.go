@@ -1115,40 +1115,7 @@ func TestRecipe(t *testing.T) {
 	passed := regexp.MustCompile(`msg="passed a descriptor" [^\n]*to=127.0.0.3:` + port + `[^\n]*recipe=true`)
 
 	steps := func(env ...string) (step func(line string) string, done func()) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		cmd := exec.CommandContext(ctx, lb.prog, "steps", "127.0.0.3", port)
-		cmd.Env = append(append(append(os.Environ(), "LD_PRELOAD="+lb.shim), lb.agent.Env()...), env...)
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r := bufio.NewReader(out)
-		step = func(line string) string {
-			t.Helper()
-			if _, err := io.WriteString(in, line+"\n"); err != nil {
-				t.Fatal(err)
-			}
-			s, err := r.ReadString('\n')
-			if err != nil {
-				t.Fatalf("conntest steps: %v", err)
-			}
-			return strings.TrimSpace(s)
-		}
-		return step, func() {
-			in.Close()
-			if err := cmd.Wait(); err != nil {
-				t.Errorf("conntest steps: %v", err)
-			}
-			cancel()
-		}
+		return startSteps(t, lb.prog, append(append([]string{"LD_PRELOAD=" + lb.shim}, lb.agent.Env()...), env...), "127.0.0.3", port)
 	}
 	const connected = "errno=connected peer=ok keepidle=15 echo=ok"
 	step, done := steps()
@@ -1195,6 +1162,125 @@ func TestRecipe(t *testing.T) {
 	done()
 	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 3 {
 		t.Errorf("without the cache: %d descriptors passed with a recipe in all, want 3 (every connect asks)", n)
+	}
+}
+
+// startSteps starts conntest's steps mode, connecting to host:port once
+// per line, in an environment with env added. step sends a line and
+// returns the line conntest answers; done ends it and checks its exit.
+func startSteps(t *testing.T, prog string, env []string, host, port string) (step func(line string) string, done func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	cmd := exec.CommandContext(ctx, prog, "steps", host, port)
+	cmd.Env = append(os.Environ(), env...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(out)
+	step = func(line string) string {
+		t.Helper()
+		if _, err := io.WriteString(in, line+"\n"); err != nil {
+			t.Fatal(err)
+		}
+		s, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("conntest steps: %v", err)
+		}
+		return strings.TrimSpace(s)
+	}
+	return step, func() {
+		in.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("conntest steps: %v", err)
+		}
+		cancel()
+	}
+}
+
+// TestRecipeGatewayDown: when a recipe's gateway is gone, the shim drops
+// the recipe and asks the agent, whose own connect fails as it would
+// without one (the gateway's port refuses); once the gateway is back, the
+// agent connects and hands out a new recipe, which the next connect takes.
+func TestRecipeGatewayDown(t *testing.T) {
+	shim, prog := needBuilds(t)
+	echo := echoServer(t, "tcp4", "127.0.0.1:0")
+	lc := vlink.ListenConfig{Policy: vlink.Policy{Targets: []selector.Rule{{Action: selector.Direct}}, Plain: vlink.PlainRefuse},
+		Admit: func(ctx context.Context, h *vlink.Hello) (any, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", echo)
+		},
+	}
+	var gwConns atomic.Int64
+	gateway := func(addr string) net.Listener {
+		t.Helper()
+		l, err := lc.Listen(context.Background(), "tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testnet.Serve(t, l, func(c net.Conn) {
+			gwConns.Add(1)
+			netconn.Relay(c, c.(*vlink.Conn).Admitted().(net.Conn))
+		})
+		return l
+	}
+	gw := gateway("127.0.0.1:0")
+	cfg, err := vlink.NewConfig([]selector.Rule{{Host: "127.0.0.7", Stack: "tcp", Via: gw.Addr().String()}}, selector.Rule{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testnet.Buffer{}
+	a, err := NewAgent(AgentConfig{Config: cfg, DialTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	}()
+	_, port, _ := net.SplitHostPort(echo)
+	passed := func() int { return strings.Count(logs.String(), `msg="passed a descriptor"`) }
+	const connected = "errno=connected peer=ok keepidle=15 echo=ok"
+	step, done := startSteps(t, prog, append([]string{"LD_PRELOAD=" + shim}, a.Env()...), "127.0.0.7", port)
+	defer done()
+	for i := range 2 { // the agent's, with a recipe; the shim's
+		if got := step(""); got != connected {
+			t.Fatalf("connect %d: %q, want %q", i+1, got, connected)
+		}
+	}
+	if n := passed(); n != 1 || gwConns.Load() != 2 {
+		t.Fatalf("%d descriptors passed, %d gateway connections; want 1 and 2", n, gwConns.Load())
+	}
+
+	gw.Close()
+	if got := step(""); got != "errno=ECONNREFUSED" {
+		t.Errorf("connect with the gateway down: %q, want errno=ECONNREFUSED (its port's)", got)
+	}
+	if !strings.Contains(logs.String(), `msg="cannot connect"`) {
+		t.Errorf("the agent was not asked once the recipe's gateway refused")
+	}
+
+	gateway(gw.Addr().String())
+	for i := range 2 { // the agent's, with a new recipe; the shim's again
+		if got := step(""); got != connected {
+			t.Errorf("connect %d with the gateway back: %q, want %q", i+1, got, connected)
+		}
+	}
+	if n := passed(); n != 2 {
+		t.Errorf("%d descriptors passed in all, want 2: the dropped recipe's connect, then a new recipe's", n)
+	}
+	if n := gwConns.Load(); n != 4 {
+		t.Errorf("the gateway took %d connections in all, want 4", n)
 	}
 }
 
