@@ -12,6 +12,13 @@
 #   tunnel-zstd       vlink tunnel --stack zstd --via -> vlink serve
 #   tunnel-mux        vlink tunnel --stack mux --via -> vlink serve: a new
 #                     stream on the session the warm-up connects set up
+#   tunnel-via-tcp    vlink tunnel --stack tcp --via -> vlink serve: the
+#                     tunnel's goroutines, a quick hello on serve's loop
+#   tunnel-via-name   the same to localhost:PORT, a name, which serve's
+#                     loop hands to the listener's goroutines: with
+#                     tunnel-via-tcp and tunnel-zstd, where a stacked
+#                     connect's time goes (serve's goroutine handshake, the
+#                     compress layers at both ends)
 #   proxychains       proxychains4 (preloaded) -> microsocks
 #   exec-tcp          vlink exec, a route through vlink serve with tcp:
 #                     the agent makes the first connect, the shim the
@@ -44,7 +51,7 @@
 # Needs cc, python3, haproxy, proxychains4 and microsocks (integration/deps.sh
 # installs them). Environment: CONNECTS (default 1500), ROUNDS (default 5),
 # ROUTES (a subset, in this order), VLINK (default: built from the checkout),
-# BASE, PORT_BASE (default 25700; uses PORT_BASE+1..+8, with BASE +1..+13).
+# BASE, PORT_BASE (default 25700; uses PORT_BASE+1..+10, with BASE +1..+17).
 
 CONNECTS=${CONNECTS:-1500}
 ROUNDS=${ROUNDS:-5}
@@ -52,7 +59,7 @@ PORT_BASE=${PORT_BASE:-25700}
 . "$(dirname "$0")/lib.sh"
 need cc python3 haproxy proxychains4 microsocks
 build_vlink
-if [ -n "${BASE:-}" ]; then need_ports 13; else need_ports 8; fi
+if [ -n "${BASE:-}" ]; then need_ports 17; else need_ports 10; fi
 cc -O2 -Wall -Wextra -o "$work/connlat" "$here/connlat.c" -pthread
 
 srv=$(p 1) hap=$(p 2) ttcp=$(p 3) gw=$(p 4) tzstd=$(p 5) tmux=$(p 6) socks=$(p 7)
@@ -87,10 +94,11 @@ declare -A cmd=(
 declare -A procs=([haproxy]="$hap_pid" [proxychains]="$socks_pid")
 
 # vlink_routes BINARY SUFFIX PORT... starts the vlink processes of one
-# binary on four ports (tunnel tcp, serve, tunnel zstd, tunnel mux) and
-# defines its routes, named with SUFFIX.
+# binary on seven ports (tunnel tcp, serve, tunnel zstd, tunnel mux, tunnel
+# tcp with goroutines, tunnel tcp via serve to an address and to a name)
+# and defines its routes, named with SUFFIX.
 vlink_routes() {
-  local bin=$1 sfx=$2 ttcp=$3 gw=$4 tzstd=$5 tmux=$6 tgor=$7 s ttcp_pid gw_pid tzstd_pid tmux_pid tgor_pid
+  local bin=$1 sfx=$2 ttcp=$3 gw=$4 tzstd=$5 tmux=$6 tgor=$7 tvia=$8 tname=$9 s ttcp_pid gw_pid tzstd_pid tmux_pid tgor_pid tvia_pid tname_pid
   "$bin" tunnel --listen "127.0.0.1:$ttcp" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
   pids+=($!)
   ttcp_pid=$!
@@ -104,7 +112,7 @@ vlink_routes() {
   fi
   pids+=($!)
   tgor_pid=$!
-  "$bin" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --log-level warn &
+  "$bin" serve --listen "127.0.0.1:$gw" --allow "127.0.0.1:$srv" --allow "localhost:$srv" --log-level warn &
   pids+=($!)
   gw_pid=$!
   "$bin" tunnel --listen "127.0.0.1:$tzstd" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack zstd --log-level warn &
@@ -113,6 +121,12 @@ vlink_routes() {
   "$bin" tunnel --listen "127.0.0.1:$tmux" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack mux --log-level warn &
   pids+=($!)
   tmux_pid=$!
+  "$bin" tunnel --listen "127.0.0.1:$tvia" --via "127.0.0.1:$gw" --to "127.0.0.1:$srv" --stack tcp --log-level warn &
+  pids+=($!)
+  tvia_pid=$!
+  "$bin" tunnel --listen "127.0.0.1:$tname" --via "127.0.0.1:$gw" --to "localhost:$srv" --stack tcp --log-level warn &
+  pids+=($!)
+  tname_pid=$!
   for s in tcp zstd mux+lz4; do
     printf '[[route]]\nhost = "127.0.0.1"\nports = "%s"\nstack = "%s"\nvia = "127.0.0.1:%s"\n' "$srv" "$s" "$gw" >"$work/exec-$s$sfx.toml"
     cmd[exec-$s$sfx]="$bin exec --config $work/exec-$s$sfx.toml -- ${client[*]} $srv"
@@ -128,15 +142,19 @@ vlink_routes() {
   procs[tunnel-tcp$sfx]=$ttcp_pid
   procs[tunnel-zstd$sfx]="$tzstd_pid $gw_pid"
   procs[tunnel-mux$sfx]="$tmux_pid $gw_pid"
-  for s in "$ttcp" "$gw" "$tzstd" "$tmux" "$tgor"; do wait_listen "$s"; done
+  cmd[tunnel-via-tcp$sfx]="${client[*]} $tvia"
+  cmd[tunnel-via-name$sfx]="${client[*]} $tname"
+  procs[tunnel-via-tcp$sfx]="$tvia_pid $gw_pid"
+  procs[tunnel-via-name$sfx]="$tname_pid $gw_pid"
+  for s in "$ttcp" "$gw" "$tzstd" "$tmux" "$tgor" "$tvia" "$tname"; do wait_listen "$s"; done
   # The shim is built on first use; build it now, outside the timings.
   "$bin" exec -- true 2>/dev/null
 }
-vroutes="tunnel-tcp tunnel-tcp-gor tunnel-zstd tunnel-mux exec-agent exec-tcp exec-zstd exec-mux+lz4"
-vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux" "$(p 8)"
+vroutes="tunnel-tcp tunnel-tcp-gor tunnel-via-tcp tunnel-via-name tunnel-zstd tunnel-mux exec-agent exec-tcp exec-zstd exec-mux+lz4"
+vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux" "$(p 8)" "$(p 9)" "$(p 10)"
 all="direct haproxy $vroutes proxychains"
 if [ -n "${BASE:-}" ]; then
-  vlink_routes "$BASE" @base "$(p 9)" "$(p 10)" "$(p 11)" "$(p 12)" "$(p 13)"
+  vlink_routes "$BASE" @base "$(p 11)" "$(p 12)" "$(p 13)" "$(p 14)" "$(p 15)" "$(p 16)" "$(p 17)"
   all+=" ${vroutes// /@base }@base"
 fi
 for port in "$srv" "$hap" "$socks"; do wait_listen "$port"; done
