@@ -698,12 +698,24 @@ func TestExecPlainRule(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	script := `import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
-idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
-s.sendall(b"through the rule")
-print(cc, idle, s.recv(100).decode())
+	// The first connect is the agent's; it gives the shim a direct
+	// recipe, and the others, blocking or not, are Python's own.
+	script := `import select, socket, sys
+def check(s):
+    cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+    idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+    s.sendall(b"through the rule")
+    print(cc, idle, s.recv(100).decode())
+    s.close()
+for i in range(2):
+    check(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
+s = socket.socket()
+s.setblocking(False)
+s.connect_ex(("127.0.0.1", int(sys.argv[1])))
+select.select([], [s], [], 10)
+print("nonblocking", s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+s.setblocking(True)
+check(s)
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[2])))
 except ConnectionRefusedError as e:
@@ -714,10 +726,11 @@ except ConnectionRefusedError as e:
 	if err != nil {
 		t.Fatalf("vlink exec: %v\n%s", err, stderr)
 	}
-	if want := fmt.Sprintf("%s 7 through the rule\nrefused %d\n", cc, syscall.ECONNREFUSED); string(out) != want {
+	line := cc + " 7 through the rule\n"
+	if want := fmt.Sprintf("%s%snonblocking 0\n%srefused %d\n", line, line, line, syscall.ECONNREFUSED); string(out) != want {
 		t.Errorf("python printed %q, want %q\nvlink exec said:\n%s", out, want, stderr)
 	}
-	if !strings.Contains(stderr, `msg="passed a descriptor"`) {
-		t.Errorf("the agent passed no descriptor:\n%s", stderr)
+	if n := strings.Count(stderr, `msg="passed a descriptor"`); n != 1 || !strings.Contains(stderr, "recipe=true") {
+		t.Errorf("the agent passed %d descriptors, want 1, with a recipe:\n%s", n, stderr)
 	}
 }

@@ -719,7 +719,13 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		return nil
 	}
 	if f, to := plainFactory(d, target, req.family); f != nil {
-		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, f, to, timeout) }, attrs, nil)
+		// The same connect every time, with the route's options: the
+		// shim may make the next ones itself, as the program's own.
+		var rec *recipe
+		if _, fake := a.fakes.nameOf(req.dest.Addr()); !fake && req.timeoutMs == 0 && to == req.dest {
+			rec = &recipe{gateway: req.dest, opts: recipeOpts(f)}
+		}
+		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, f, to, timeout) }, attrs, rec)
 	}
 	if f, gw := a.gatewayFactory(d, req.family); f != nil {
 		// A blocking connect with no timeout of its own to a real

@@ -1097,20 +1097,7 @@ func TestServe(t *testing.T) {
 // VLINK_PRELOAD_CACHE=0 asks the agent every time.
 func TestRecipe(t *testing.T) {
 	lb := newLab(t)
-	var target net.Listener
-	listen := func(addr string) {
-		t.Helper()
-		l, err := net.Listen("tcp4", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		target = l
-		testnet.Serve(t, l, func(c net.Conn) {
-			c.SetDeadline(time.Now().Add(30 * time.Second))
-			testnet.Echo(c)
-		})
-	}
-	listen("127.0.0.1:0")
+	target := echoListener(t, "127.0.0.1:0")
 	port := strconv.Itoa(target.Addr().(*net.TCPAddr).Port)
 	passed := regexp.MustCompile(`msg="passed a descriptor" [^\n]*to=127.0.0.3:` + port + `[^\n]*recipe=true`)
 
@@ -1144,7 +1131,7 @@ func TestRecipe(t *testing.T) {
 	if !regexp.MustCompile(`msg="cannot connect" [^\n]*to=127.0.0.3:` + port + ` recipe=true`).MatchString(lb.logs.String()) {
 		t.Errorf("the agent did not read the gateway's refusal for the shim")
 	}
-	listen("127.0.0.1:" + port)
+	echoListener(t, "127.0.0.1:"+port)
 	if got := step(""); got != connected {
 		t.Errorf("connect once the target is back: %q, want %q", got, connected)
 	}
@@ -1154,13 +1141,82 @@ func TestRecipe(t *testing.T) {
 	}
 
 	step, done = steps("VLINK_PRELOAD_CACHE=0")
+	askEachTime(t, step, done, connected, func() int { return len(passed.FindAllString(lb.logs.String(), -1)) })
+}
+
+// TestRecipeDirect: a `tcp` route with options and no gateway gives a
+// direct recipe with the first connect's descriptor, and the next
+// connects there, blocking or not, are the program's own with the
+// route's options set (TCP_KEEPIDLE 7), where the program set none. A
+// refusal is the kernel's, as without vlink, and the recipe holds.
+func TestRecipeDirect(t *testing.T) {
+	lb := newLab(t)
+	target := echoListener(t, "127.0.0.6:0") // the lab's rule for 127.0.0.6: tcp:keepalive=7s, no gateway
+	port := strconv.Itoa(target.Addr().(*net.TCPAddr).Port)
+	passed := regexp.MustCompile(`msg="passed a descriptor" [^\n]*to=127.0.0.6:` + port + `[^\n]*recipe=true`)
+	env := append([]string{"LD_PRELOAD=" + lb.shim}, lb.agent.Env()...)
+	const connected = "errno=connected peer=ok keepidle=7 echo=ok"
+
+	step, done := startSteps(t, lb.prog, env, "127.0.0.6", port)
+	for i, tc := range []struct{ line, want string }{
+		{"", connected}, // the agent's, with the recipe
+		{"", connected}, // the program's own
+		{"nb", connected},
+		{"opt", "errno=connected peer=ok keepidle=77 echo=ok"},
+	} {
+		if got := step(tc.line); got != tc.want {
+			t.Errorf("connect %d (%q): %q, want %q", i+1, tc.line, got, tc.want)
+		}
+	}
+	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 1 {
+		t.Errorf("the agent passed %d descriptors with a recipe, want 1 (the first connect)", n)
+	}
+	target.Close()
+	for _, line := range []string{"", "nb"} {
+		if got := step(line); got != "errno=ECONNREFUSED" {
+			t.Errorf("%q connect to a closed port: %q, want errno=ECONNREFUSED", line, got)
+		}
+	}
+	echoListener(t, "127.0.0.6:"+port)
+	if got := step(""); got != connected {
+		t.Errorf("connect once the port is open again: %q, want %q", got, connected)
+	}
+	done()
+	if n := strings.Count(lb.logs.String(), "127.0.0.6:"+port); n != 1 {
+		t.Errorf("the agent saw %d connects to 127.0.0.6:%s, want 1: the refusals are the kernel's, the recipe held\n", n, port)
+	}
+
+	step, done = startSteps(t, lb.prog, append(env, "VLINK_PRELOAD_CACHE=0"), "127.0.0.6", port)
+	askEachTime(t, step, done, connected, func() int { return len(passed.FindAllString(lb.logs.String(), -1)) })
+}
+
+// echoListener starts an echo server on addr (IPv4), which a test may
+// close and start again on the same port.
+func echoListener(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, l, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		testnet.Echo(c)
+	})
+	return l
+}
+
+// askEachTime makes two connects with step, in a program run with the
+// caches off, and checks that each asked the agent: recipes counts the
+// descriptors passed with a recipe, one before these.
+func askEachTime(t *testing.T, step func(string) string, done func(), connected string, recipes func() int) {
+	t.Helper()
 	for i := range 2 {
 		if got := step(""); got != connected {
 			t.Errorf("without the cache, connect %d: %q, want %q", i+1, got, connected)
 		}
 	}
 	done()
-	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 3 {
+	if n := recipes(); n != 3 {
 		t.Errorf("without the cache: %d descriptors passed with a recipe in all, want 3 (every connect asks)", n)
 	}
 }

@@ -82,16 +82,22 @@ func dialGateway(ctx context.Context, f *tcp.Factory, gw netip.AddrPort, target 
 		return -1, err
 	}
 	if rec != nil {
-		*rec = recipe{gateway: gw, waitMs: uint32(timeout.Milliseconds()), hello: hello, accept: ans.got}
-		for _, o := range f.SocketOptions() {
-			ro := recipeOpt{level: uint16(o.Level), name: uint16(o.Name), kind: optInt, val: binary.BigEndian.AppendUint32(nil, uint32(int32(o.Int)))}
-			if o.Str != "" {
-				ro.kind, ro.val = optBytes, []byte(o.Str)
-			}
-			rec.opts = append(rec.opts, ro)
-		}
+		*rec = recipe{gateway: gw, waitMs: uint32(timeout.Milliseconds()), opts: recipeOpts(f), hello: hello, accept: ans.got}
 	}
 	return fd, nil
+}
+
+// recipeOpts returns the options f's PrepareSocket sets, for a recipe.
+func recipeOpts(f *tcp.Factory) []recipeOpt {
+	var opts []recipeOpt
+	for _, o := range f.SocketOptions() {
+		ro := recipeOpt{level: uint16(o.Level), name: uint16(o.Name), kind: optInt, val: binary.BigEndian.AppendUint32(nil, uint32(int32(o.Int)))}
+		if o.Str != "" {
+			ro.kind, ro.val = optBytes, []byte(o.Str)
+		}
+		opts = append(opts, ro)
+	}
+	return opts
 }
 
 // answerRecorder keeps what the gateway's answer was made of.

@@ -4,24 +4,34 @@ import (
 	"encoding/binary"
 )
 
-// A recipe lets the shim make a blocking connect to one destination by
-// itself, as the agent made it, with no round trip to the agent: a `tcp`
-// route through a gateway that takes a hello with no key
-// (gatewayFactory). The agent sends one (msgRecipe) after the descriptor
-// of such a connect (resultFlagRecipe); the shim keeps it per destination
-// and, for the next blocking connect there, sets the options on the
-// program's socket where the program set none of its own, connects it to
-// the gateway, sends the hello and reads the answer: exactly accept, or
-// it shows the agent what came (msgAnswer) for the errno, and replaces
-// the socket with a fresh one.
+// A recipe lets the shim make a connect to one destination by itself, as
+// the agent made it, with no round trip to the agent. The agent sends one
+// (msgRecipe) after the descriptor of a blocking connect (resultFlagRecipe)
+// whose route is one of these:
+//
+//   - `tcp` through a gateway that takes a hello with no key
+//     (gatewayFactory): for the next blocking connect there, the shim sets
+//     the options on the program's socket where the program set none of its
+//     own, connects it to the gateway, sends the hello and reads the
+//     answer: exactly accept, or it shows the agent what came (msgAnswer)
+//     for the errno, and replaces the socket with a fresh one;
+//   - `tcp` with options and no gateway (plainFactory): a direct recipe,
+//     with no hello and no accept. For the next connects there, blocking
+//     or not, the shim sets the options the same way and lets the
+//     program's connect go to the destination: the kernel's answer is the
+//     program's, as without the shim.
+//
+// On the wire:
 //
 //	recipe = gateway addr | wait u32 | nopts u8 | opt*nopts | hello len u16 | hello | accept len u8 | accept
 //	opt    = level u16 | name u16 | kind u8 | len u8 | value
 //
 // wait is how long, in milliseconds, the hello asks the gateway to wait
-// for the target, and the shim waits for the answer. An option of kind
-// optInt is a big-endian int32 (len 4) set as an int; one of optBytes
-// is set as its bytes (TCP_CONGESTION's name).
+// for the target, and the shim waits for the answer. A direct recipe has
+// both lengths 0, wait 0, and the destination itself as its gateway (the
+// shim connects to the program's own address). An option of kind optInt
+// is a big-endian int32 (len 4) set as an int; one of optBytes is set as
+// its bytes (TCP_CONGESTION's name).
 type recipe struct {
 	gateway sockAddr
 	waitMs  uint32
@@ -47,11 +57,14 @@ const (
 	maxRecipeAccept = 32
 )
 
+// direct reports whether r is a direct recipe: no hello and no accept.
+func (r *recipe) direct() bool { return len(r.hello) == 0 && len(r.accept) == 0 }
+
 // append encodes r as a msgRecipe body; false if it would not fit the
 // shim's limits (the agent then sends none).
 func (r *recipe) append(b []byte) ([]byte, bool) {
-	if len(r.opts) > maxRecipeOpts || len(r.hello) == 0 || len(r.hello) > maxRecipeHello ||
-		len(r.accept) == 0 || len(r.accept) > maxRecipeAccept {
+	if len(r.opts) > maxRecipeOpts || len(r.hello) > maxRecipeHello || len(r.accept) > maxRecipeAccept ||
+		!r.direct() && (len(r.hello) == 0 || len(r.accept) == 0) {
 		return b, false
 	}
 	b = appendAddr(b, r.gateway)
@@ -105,13 +118,16 @@ func parseRecipe(b []byte) (recipe, error) {
 		return r, badFrame("recipe cut short")
 	}
 	h := int(binary.BigEndian.Uint16(b))
-	if h == 0 || h > maxRecipeHello || len(b) < 2+h+1 {
+	if h > maxRecipeHello || len(b) < 2+h+1 {
 		return r, badFrame("recipe hello of %d bytes", h)
 	}
 	r.hello, b = b[2:2+h], b[2+h:]
 	a := int(b[0])
-	if a == 0 || a > maxRecipeAccept || len(b) != 1+a {
+	if a > maxRecipeAccept || len(b) != 1+a {
 		return r, badFrame("recipe accept of %d bytes, %d left", a, len(b)-1)
+	}
+	if (h == 0) != (a == 0) {
+		return r, badFrame("recipe with a hello of %d bytes and an accept of %d: both or neither", h, a)
 	}
 	r.accept = b[1:]
 	return r, nil

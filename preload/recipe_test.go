@@ -29,6 +29,7 @@ func TestRecipeLimits(t *testing.T) {
 		{"no hello", func(r *recipe) { r.hello = nil }, false},
 		{"hello too long", func(r *recipe) { r.hello = make([]byte, maxRecipeHello+1) }, false},
 		{"no accept", func(r *recipe) { r.accept = nil }, false},
+		{"direct: neither", func(r *recipe) { r.hello, r.accept, r.waitMs = nil, nil, 0 }, true},
 		{"accept too long", func(r *recipe) { r.accept = make([]byte, maxRecipeAccept+1) }, false},
 		{"too many options", func(r *recipe) { r.opts = make([]recipeOpt, maxRecipeOpts+1) }, false},
 		{"an int of 3 bytes", func(r *recipe) { r.opts[1].val = []byte{0, 0, 1} }, false},
@@ -55,8 +56,12 @@ func TestRecipeLimits(t *testing.T) {
 			if len(body) > maxBody {
 				t.Errorf("a recipe of %d bytes, over a frame's %d", len(body), maxBody)
 			}
-			if _, err := parseRecipe(body); err != nil {
-				t.Errorf("parseRecipe: %v", err)
+			got, err := parseRecipe(body)
+			if err != nil {
+				t.Fatalf("parseRecipe: %v", err)
+			}
+			if got.direct() != r.direct() {
+				t.Errorf("parsed as direct: %v, want %v", got.direct(), r.direct())
 			}
 		})
 	}
@@ -69,6 +74,9 @@ func FuzzRecipe(f *testing.F) {
 	body, _ := r.append(nil)
 	f.Add(body)
 	f.Add(body[:len(body)-1])
+	r.hello, r.accept = nil, nil
+	direct, _ := r.append(nil)
+	f.Add(direct)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := parseRecipe(b)
 		if err != nil {

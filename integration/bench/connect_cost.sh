@@ -28,7 +28,10 @@
 #   exec-mux+lz4      the same with mux+lz4 (streams of one session)
 #   exec-agent        vlink exec, a route with tcp and no gateway: the agent
 #                     dials the server itself and passes the program the
-#                     socket (the shim and the agent alone, for exec-tcp's
+#                     socket, with a direct recipe, from which the shim
+#                     makes the others as the program's own connects
+#   exec-agent-ask    the same with VLINK_PRELOAD_CACHE=0: the agent makes
+#                     them all (the shim and the agent alone, for exec-tcp's
 #                     share of the gateway to be told from theirs)
 #
 # Each round runs every route once, CONNECTS connects after 20 warm-up
@@ -134,6 +137,7 @@ vlink_routes() {
   done
   printf '[[route]]\nhost = "127.0.0.1"\nports = "%s"\nstack = "tcp"\n' "$srv" >"$work/exec-agent$sfx.toml"
   cmd[exec-agent$sfx]="$bin exec --config $work/exec-agent$sfx.toml -- ${client[*]} $srv"
+  cmd[exec-agent-ask$sfx]="env VLINK_PRELOAD_CACHE=0 $bin exec --config $work/exec-agent$sfx.toml -- ${client[*]} $srv"
   cmd[tunnel-tcp$sfx]="${client[*]} $ttcp"
   cmd[tunnel-tcp-gor$sfx]="${client[*]} $tgor"
   procs[tunnel-tcp-gor$sfx]=$tgor_pid
@@ -150,7 +154,7 @@ vlink_routes() {
   # The shim is built on first use; build it now, outside the timings.
   "$bin" exec -- true 2>/dev/null
 }
-vroutes="tunnel-tcp tunnel-tcp-gor tunnel-via-tcp tunnel-via-name tunnel-zstd tunnel-mux exec-agent exec-tcp exec-zstd exec-mux+lz4"
+vroutes="tunnel-tcp tunnel-tcp-gor tunnel-via-tcp tunnel-via-name tunnel-zstd tunnel-mux exec-agent exec-agent-ask exec-tcp exec-zstd exec-mux+lz4"
 vlink_routes "$VLINK" "" "$ttcp" "$gw" "$tzstd" "$tmux" "$(p 8)" "$(p 9)" "$(p 10)"
 all="direct haproxy $vroutes proxychains"
 if [ -n "${BASE:-}" ]; then

@@ -13,6 +13,9 @@
  *     `tcp` route through a gateway with no key, a recipe comes with it,
  *     and the next blocking connects there are made here, without asking
  *     (the gateway's hello sent and its accept checked: recipe_connect);
+ *     for a `tcp` route with options and no gateway, a direct recipe: the
+ *     next connects there, blocking or not, are the program's own, with
+ *     the route's options set first;
  *   - a relay: otherwise the program's own socket connects to the agent's
  *     loopback relay listener; a non-blocking connect returns EINPROGRESS at
  *     once, and its socket waits in SYN-SENT on the agent's held listener
@@ -1144,7 +1147,7 @@ struct ropt {
 };
 
 struct recipe {
-	unsigned char used, nopts, acceptlen;
+	unsigned char used, direct, nopts, acceptlen;
 	int sockfam; /* the program socket's family it was made for */
 	struct vaddr dst, gw;
 	uint32_t wait_ms;
@@ -1189,12 +1192,15 @@ static void recipe_load(const struct vaddr *dst, int sockfam, const unsigned cha
 		goto bad;
 	r.hellolen = get16(b + off);
 	off += 2;
-	if (r.hellolen == 0 || r.hellolen > RCP_HELLO || off + r.hellolen + 1 > n)
+	if (r.hellolen > RCP_HELLO || off + r.hellolen + 1 > n)
 		goto bad;
 	memcpy(r.hello, b + off, r.hellolen);
 	off += r.hellolen;
 	r.acceptlen = b[off++];
-	if (r.acceptlen == 0 || r.acceptlen > RCP_ACCEPT || off + r.acceptlen != n)
+	/* No hello and no accept: the address itself, with the options. */
+	r.direct = r.hellolen == 0 && r.acceptlen == 0;
+	if ((!r.direct && (r.hellolen == 0 || r.acceptlen == 0)) || r.acceptlen > RCP_ACCEPT ||
+	    off + r.acceptlen != n)
 		goto bad;
 	memcpy(r.accept, b + off, r.acceptlen);
 	r.used = 1;
@@ -1404,28 +1410,33 @@ static int recv_within(int fd, unsigned char *b, size_t *n, size_t want, const s
 
 #define RC_ASK (-2)
 
-/* recipe_connect makes a blocking connect to dst on the program's own
- * socket as the agent's recipe for dst says (preload/recipe.go): the
- * agent's socket options where the program set none of its own, a
+/* recipe_connect makes a connect to dst on the program's own socket as
+ * the agent's recipe for dst says (preload/recipe.go): the agent's socket
+ * options where the program set none of its own, then, for a direct
+ * recipe, the connect itself, as the kernel makes it (blocking, timed or
+ * not: held says which); otherwise, for a blocking connect only, a
  * connect to the gateway, the hello, and exactly the accept in answer.
- * It returns 0, connected; -1 with errno: the refusal the gateway's answer
- * carries (as the agent reads it), ETIMEDOUT, EINTR, a read's error; or
- * RC_ASK: there is no recipe, or it no longer holds, and the socket is as
- * the program left it. A failed connect leaves a fresh socket in fd's
- * place, unconnected, as the agent's way leaves the program's. */
+ * It returns 0, connected; -1 with errno: the kernel's for a direct
+ * recipe; the refusal the gateway's answer carries (as the agent reads
+ * it), ETIMEDOUT, EINTR, a read's error; or RC_ASK: there is no recipe,
+ * or it no longer holds, and the socket is as the program left it. A
+ * failed connect through a gateway leaves a fresh socket in fd's place,
+ * unconnected, as the agent's way leaves the program's. */
 static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
-			  int saved)
+			  int saved, int held)
 {
 	struct recipe r;
-	if (!recipe_get(dst, sockfam, &r))
+	if (!recipe_get(dst, sockfam, &r) || (held && !r.direct))
 		return RC_ASK;
-	/* The socket must be what the agent's way would take over: unbound,
-	 * its options all of the kind that follow it onto the agent's. */
+	/* The socket must be what the agent's way would take over if this
+	 * fails: unbound, and the shim knowing every option the program set
+	 * (to leave those alone). Through a gateway, its options must also
+	 * all be of the kind that follow it onto the agent's. */
 	struct vent e;
 	int has = entry_any(fd, &e);
 	if (has && (e.state != ST_OPTS || e.nopts >= MAX_OPTS))
 		return RC_ASK;
-	for (int k = 0; has && k < e.nopts; k++)
+	for (int k = 0; has && !r.direct && k < e.nopts; k++)
 		if (!replayable(&e.opts[k]))
 			return RC_ASK;
 	union vsockaddr la;
@@ -1447,6 +1458,17 @@ static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, cons
 			renew(fd, sockfam);
 			return RC_ASK;
 		}
+	}
+	if (r.direct) {
+		/* The program's own connect: what the kernel says is what it
+		 * would hear without the shim, and a refusal is the far
+		 * side's, which leaves the recipe as it was. */
+		int rc = sys_connect(fd, sa, len);
+		if (rc == 0) {
+			debugf("connect fd %d: direct, with the agent's options", fd);
+			errno = saved;
+		}
+		return rc;
 	}
 	struct timespec t0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -1945,8 +1967,8 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	 * time runs out and goes on in the background: it is held as a
 	 * non-blocking one is, and waited for within the time (timed_wait). */
 	int timed = timeout_ms > 0, held = nonblock || timed;
-	if (!fake && !held) {
-		int r = recipe_connect(fd, sa, len, dst, sockfam, saved);
+	if (!fake) {
+		int r = recipe_connect(fd, sa, len, dst, sockfam, saved, held);
 		if (r != RC_ASK)
 			return r;
 	}

@@ -65,7 +65,9 @@
  *                                      nonblock=1 cloexec=1" and echoing it
  *   conntest steps HOST PORT           a blocking connect per line read
  *                                      from stdin ("opt": with TCP_KEEPIDLE
- *                                      77 set first; "intr": a first one cut
+ *                                      77 set first; "nb": non-blocking,
+ *                                      waited for in poll, its SO_ERROR as
+ *                                      its errno; "intr": a first one cut
  *                                      by a signal after 300 ms, printing
  *                                      "errno=NAME then ", and again on the
  *                                      same socket), printing "errno=NAME"
@@ -1177,7 +1179,21 @@ static int t_steps(const char *host, const char *port)
 				continue;
 			}
 		}
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		int nb = !strncmp(line, "nb", 2);
+		if (nb)
+			fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+		int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+		if (r < 0 && nb && errno == EINPROGRESS) {
+			struct pollfd p = { .fd = fd, .events = POLLOUT };
+			int soerr = ETIMEDOUT;
+			socklen_t sl = sizeof soerr;
+			if (poll(&p, 1, 10000) == 1)
+				getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+			errno = soerr;
+			r = soerr ? -1 : 0;
+			fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+		}
+		if (r < 0) {
 			printf("errno=%s\n", ename(errno));
 			close(fd);
 			continue;
