@@ -698,8 +698,9 @@ func TestExecPlainRule(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The first connect is the agent's; it gives the shim a direct
-	// recipe, and the others, blocking or not, are Python's own.
+	// Every connect to the echo server is Python's own, with the rule's
+	// options: the agent answers the first, non-blocking, with a direct
+	// recipe, by which the shim makes the others alone.
 	script := `import select, socket, sys
 def check(s):
     cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
@@ -707,8 +708,6 @@ def check(s):
     s.sendall(b"through the rule")
     print(cc, idle, s.recv(100).decode())
     s.close()
-for i in range(2):
-    check(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
 s = socket.socket()
 s.setblocking(False)
 s.connect_ex(("127.0.0.1", int(sys.argv[1])))
@@ -716,6 +715,8 @@ select.select([], [s], [], 10)
 print("nonblocking", s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
 s.setblocking(True)
 check(s)
+for i in range(2):
+    check(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[2])))
 except ConnectionRefusedError as e:
@@ -727,10 +728,12 @@ except ConnectionRefusedError as e:
 		t.Fatalf("vlink exec: %v\n%s", err, stderr)
 	}
 	line := cc + " 7 through the rule\n"
-	if want := fmt.Sprintf("%s%snonblocking 0\n%srefused %d\n", line, line, line, syscall.ECONNREFUSED); string(out) != want {
+	if want := fmt.Sprintf("nonblocking 0\n%s%s%srefused %d\n", line, line, line, syscall.ECONNREFUSED); string(out) != want {
 		t.Errorf("python printed %q, want %q\nvlink exec said:\n%s", out, want, stderr)
 	}
-	if n := strings.Count(stderr, `msg="passed a descriptor"`); n != 1 || !strings.Contains(stderr, "recipe=true") {
-		t.Errorf("the agent passed %d descriptors, want 1, with a recipe:\n%s", n, stderr)
+	// Asked once about the echo server, by the non-blocking connect; the
+	// closed port's blocking connect is the agent's, which fails.
+	if n := strings.Count(stderr, `msg="direct, with the route's options"`); n != 1 || strings.Contains(stderr, "passed a descriptor") {
+		t.Errorf("the agent answered %d connects with the route's options, want 1, and passed no descriptor:\n%s", n, stderr)
 	}
 }

@@ -695,6 +695,22 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	if answer != nil {
 		return writeResult(c, *answer)
 	}
+	if f, to := plainFactory(d, target, req.family); f != nil && req.own && req.mode == modeAsync && to == req.dest {
+		// The route is the destination with options, and the socket
+		// can take them and connect itself: held and relayed, it would
+		// have the agent in its data path. (A blocking connect is
+		// faster to its first byte the agent's way, below: the
+		// target's answer overlaps the descriptor's passing.)
+		if _, fake := a.fakes.nameOf(req.dest.Addr()); !fake {
+			if body, ok := (&recipe{gateway: req.dest, opts: recipeOpts(f)}).append(nil); ok {
+				a.observed(ConnectRouted)
+				a.log.Debug("direct, with the route's options", attrs...)
+				_, err := c.Write(append(appendFrame(nil, msgResult, (&result{kind: resultDirect, flags: resultFlagRecipe}).append(nil)),
+					appendFrame(nil, msgRecipe, body)...))
+				return err
+			}
+		}
+	}
 	timeout := a.timeout
 	if t := time.Duration(req.timeoutMs) * time.Millisecond; t > 0 && t < timeout {
 		timeout = t

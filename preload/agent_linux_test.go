@@ -457,7 +457,7 @@ func TestRoutesTaken(t *testing.T) {
 	}{
 		{"127.0.0.2", lb.port4, `msg="relay done" .*to=127.0.0.2:` + lb.port4 + ` stack=zstd`},
 		{"127.0.0.3", lb.port4, `msg="passed a descriptor" .*to=127.0.0.3:` + lb.port4 + ` stack=tcp`},
-		{"127.0.0.6", lb.port4, `msg="passed a descriptor" .*to=127.0.0.6:` + lb.port4 + ` stack="tcp:keepalive=7s"`},
+		{"127.0.0.6", lb.port4, `msg="direct, with the route's options" .*to=127.0.0.6:` + lb.port4 + ` stack="tcp:keepalive=7s"`},
 		{"echo.far.test", lb.port4, `msg="relay done" .*to=echo.far.test:` + lb.port4 + ` stack=zstd`},
 	} {
 		lb.mustRun(t, "errno", tc.host, tc.port) // blocking
@@ -1144,32 +1144,30 @@ func TestRecipe(t *testing.T) {
 	askEachTime(t, step, done, connected, func() int { return len(passed.FindAllString(lb.logs.String(), -1)) })
 }
 
-// TestRecipeDirect: a `tcp` route with options and no gateway gives a
-// direct recipe with the first connect's descriptor, and the next
-// connects there, blocking or not, are the program's own with the
-// route's options set (TCP_KEEPIDLE 7), where the program set none. A
+// TestRecipeDirect: a `tcp` route with options and no gateway is the
+// program's own connect, blocking or not, with the route's options set
+// (TCP_KEEPIDLE 7) where the program set none: the agent answers a first
+// non-blocking one with a direct recipe, a first blocking one with its
+// descriptor and the recipe, and the shim makes the next ones alone. A
 // refusal is the kernel's, as without vlink, and the recipe holds.
 func TestRecipeDirect(t *testing.T) {
 	lb := newLab(t)
 	target := echoListener(t, "127.0.0.6:0") // the lab's rule for 127.0.0.6: tcp:keepalive=7s, no gateway
 	port := strconv.Itoa(target.Addr().(*net.TCPAddr).Port)
-	passed := regexp.MustCompile(`msg="passed a descriptor" [^\n]*to=127.0.0.6:` + port + `[^\n]*recipe=true`)
+	asked := regexp.MustCompile(`msg="direct, with the route's options" [^\n]*to=127.0.0.6:` + port)
 	env := append([]string{"LD_PRELOAD=" + lb.shim}, lb.agent.Env()...)
 	const connected = "errno=connected peer=ok keepidle=7 echo=ok"
 
 	step, done := startSteps(t, lb.prog, env, "127.0.0.6", port)
 	for i, tc := range []struct{ line, want string }{
-		{"", connected}, // the agent's, with the recipe
-		{"", connected}, // the program's own
+		{"nb", connected}, // asks: the agent's direct recipe
+		{"", connected},   // the shim alone, from here on
 		{"nb", connected},
 		{"opt", "errno=connected peer=ok keepidle=77 echo=ok"},
 	} {
 		if got := step(tc.line); got != tc.want {
 			t.Errorf("connect %d (%q): %q, want %q", i+1, tc.line, got, tc.want)
 		}
-	}
-	if n := len(passed.FindAllString(lb.logs.String(), -1)); n != 1 {
-		t.Errorf("the agent passed %d descriptors with a recipe, want 1 (the first connect)", n)
 	}
 	target.Close()
 	for _, line := range []string{"", "nb"} {
@@ -1182,12 +1180,40 @@ func TestRecipeDirect(t *testing.T) {
 		t.Errorf("connect once the port is open again: %q, want %q", got, connected)
 	}
 	done()
-	if n := strings.Count(lb.logs.String(), "127.0.0.6:"+port); n != 1 {
-		t.Errorf("the agent saw %d connects to 127.0.0.6:%s, want 1: the refusals are the kernel's, the recipe held\n", n, port)
+	if n := strings.Count(lb.logs.String(), "127.0.0.6:"+port); n != 1 || !asked.MatchString(lb.logs.String()) {
+		t.Errorf("the agent saw %d connects to 127.0.0.6:%s, want 1, answered with a direct recipe: the rest are the program's own", n, port)
+	}
+
+	if regexp.MustCompile(`msg="passed a descriptor"[^\n]*to=127.0.0.6:` + port).MatchString(lb.logs.String()) {
+		t.Errorf("the agent connected for a socket that could connect itself")
 	}
 
 	step, done = startSteps(t, lb.prog, append(env, "VLINK_PRELOAD_CACHE=0"), "127.0.0.6", port)
-	askEachTime(t, step, done, connected, func() int { return len(passed.FindAllString(lb.logs.String(), -1)) })
+	for i := range 2 {
+		if got := step("nb"); got != connected {
+			t.Errorf("without the cache, connect %d: %q, want %q", i+1, got, connected)
+		}
+	}
+	done()
+	if n := len(asked.FindAllString(lb.logs.String(), -1)); n != 3 {
+		t.Errorf("without the cache: the agent answered %d connects with a direct recipe in all, want 3 (every connect asks)", n)
+	}
+
+	// A first connect that blocks is the agent's, which passes the
+	// descriptor and the recipe with it; the next ones are the program's.
+	other := echoListener(t, "127.0.0.6:0")
+	oport := strconv.Itoa(other.Addr().(*net.TCPAddr).Port)
+	step, done = startSteps(t, lb.prog, env, "127.0.0.6", oport)
+	for i, line := range []string{"", "nb", ""} {
+		if got := step(line); got != connected {
+			t.Errorf("port %s, connect %d (%q): %q, want %q", oport, i+1, line, got, connected)
+		}
+	}
+	done()
+	if n := strings.Count(lb.logs.String(), "127.0.0.6:"+oport); n != 1 ||
+		!regexp.MustCompile(`msg="passed a descriptor"[^\n]*to=127.0.0.6:`+oport+`[^\n]*recipe=true`).MatchString(lb.logs.String()) {
+		t.Errorf("the agent saw %d connects to 127.0.0.6:%s, want 1, a descriptor with a recipe", n, oport)
+	}
 }
 
 // echoListener starts an echo server on addr (IPv4), which a test may

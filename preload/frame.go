@@ -169,10 +169,14 @@ func parseAddr(b []byte) (sockAddr, error) {
 	return netip.AddrPortFrom(ip, port), nil
 }
 
-// Connect modes: how the program's socket waits.
+// Connect modes: how the program's socket waits. modeFlagOwn, or'd in:
+// the socket may make the connect itself with a route's options (a
+// direct recipe, recipe.go): it is unbound and the shim knows every
+// option the program set on it.
 const (
-	modeAsync = 1 // non-blocking socket: reply at once, dial in the background
-	modeSync  = 2 // blocking socket: dial, then reply
+	modeAsync   = 1 // non-blocking socket: reply at once, dial in the background
+	modeSync    = 2 // blocking socket: dial, then reply
+	modeFlagOwn = 0x80
 )
 
 // connectReq asks for a connect's route and, unless it is direct, a
@@ -181,12 +185,17 @@ type connectReq struct {
 	dest      sockAddr
 	family    uint8  // the program socket's family: 4 or 6
 	mode      uint8  // modeAsync or modeSync
+	own       bool   // modeFlagOwn
 	timeoutMs uint32 // the socket's SO_SNDTIMEO for a blocking connect; 0 none
 }
 
 func (m *connectReq) append(b []byte) []byte {
 	b = appendAddr(b, m.dest)
-	b = append(b, m.family, m.mode)
+	mode := m.mode
+	if m.own {
+		mode |= modeFlagOwn
+	}
+	b = append(b, m.family, mode)
 	return binary.BigEndian.AppendUint32(b, m.timeoutMs)
 }
 
@@ -199,7 +208,7 @@ func parseConnect(b []byte) (connectReq, error) {
 	if m.dest, err = parseAddr(b); err != nil {
 		return m, err
 	}
-	m.family, m.mode = b[addrSize], b[addrSize+1]
+	m.family, m.mode, m.own = b[addrSize], b[addrSize+1]&^modeFlagOwn, b[addrSize+1]&modeFlagOwn != 0
 	if m.family != 4 && m.family != 6 {
 		return m, badFrame("socket family %d", m.family)
 	}
@@ -225,7 +234,8 @@ const (
 // Result flags. resultFlagCache: the verdict holds for this address and
 // port for the agent's lifetime, so the shim may remember it.
 // resultFlagRecipe: a msgRecipe follows, for the shim to make the next
-// blocking connects to this address and port by itself.
+// blocking connects to this address and port by itself; with
+// resultDirect, a direct recipe, for this connect too.
 const (
 	resultFlagCache  = 1
 	resultFlagRecipe = 2

@@ -13,6 +13,7 @@ func sampleRequests() []request {
 		{typ: msgHello, pid: 4242, token: [tokenSize]byte{1, 2, 3, 15: 0xff}},
 		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("10.1.2.3:443"), family: 4, mode: modeAsync}},
 		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("[fd00::1]:22"), family: 6, mode: modeSync, timeoutMs: 1500}},
+		{typ: msgConnect, connect: connectReq{dest: netip.MustParseAddrPort("10.1.2.3:443"), family: 4, mode: modeAsync, own: true}},
 		{typ: msgAttach, attach: attachReq{token: 1<<40 + 7, local: netip.MustParseAddrPort("127.0.0.1:40000")}},
 		{typ: msgResolve, resolve: resolveReq{port: 80, name: "far.example"}},
 		{typ: msgPeer, addr: netip.MustParseAddrPort("127.0.0.1:50000")},

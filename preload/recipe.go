@@ -6,8 +6,10 @@ import (
 
 // A recipe lets the shim make a connect to one destination by itself, as
 // the agent made it, with no round trip to the agent. The agent sends one
-// (msgRecipe) after the descriptor of a blocking connect (resultFlagRecipe)
-// whose route is one of these:
+// (msgRecipe) after the descriptor of a blocking connect, or after a
+// resultDirect to a non-blocking connect from a socket that can take it
+// (modeFlagOwn), flagged resultFlagRecipe, when the connect's route is
+// one of these:
 //
 //   - `tcp` through a gateway that takes a hello with no key
 //     (gatewayFactory): for the next blocking connect there, the shim sets
@@ -16,10 +18,10 @@ import (
 //     answer: exactly accept, or it shows the agent what came (msgAnswer)
 //     for the errno, and replaces the socket with a fresh one;
 //   - `tcp` with options and no gateway (plainFactory): a direct recipe,
-//     with no hello and no accept. For the next connects there, blocking
-//     or not, the shim sets the options the same way and lets the
-//     program's connect go to the destination: the kernel's answer is the
-//     program's, as without the shim.
+//     with no hello and no accept. For this connect (after resultDirect)
+//     and the next ones there, blocking or not, the shim sets the options
+//     the same way and lets the program's connect go to the destination:
+//     the kernel's answer is the program's, as without the shim.
 //
 // On the wire:
 //

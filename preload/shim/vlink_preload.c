@@ -13,9 +13,11 @@
  *     `tcp` route through a gateway with no key, a recipe comes with it,
  *     and the next blocking connects there are made here, without asking
  *     (the gateway's hello sent and its accept checked: recipe_connect);
- *     for a `tcp` route with options and no gateway, a direct recipe: the
- *     next connects there, blocking or not, are the program's own, with
- *     the route's options set first;
+ *   - direct with a recipe: for a `tcp` route with options and no gateway
+ *     (with the descriptor of a first blocking connect, or for a first
+ *     non-blocking one from a socket that can take them: own_socket),
+ *     the next connects there, blocking or not, are the program's own,
+ *     with the route's options set first;
  *   - a relay: otherwise the program's own socket connects to the agent's
  *     loopback relay listener; a non-blocking connect returns EINPROGRESS at
  *     once, and its socket waits in SYN-SENT on the agent's held listener
@@ -129,7 +131,7 @@ enum {
 	M_NAME, M_PEER, M_PEERADDR, M_ADDRNAME, M_NAMEOF, M_IPTABLE, M_WHY, M_ERRNO,
 	M_SERVED, M_LISTEN, M_ACCEPTED, M_ACCEPTINFO, M_DATAGRAM, M_RECIPE, M_ANSWER
 };
-enum { MODE_ASYNC = 1, MODE_SYNC = 2 };
+enum { MODE_ASYNC = 1, MODE_SYNC = 2, MODE_OWN = 0x80 };
 enum { R_DIRECT = 1, R_ERROR = 2, R_RELAY = 3, R_FD = 4, R_DGRAM = 5 };
 enum { N_LOCAL = 1, N_FAKE = 2, N_NONE = 3 };
 #define K_NODATA 100 /* not on the wire: N_FAKE without the family asked for */
@@ -1159,9 +1161,10 @@ struct recipe {
 
 static struct recipe g_recipes[MAX_RECIPES];
 
-/* recipe_load keeps the agent's recipe (preload/recipe.go) for blocking
- * connects to dst from sockets of family sockfam. */
-static void recipe_load(const struct vaddr *dst, int sockfam, const unsigned char *b, size_t n)
+/* recipe_parse reads the agent's recipe (preload/recipe.go) for connects
+ * to dst from sockets of family sockfam into *out; -1 if it is
+ * malformed. */
+static int recipe_parse(const struct vaddr *dst, int sockfam, const unsigned char *b, size_t n, struct recipe *out)
 {
 	struct recipe r;
 	memset(&r, 0, sizeof r);
@@ -1206,13 +1209,29 @@ static void recipe_load(const struct vaddr *dst, int sockfam, const unsigned cha
 	r.used = 1;
 	r.dst = *dst;
 	r.sockfam = sockfam;
-	lockstate ls;
-	lock(&ls);
-	g_recipes[cache_slot(dst) % MAX_RECIPES] = r;
-	unlock(&ls);
-	return;
+	*out = r;
+	return 0;
 bad:
 	note("agent sent a malformed recipe; asking it about each connect");
+	return -1;
+}
+
+/* recipe_keep keeps r for the next connects to its destination. */
+static void recipe_keep(const struct recipe *r)
+{
+	lockstate ls;
+	lock(&ls);
+	g_recipes[cache_slot(&r->dst) % MAX_RECIPES] = *r;
+	unlock(&ls);
+}
+
+/* recipe_load keeps the agent's recipe for connects to dst, if it is
+ * well formed. */
+static void recipe_load(const struct vaddr *dst, int sockfam, const unsigned char *b, size_t n)
+{
+	struct recipe r;
+	if (recipe_parse(dst, sockfam, b, n, &r) == 0)
+		recipe_keep(&r);
 }
 
 /* recipe_get copies the recipe for dst from a socket of family sockfam. */
@@ -1410,42 +1429,62 @@ static int recv_within(int fd, unsigned char *b, size_t *n, size_t want, const s
 
 #define RC_ASK (-2)
 
+/* own_socket reports whether fd can take a recipe: unbound, and the shim
+ * knowing every option the program set on it (to leave those alone), so
+ * that the agent's way can still take it over if the recipe fails.
+ * Through a gateway (direct 0), its options must also all be of the kind
+ * that follow it onto the agent's. */
+static int own_socket(int fd, int direct)
+{
+	struct vent e;
+	int has = entry_any(fd, &e);
+	if (has && (e.state != ST_OPTS || e.nopts >= MAX_OPTS))
+		return 0;
+	for (int k = 0; has && !direct && k < e.nopts; k++)
+		if (!replayable(&e.opts[k]))
+			return 0;
+	union vsockaddr la;
+	socklen_t ll = sizeof la;
+	return sys_getsockname(fd, &la.sa, &ll) == 0 &&
+	       (la.sa.sa_family == AF_INET ? la.in4.sin_port : la.in6.sin6_port) == 0;
+}
+
+static int recipe_run(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
+		      int saved, const struct recipe *r);
+
 /* recipe_connect makes a connect to dst on the program's own socket as
- * the agent's recipe for dst says (preload/recipe.go): the agent's socket
- * options where the program set none of its own, then, for a direct
- * recipe, the connect itself, as the kernel makes it (blocking, timed or
- * not: held says which); otherwise, for a blocking connect only, a
- * connect to the gateway, the hello, and exactly the accept in answer.
- * It returns 0, connected; -1 with errno: the kernel's for a direct
- * recipe; the refusal the gateway's answer carries (as the agent reads
- * it), ETIMEDOUT, EINTR, a read's error; or RC_ASK: there is no recipe,
- * or it no longer holds, and the socket is as the program left it. A
- * failed connect through a gateway leaves a fresh socket in fd's place,
- * unconnected, as the agent's way leaves the program's. */
+ * the agent's recipe for dst says, if it has one that fits (recipe_run):
+ * a direct one for any connect, one through a gateway for a blocking
+ * connect. RC_ASK: there is none, or the socket cannot take it (see
+ * own_socket), and the socket is as the program left it. */
 static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
 			  int saved, int held)
 {
 	struct recipe r;
-	if (!recipe_get(dst, sockfam, &r) || (held && !r.direct))
+	if (!recipe_get(dst, sockfam, &r) || (held && !r.direct) || !own_socket(fd, r.direct))
 		return RC_ASK;
-	/* The socket must be what the agent's way would take over if this
-	 * fails: unbound, and the shim knowing every option the program set
-	 * (to leave those alone). Through a gateway, its options must also
-	 * all be of the kind that follow it onto the agent's. */
+	return recipe_run(fd, sa, len, dst, sockfam, saved, &r);
+}
+
+/* recipe_run makes a connect to dst on the program's own socket, which
+ * own_socket took, as recipe *r says (preload/recipe.go): the agent's
+ * socket options where the program set none of its own, then, for a
+ * direct recipe, the connect itself, as the kernel makes it (blocking,
+ * timed or not); otherwise a connect to the gateway, the hello, and
+ * exactly the accept in answer. It returns 0, connected; -1 with errno:
+ * the kernel's for a direct recipe; the refusal the gateway's answer
+ * carries (as the agent reads it), ETIMEDOUT, EINTR, a read's error; or
+ * RC_ASK: the recipe no longer holds (an option the socket does not
+ * take, a gateway gone), and the socket is as the program left it. A
+ * failed connect through a gateway leaves a fresh socket in fd's place,
+ * unconnected, as the agent's way leaves the program's. */
+static int recipe_run(int fd, const struct sockaddr *sa, socklen_t len, const struct vaddr *dst, int sockfam,
+		      int saved, const struct recipe *r)
+{
 	struct vent e;
 	int has = entry_any(fd, &e);
-	if (has && (e.state != ST_OPTS || e.nopts >= MAX_OPTS))
-		return RC_ASK;
-	for (int k = 0; has && !r.direct && k < e.nopts; k++)
-		if (!replayable(&e.opts[k]))
-			return RC_ASK;
-	union vsockaddr la;
-	socklen_t ll = sizeof la;
-	if (sys_getsockname(fd, &la.sa, &ll) < 0 ||
-	    (la.sa.sa_family == AF_INET ? la.in4.sin_port : la.in6.sin6_port) != 0)
-		return RC_ASK;
-	for (int k = 0; k < r.nopts; k++) {
-		const struct ropt *o = &r.opts[k];
+	for (int k = 0; k < r->nopts; k++) {
+		const struct ropt *o = &r->opts[k];
 		int mine = 0;
 		for (int j = 0; has && j < e.nopts && !mine; j++)
 			mine = e.opts[j].level == o->level && e.opts[j].name == o->name;
@@ -1459,7 +1498,7 @@ static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, cons
 			return RC_ASK;
 		}
 	}
-	if (r.direct) {
+	if (r->direct) {
 		/* The program's own connect: what the kernel says is what it
 		 * would hear without the shim, and a refusal is the far
 		 * side's, which leaves the recipe as it was. */
@@ -1473,7 +1512,7 @@ static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, cons
 	struct timespec t0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	union vsockaddr ga;
-	socklen_t gl = from_vaddr(&r.gw, sockfam, &ga);
+	socklen_t gl = from_vaddr(&r->gw, sockfam, &ga);
 	if (sys_connect(fd, &ga.sa, gl) < 0) {
 		int err = errno;
 		renew(fd, sockfam);
@@ -1485,7 +1524,7 @@ static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, cons
 		return RC_ASK;
 	}
 	/* A new connection's send buffer takes a hello whole. */
-	if (send(fd, r.hello, r.hellolen, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)r.hellolen) {
+	if (send(fd, r->hello, r->hellolen, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)r->hellolen) {
 		renew(fd, sockfam);
 		recipe_forget(dst);
 		return RC_ASK;
@@ -1493,8 +1532,8 @@ static int recipe_connect(int fd, const struct sockaddr *sa, socklen_t len, cons
 	unsigned char got[RCP_ANSWER];
 	size_t n = 0;
 	int eof = 0, late = 0;
-	int rerr = recv_within(fd, got, &n, r.acceptlen, &t0, (long)r.wait_ms, &eof, &late);
-	if (rerr == 0 && n == r.acceptlen && memcmp(got, r.accept, n) == 0) {
+	int rerr = recv_within(fd, got, &n, r->acceptlen, &t0, (long)r->wait_ms, &eof, &late);
+	if (rerr == 0 && n == r->acceptlen && memcmp(got, r->accept, n) == 0) {
 		union vsockaddr orig;
 		socklen_t origlen = len < sizeof orig ? len : sizeof orig;
 		memcpy(&orig, sa, origlen);
@@ -1973,6 +2012,11 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 			return r;
 	}
 
+	/* A held socket that can take a route's options and connect itself
+	 * says so: for a route that is only that, the agent answers with a
+	 * direct recipe instead of holding and relaying it. */
+	int own = !fake && held && own_socket(fd, 1);
+ask:;
 	int i = ask_chan(dst, fake, &verdict, &err);
 	if (i == -2)
 		return settle(verdict, err, fd, sa, len);
@@ -1983,7 +2027,7 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	int nfd = -1;
 	put_addr(b, dst);
 	b[VL_ADDR] = sockfam == AF_INET6 ? 6 : 4;
-	b[VL_ADDR + 1] = held ? MODE_ASYNC : MODE_SYNC;
+	b[VL_ADDR + 1] = (held ? MODE_ASYNC : MODE_SYNC) | (own ? MODE_OWN : 0);
 	put32(b + VL_ADDR + 2, 0); /* the dial goes on past a timed connect's time, as the kernel's */
 	if (send_frame(i, M_CONNECT, b, VL_CONNECT) < 0 ||
 	    recv_frame(i, M_RESULT, b, VL_RESULT, VL_RESULT, &n, &nfd, !nonblock) < 0) {
@@ -2009,6 +2053,30 @@ static int route_connect(int fd, const struct sockaddr *sa, socklen_t len, const
 	}
 	switch (kind) {
 	case R_DIRECT:
+		if (flags & RESULT_RECIPE) {
+			/* The route's options, for this connect and the next. */
+			unsigned char rb[VL_MAXBODY];
+			size_t rn;
+			struct recipe r;
+			if (recv_frame(i, M_RECIPE, rb, VL_ADDR + 5, VL_MAXBODY, &rn, NULL, 0) < 0) {
+				put_chan(i, 0);
+				agent_down(errno);
+				errno = ENETUNREACH;
+				return -1;
+			}
+			put_chan(i, 1);
+			if (recipe_parse(dst, sockfam, rb, rn, &r) < 0 || !r.direct) {
+				errno = ENETUNREACH;
+				return -1;
+			}
+			if (!g_nocache)
+				recipe_keep(&r);
+			int rc = recipe_run(fd, sa, len, dst, sockfam, saved, &r);
+			if (rc != RC_ASK)
+				return rc;
+			own = 0; /* an option it does not take: the agent's way says why */
+			goto ask;
+		}
 		put_chan(i, 1);
 		if ((flags & RESULT_CACHE) && !fake)
 			cache_put(dst, R_DIRECT, 0);

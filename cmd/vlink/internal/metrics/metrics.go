@@ -187,7 +187,7 @@ func newMetrics() *Metrics {
 		}, relayLabels),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vlink_exec_connects_total",
-			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted, nor are the connects on a tcp route that the shim makes itself once the agent made one (a recipe): the blocking ones through its gateway unless they fail, and all of those of a route with no gateway.",
+			Help: "The program's connects that vlink exec's agent answered, by outcome: routed (through a stack), direct, refused (by the rules), failed (the stack did not reach the destination). Connects to IP addresses the shim decides itself from the rules, direct or refused, are not asked about and not counted, nor are the connects on a tcp route that the shim makes itself from a recipe once the agent answered one: the blocking ones through its gateway unless they fail, and all of those of a route with no gateway.",
 		}, []string{"outcome"}),
 	}
 	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
