@@ -29,29 +29,28 @@ func startDnsmasq(t *testing.T) string {
 	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
-// startUDPEcho runs socat returning every datagram to its sender, whole
-// (PIPE: one datagram written, the same read back).
+// udpEchoServer is a UDP echo server in one process: every datagram back
+// to its sender, whole. (socat's UDP4-RECVFROM with fork, a process per
+// datagram, now and then under load answered a peer's first datagram and
+// never its next one.)
+const udpEchoServer = `
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+print("echoing", flush=True)
+while True:
+    b, peer = s.recvfrom(65536)
+    s.sendto(b, peer)
+`
+
+// startUDPEcho runs udpEchoServer on a free loopback port.
 func startUDPEcho(t *testing.T) string {
 	t.Helper()
 	port := realserver.FreePort(t)
-	startProc(t, "socat", "-b65536", fmt.Sprintf("UDP4-RECVFROM:%d,bind=127.0.0.1,fork", port), "PIPE")
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	// socat logs nothing when ready: ask until it answers.
-	c, err := net.Dial("udp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for end := time.Now().Add(startTimeout); ; {
-		c.Write([]byte("ping"))
-		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		if _, err := c.Read(make([]byte, 8)); err == nil {
-			return addr
-		}
-		if time.Now().After(end) {
-			t.Fatalf("socat's UDP echo on %s does not answer", addr)
-		}
-	}
+	p := startProc(t, "python3", "-c", udpEchoServer, strconv.Itoa(port))
+	p.WaitFor(t, regexp.MustCompile(`^echoing`), startTimeout)
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 // udpClient is a Python program that sends datagrams of the sizes given
@@ -94,10 +93,10 @@ func echoedWhole(t *testing.T, wrap []string, addr string, sizes ...string) {
 
 // TestUDPTunnel carries datagrams from unmodified UDP programs (dig,
 // Python's socket module) through vlink tunnel --udp and a gateway,
-// vlink serve --allow-udp, to real UDP servers (dnsmasq, socat), over
-// several stacks.
+// vlink serve --allow-udp, to a real DNS server (dnsmasq) and a UDP echo,
+// over several stacks.
 func TestUDPTunnel(t *testing.T) {
-	testenv.Programs(t, "dnsmasq", "dig", "socat", "python3")
+	testenv.Programs(t, "dnsmasq", "dig", "python3")
 	dns, echo := startDnsmasq(t), startUDPEcho(t)
 	dir := t.TempDir()
 	key := filepath.Join(dir, "vlink.key")
@@ -128,7 +127,7 @@ func TestUDPTunnel(t *testing.T) {
 // DATAGRAM frames (RFC 9221), as serve logs (quic_datagrams=true), and
 // the larger ones on the stream: every one comes back whole.
 func TestUDPTunnelQUIC(t *testing.T) {
-	testenv.Programs(t, "socat", "python3")
+	testenv.Programs(t, "python3")
 	echo := startUDPEcho(t)
 	dir := t.TempDir()
 	key := filepath.Join(dir, "vlink.key")
@@ -158,9 +157,9 @@ print("answers", n, "ip", ".".join(str(b) for b in r[-4:]) if n else "-")
 // TestSOCKSUDP: unmodified UDP programs under Dante's SOCKS client
 // library (socksify), which sends their datagrams through SOCKS5 UDP
 // ASSOCIATE to vlink socks, which carries them through a gateway
-// (vlink serve --allow-udp) to dnsmasq and a socat echo server.
+// (vlink serve --allow-udp) to dnsmasq and a UDP echo server.
 func TestSOCKSUDP(t *testing.T) {
-	testenv.Programs(t, "dnsmasq", "socat", "python3", "socksify")
+	testenv.Programs(t, "dnsmasq", "python3", "socksify")
 	dns, echo := startDnsmasq(t), startUDPEcho(t)
 	dir := t.TempDir()
 	key := filepath.Join(dir, "vlink.key")

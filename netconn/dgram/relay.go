@@ -45,9 +45,9 @@ func Relay(a, b net.Conn, idle time.Duration) (ab, ba Counts, err error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.copy(b, a, &ba)
+		r.copy(b, a, &ab)
 	}()
-	r.copy(a, b, &ab)
+	r.copy(a, b, &ba)
 	wg.Wait()
 	if r.timer != nil {
 		r.timer.Stop()

@@ -31,6 +31,57 @@ func through(t *testing.T, target net.Addr, idle time.Duration) (*Conn, chan err
 	return client, done
 }
 
+// Relay counts each direction as its own: ab what went from a to b.
+// Here the far side answers every datagram with 3 bytes.
+func TestRelayCounts(t *testing.T) {
+	far, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer far.Close()
+	go func() {
+		buf := make([]byte, MaxDatagram)
+		for {
+			_, from, err := far.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			far.WriteToUDP([]byte("ack"), from)
+		}
+	}()
+	client, server := pair(t)
+	u, err := net.DialUDP("udp", nil, far.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type counts struct{ ab, ba Counts }
+	done := make(chan counts, 1)
+	go func() {
+		ab, ba, _ := Relay(server, u, 0)
+		u.Close()
+		server.Close()
+		done <- counts{ab, ba}
+	}()
+	buf := make([]byte, MaxDatagram)
+	for range 2 {
+		if _, err := client.Write(make([]byte, 10)); err != nil {
+			t.Fatal(err)
+		}
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := client.Read(buf); err != nil || n != 3 {
+			t.Fatalf("answer: %d bytes, %v; want 3", n, err)
+		}
+	}
+	client.Close()
+	got := <-done
+	if want := (Counts{Datagrams: 2, Bytes: 20}); got.ab != want {
+		t.Errorf("a to b (the stream to the socket): %+v, want %+v", got.ab, want)
+	}
+	if want := (Counts{Datagrams: 2, Bytes: 6}); got.ba != want {
+		t.Errorf("b to a (the socket to the stream): %+v, want %+v", got.ba, want)
+	}
+}
+
 func TestRelayEcho(t *testing.T) {
 	echo := net.UDPAddrFromAddrPort(testnet.UDPEcho(t))
 	c, done := through(t, echo, 0)
