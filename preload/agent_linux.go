@@ -695,20 +695,26 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 	if answer != nil {
 		return writeResult(c, *answer)
 	}
-	if f, to := plainFactory(d, target, req.family); f != nil && req.own && req.mode == modeAsync && to == req.dest {
-		// The route is the destination with options, and the socket
-		// can take them and connect itself: held and relayed, it would
-		// have the agent in its data path. (A blocking connect is
-		// faster to its first byte the agent's way, below: the
-		// target's answer overlaps the descriptor's passing.)
-		if _, fake := a.fakes.nameOf(req.dest.Addr()); !fake {
-			if body, ok := (&recipe{gateway: req.dest, opts: recipeOpts(f)}).append(nil); ok {
-				a.observed(ConnectRouted)
-				a.log.Debug("direct, with the route's options", attrs...)
-				_, err := c.Write(append(appendFrame(nil, msgResult, (&result{kind: resultDirect, flags: resultFlagRecipe}).append(nil)),
-					appendFrame(nil, msgRecipe, body)...))
-				return err
-			}
+	// A route that is the destination itself with options (a real
+	// address: a fake one's target is its name) is the same connect
+	// every time: the shim may make it as the program's own.
+	pf, to := plainFactory(d, target, req.family)
+	var direct *recipe
+	if pf != nil && to == req.dest {
+		direct = &recipe{gateway: req.dest, opts: recipeOpts(pf)}
+	}
+	if direct != nil && req.own && req.mode == modeAsync {
+		// The socket can take the options and connect itself: held and
+		// relayed, it would have the agent in its data path. (A
+		// blocking connect is faster to its first byte the agent's
+		// way, below: the target's answer overlaps the descriptor's
+		// passing.)
+		if body, ok := direct.append(nil); ok {
+			a.observed(ConnectRouted)
+			a.log.Debug("direct, with the route's options", attrs...)
+			_, err := c.Write(append(appendFrame(nil, msgResult, (&result{kind: resultDirect, flags: resultFlagRecipe}).append(nil)),
+				appendFrame(nil, msgRecipe, body)...))
+			return err
 		}
 	}
 	timeout := a.timeout
@@ -734,14 +740,9 @@ func (a *Agent) connect(c *chanConn, channel uint64, pid int, req *connectReq) e
 		}()
 		return nil
 	}
-	if f, to := plainFactory(d, target, req.family); f != nil {
-		// The same connect every time, with the route's options: the
-		// shim may make the next ones itself, as the program's own.
-		var rec *recipe
-		if _, fake := a.fakes.nameOf(req.dest.Addr()); !fake && req.timeoutMs == 0 && to == req.dest {
-			rec = &recipe{gateway: req.dest, opts: recipeOpts(f)}
-		}
-		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, f, to, timeout) }, attrs, rec)
+	if pf != nil {
+		// With the descriptor, direct (if any) for the next connects.
+		return a.connectPlain(c, func() (int, error) { return dialPlain(a.ctx, pf, to, timeout) }, attrs, direct)
 	}
 	if f, gw := a.gatewayFactory(d, req.family); f != nil {
 		// A blocking connect with no timeout of its own to a real
