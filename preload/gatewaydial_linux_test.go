@@ -118,8 +118,13 @@ func TestDialGateway(t *testing.T) {
 		if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); err != nil || v != 7 {
 			t.Errorf("TCP_KEEPIDLE = %d (%v), want 7", v, err)
 		}
-		c, err := net.FileConn(os.NewFile(uintptr(fd), "gateway"))
-		unix.Close(fd)
+		// Closed through its *os.File, once: a unix.Close here left the
+		// File's finalizer to close the number again, at a GC, under
+		// whatever socket had it by then (a later subtest's, which
+		// then read EBADF).
+		file := os.NewFile(uintptr(fd), "gateway")
+		c, err := net.FileConn(file)
+		file.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
